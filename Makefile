@@ -1,0 +1,70 @@
+VENV ?= .venv
+PY = $(VENV)/bin/python
+PYTHON3 ?= python3
+
+# Everything is installed by pip into $(VENV); this stamp says it is done for this pyproject.toml.
+SETUP_STAMP = $(VENV)/.setup-stamp
+
+PROTOS := $(sort $(shell find protos -name '*.proto' 2>/dev/null))
+# protoc writes, for protos/gwtf/v1/x.proto: gwtf/v1/x_pb2.py, x_pb2.pyi, x_pb2_grpc.py.
+PROTO_GEN := $(foreach p,$(PROTOS:protos/%.proto=%),$(p)_pb2.py $(p)_pb2.pyi $(p)_pb2_grpc.py)
+
+# torch==2.13.0 is installed on its own and first: this machine keeps a CPU build of it in
+# /opt/wheels (pip's config already points there; the flag only makes it explicit), whereas a
+# bare range in pyproject.toml would pull a multi-GB CUDA build from the index.
+TORCH_PIN = torch==2.13.0
+TORCH_FIND_LINKS = $(if $(wildcard /opt/wheels/torch-*.whl),--find-links /opt/wheels)
+
+LINT_PATHS = $(wildcard gwtf tests benchmarks)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup proto lint test bench demo clean distclean
+
+help:
+	@echo "make setup   create $(VENV), install gwtf[dev] into it, generate the protobuf code"
+	@echo "make proto   regenerate gwtf/v1/*_pb2*.py(i) from protos/"
+	@echo "make lint    ruff on gwtf tests benchmarks; mypy on gwtf/flow"
+	@echo "make test    setup, lint, then the whole pytest suite"
+	@echo "make bench   setup, then python -m benchmarks"
+	@echo "make demo    setup, then gwtf demo"
+	@echo "make clean   remove generated code and caches (keeps $(VENV)); distclean also removes it"
+
+setup: $(SETUP_STAMP) $(PROTO_GEN)
+
+$(SETUP_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install $(TORCH_FIND_LINKS) '$(TORCH_PIN)'
+	$(PY) -m pip install -e '.[dev]'
+	touch $@
+
+# One protoc run writes all of them (grouped target), and only when a .proto or the install changed.
+$(PROTO_GEN) &: $(PROTOS) $(SETUP_STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	touch $(PROTO_GEN)
+
+proto: $(SETUP_STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+
+lint: setup
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	@if [ -d gwtf/flow ]; then \
+		echo "$(VENV)/bin/mypy gwtf/flow"; $(VENV)/bin/mypy gwtf/flow; \
+	else echo "lint: gwtf/flow does not exist yet, mypy skipped"; fi
+
+test: setup lint
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) -m benchmarks
+
+demo: setup
+	$(VENV)/bin/gwtf demo
+
+clean:
+	rm -f gwtf/v1/*_pb2.py gwtf/v1/*_pb2.pyi gwtf/v1/*_pb2_grpc.py
+	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

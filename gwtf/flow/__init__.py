@@ -1,0 +1,1 @@
+"""Pure routing algorithm: topology model, cost, decentralized state machine, oracle."""

@@ -1,0 +1,73 @@
+"""The reference solver: the routing problem solved centrally with networkx.
+
+The oracle is the yardstick for tests and benchmarks (and the `oracle` policy of the simulator,
+the upper bound); it never runs inside a node, which only sees its neighbours.
+
+The network is built from the integer-scaled values of the topology, so the oracle and the
+decentralized solver optimize exactly the same numbers:
+
+    source -> h:in            every stage-0 node h, unbounded, cost 0
+    v:in -> v:out             every node v, capacity v.cap_units, cost 0
+    u:out -> v:in             every arc u->v, capacity cap_units, weight cost_units
+    t:out -> sink             every stage S-1 node t, unbounded, cost 0
+
+`networkx.max_flow_min_cost` finds a maximum flow and, among maximum flows, one of least
+sum(flow * weight): the lexicographic objective of DESIGN.md section 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import networkx as nx
+
+from gwtf.flow.solution import FlowResult, cost_units, make_result
+from gwtf.flow.topology import Topology
+
+__all__ = ["build_oracle_network", "oracle_cost_units", "solve_oracle"]
+
+SOURCE = "source"
+SINK = "sink"
+# Node halves are (id, _IN) / (id, _OUT) tuples, which never equal the string SOURCE or SINK,
+# whatever the node ids are.
+_IN = 0
+_OUT = 1
+
+
+def build_oracle_network(topology: Topology) -> nx.DiGraph:
+    """The split-node flow network of `topology`, with SOURCE and SINK (see the module doc)."""
+    graph = nx.DiGraph()
+    last = topology.num_stages - 1
+    # Insertion order is fixed (nodes by (stage, id), arcs by (stage, src, dst)), and networkx's
+    # network simplex is deterministic for a given order, so the oracle's answer never flaps.
+    graph.add_node(SOURCE)
+    for node in topology.nodes:
+        node_in: Hashable = (node.id, _IN)
+        node_out: Hashable = (node.id, _OUT)
+        if node.stage == 0:
+            graph.add_edge(SOURCE, node_in, weight=0)  # no 'capacity' attribute: unbounded
+        graph.add_edge(node_in, node_out, capacity=node.cap_units, weight=0)
+    for arc in topology.arcs:
+        graph.add_edge(
+            (arc.src, _OUT), (arc.dst, _IN), capacity=arc.cap_units, weight=arc.cost_units
+        )
+    for node_id in topology.stage_nodes(last):
+        graph.add_edge((node_id, _OUT), SINK, weight=0)
+    return graph
+
+
+def solve_oracle(topology: Topology) -> FlowResult:
+    """The maximum flow of least cost, solved centrally (messages = rounds = 0)."""
+    graph = build_oracle_network(topology)
+    flow_dict = nx.max_flow_min_cost(graph, SOURCE, SINK, capacity="capacity", weight="weight")
+    flows: dict[tuple[str, str], int] = {}
+    for arc in topology.arcs:
+        units = int(flow_dict[(arc.src, _OUT)][(arc.dst, _IN)])
+        if units > 0:
+            flows[(arc.src, arc.dst)] = units
+    return make_result(topology, flows)
+
+
+def oracle_cost_units(topology: Topology, result: FlowResult) -> int:
+    """sum(flow_units * cost_units) of `result`: compare solvers' costs exactly with this."""
+    return cost_units(topology, result.flows)
