@@ -1,0 +1,1 @@
+"""gwtf benchmark suite (`make bench`); writes benchmarks/RESULTS.md."""
