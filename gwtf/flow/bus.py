@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,6 +217,3 @@ def solve_decentralized(
     stats = bus.run(max_rounds)
     return make_result(topology, bus.flows(), stats.messages, stats.rounds), bus
 
-
-def flows_of(nodes: Mapping[str, FlowNode]) -> dict[tuple[str, str], int]:
-    return {(n, p): f for n in sorted(nodes) for p, f in nodes[n].routes().items()}

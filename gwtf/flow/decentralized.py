@@ -39,9 +39,12 @@ repeated message changes nothing. Flow on an arc is only ever increased by its t
 its head, so both views stay within `[0, cap]`.
 
 Negative surplus appears when an arc must be saturated at an `eps` change, or when an arc or node
-vanishes. A node in deficit asks the heads of its least wanted out-arcs to return flow ("release");
-the request travels downstream stage by stage and ends at a consumption arc, which the last stage
-simply lowers. The freed flow upstream is surplus and is routed again by the relaxation.
+vanishes. A node in deficit runs the reverse iteration: it asks tails of in-arcs that want more
+flow to push ("pull") and heads of out-arcs that want less to return ("release"), and lowers its
+price when neither exists; prices therefore carry a version, and the newest wins. The slack and
+consumption arcs to V belong wholly to their node, which fixes them itself. After a topology
+change the nodes next to it widen `eps` again, so the disturbed region re-runs the scaling from
+the current flows and prices (a warm restart) rather than a price war at the final `eps`.
 """
 
 from __future__ import annotations
