@@ -79,18 +79,15 @@ class MessageBus:
         of the new arcs at once, as a membership service would tell them."""
         node = FlowNode(view, config, self.clock, epoch=epoch, warm=True)
         self.nodes[view.node_id] = node
-        for arc in view.upstream:
-            peer = self.nodes.get(arc.peer)
-            if peer is not None:
-                self.send(peer.add_peer(LocalArc(view.node_id, arc.cap, arc.cost),
-                                        upstream=False, peer_epoch=epoch))
-                self._schedule_tick(peer)
-        for arc in view.downstream:
-            peer = self.nodes.get(arc.peer)
-            if peer is not None:
-                self.send(peer.add_peer(LocalArc(view.node_id, arc.cap, arc.cost),
-                                        upstream=True, peer_epoch=epoch))
-                self._schedule_tick(peer)
+        # A peer upstream of the joiner sees the new arc as downstream, and the other way round.
+        for arcs, peer_sees_upstream in ((view.upstream, False), (view.downstream, True)):
+            for arc in arcs:
+                peer = self.nodes.get(arc.peer)
+                if peer is not None:
+                    new_arc = LocalArc(view.node_id, arc.cap, arc.cost)
+                    self.send(peer.add_peer(new_arc, upstream=peer_sees_upstream,
+                                            peer_epoch=epoch))
+                    self._schedule_tick(peer)
         self.send(node.start())
         self._schedule_tick(node)
 

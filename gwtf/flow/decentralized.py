@@ -634,22 +634,16 @@ class FlowNode:
             if edge is None:
                 continue
             if edge.tail is not None:
-                v = edge.tail
-                out.append(
-                    FlowMessage(
-                        self.node_id, peer, self.epoch, True, v.price, v.ver, self.eps,
-                        edge.pushed, edge.req, edge.pulled,
-                    )
-                )
+                vertex, counters = edge.tail, (edge.pushed, edge.req, edge.pulled)
             else:
-                v = edge.head  # type: ignore[assignment]
-                assert v is not None
-                out.append(
-                    FlowMessage(
-                        self.node_id, peer, self.epoch, False, v.price, v.ver, self.eps,
-                        edge.returned, edge.done, edge.pull,
-                    )
+                assert edge.head is not None
+                vertex, counters = edge.head, (edge.returned, edge.done, edge.pull)
+            out.append(
+                FlowMessage(
+                    self.node_id, peer, self.epoch, edge.tail is not None,
+                    vertex.price, vertex.ver, self.eps, *counters,
                 )
+            )
         self._dirty.clear()
         return out
 
