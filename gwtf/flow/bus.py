@@ -20,7 +20,15 @@ from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc,
 from gwtf.flow.solution import FlowResult, make_result
 from gwtf.flow.topology import Topology
 
-__all__ = ["BusStats", "MessageBus", "NotConverged", "node_views", "solve_decentralized"]
+__all__ = [
+    "BusStats",
+    "MessageBus",
+    "NotConverged",
+    "flow_config",
+    "node_views",
+    "peer_edits",
+    "solve_decentralized",
+]
 
 
 class NotConverged(RuntimeError):
@@ -79,15 +87,11 @@ class MessageBus:
         of the new arcs at once, as a membership service would tell them."""
         node = FlowNode(view, config, self.clock, epoch=epoch, warm=True)
         self.nodes[view.node_id] = node
-        # A peer upstream of the joiner sees the new arc as downstream, and the other way round.
-        for arcs, peer_sees_upstream in ((view.upstream, False), (view.downstream, True)):
-            for arc in arcs:
-                peer = self.nodes.get(arc.peer)
-                if peer is not None:
-                    new_arc = LocalArc(view.node_id, arc.cap, arc.cost)
-                    self.send(peer.add_peer(new_arc, upstream=peer_sees_upstream,
-                                            peer_epoch=epoch))
-                    self._schedule_tick(peer)
+        for peer_id, arc, peer_sees_upstream in peer_edits(view):
+            peer = self.nodes.get(peer_id)
+            if peer is not None:
+                self.send(peer.add_peer(arc, upstream=peer_sees_upstream, peer_epoch=epoch))
+                self._schedule_tick(peer)
         self.send(node.start())
         self._schedule_tick(node)
 
@@ -188,11 +192,27 @@ def node_views(topology: Topology) -> dict[str, NodeView]:
     return views
 
 
-def config_for(topology: Topology, bus: MessageBus) -> FlowConfig:
+def peer_edits(view: NodeView) -> list[tuple[str, LocalArc, bool]]:
+    """What the peers of a joining node must add, as `(peer_id, arc, peer_sees_upstream)`:
+    a peer upstream of the joiner sees the new arc as downstream, and the other way round."""
+    edits = []
+    for arcs, peer_sees_upstream in ((view.upstream, False), (view.downstream, True)):
+        for arc in arcs:
+            edits.append((arc.peer, LocalArc(view.node_id, arc.cap, arc.cost), peer_sees_upstream))
+    return edits
+
+
+def flow_config(topology: Topology, *, quiet_s: float) -> FlowConfig:
+    """The swarm-wide parameters for `topology`; `quiet_s` is how long (clock units) a node waits
+    with nothing to do before it tightens epsilon: a few message delays."""
     costs = [a.cost_units for a in topology.arcs] or [1]
     return FlowConfig.for_costs(
-        topology.num_stages, max(costs), max(1, min(costs)), quiet_s=bus.quiet_rounds
+        topology.num_stages, max(costs), max(1, min(costs)), quiet_s=quiet_s
     )
+
+
+def config_for(topology: Topology, bus: MessageBus) -> FlowConfig:
+    return flow_config(topology, quiet_s=bus.quiet_rounds)
 
 
 def solve_decentralized(
