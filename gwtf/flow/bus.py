@@ -1,16 +1,19 @@
 """A deterministic in-process message bus that runs flow state machines to quiescence.
 
-It stands in for the network wherever the state machines run without one: `gwtf route`, the tests,
-the benchmarks and the simulator. Time is counted in rounds: a message sent in round `t` arrives
-in round `t + d`, `d` drawn from `1..max_delay` with a seeded generator, so delivery is delayed and
+It stands in for the network wherever the state machines run without one: `gwtf route`, the tests
+and the benchmarks. Time is counted in rounds: a message sent in round `t` arrives in round
+`t + d`, `d` drawn from `1..max_delay` with a seeded generator, so delivery is delayed and
 reordered; with `duplicate_p > 0` some messages also arrive twice. Within a round a node gets all
 its messages as one batch, in seeded random order. Same seed, same run, bit for bit.
+
+The bus also ends the scaling phases (`FlowConfig.quiet_s` None): when no message is in flight,
+the phase's work is done everywhere, and it tells every node to tighten epsilon. When a node asks
+for the scaling to be re-run (`FlowNode.wants_rescale`), it widens every node's epsilon.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,6 +33,8 @@ __all__ = [
     "solve_decentralized",
 ]
 
+_DRAWS = 4096  # random draws are made in blocks: one numpy call per message would dominate
+
 
 class NotConverged(RuntimeError):
     """The swarm did not reach quiescence within the round limit."""
@@ -47,6 +52,8 @@ class MessageBus:
     def __init__(self, seed: int = 0, *, max_delay: int = 3, duplicate_p: float = 0.0) -> None:
         if max_delay < 1:
             raise ValueError("max_delay must be at least 1 round")
+        if not 0.0 <= duplicate_p < 1.0:
+            raise ValueError("duplicate_p must be in [0, 1)")
         self.rng = np.random.default_rng(seed)
         self.max_delay = max_delay
         self.duplicate_p = duplicate_p
@@ -54,17 +61,22 @@ class MessageBus:
         self._round0 = 0
         self.nodes: dict[str, FlowNode] = {}
         self.messages = 0
-        self._queue: list[tuple[int, int, FlowMessage]] = []
-        self._seq = 0
+        self.rescales = 0
+        self._gen = 0
+        # In-flight messages per arrival round; rounds in a heap.
+        self._inbox: dict[int, list[FlowMessage]] = {}
+        self._rounds: list[int] = []
         self._ticks: list[tuple[float, str]] = []
         self._tick_at: dict[str, float] = {}  # the one live heap entry per node
+        self._delays: list[int] = []
+        self._dups: list[bool] = []
 
     def clock(self) -> float:
         return float(self.now)
 
     @property
     def quiet_rounds(self) -> float:
-        """A quiet period long enough for a request and its answer to cross any arc twice."""
+        """A quiet period long enough for a message and its answer to cross any arc twice."""
         return float(4 * self.max_delay + 1)
 
     def add(self, node: FlowNode, *, start: bool = True) -> None:
@@ -82,9 +94,13 @@ class MessageBus:
                 self.send(other.remove_peer(node_id))
                 self._schedule_tick(other)
 
+    def _rescale(self) -> None:
+        for node in self.nodes.values():
+            node.rescale()
+
     def join(self, view: NodeView, config: FlowConfig, *, epoch: int = 0) -> None:
-        """A node joins a running swarm (warm: it starts at the final epsilon); its peers learn
-        of the new arcs at once, as a membership service would tell them."""
+        """A node joins a running swarm (warm); its peers learn of the new arcs at once, as a
+        membership service would tell them."""
         node = FlowNode(view, config, self.clock, epoch=epoch, warm=True)
         self.nodes[view.node_id] = node
         for peer_id, arc, peer_sees_upstream in peer_edits(view):
@@ -95,18 +111,48 @@ class MessageBus:
         self.send(node.start())
         self._schedule_tick(node)
 
+    def cut(self, src: str, dst: str) -> None:
+        """The arc `src -> dst` fails (both ends notice at once)."""
+        for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
+            node = self.nodes.get(node_id)
+            if node is not None:
+                self.send(node.remove_arc(peer, upstream=upstream))
+
+    def link(self, src: str, dst: str, cap: int, cost: int) -> None:
+        """The arc `src -> dst` appears (or comes back), with capacity and cost in units; it
+        gets a new generation, so that messages of an earlier arc between the two still in
+        flight are not counted on it."""
+        self._gen += 1
+        for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
+            node = self.nodes.get(node_id)
+            if node is not None:
+                epoch = self.nodes[peer].epoch if peer in self.nodes else 0
+                arc = LocalArc(peer, cap, cost, self._gen)
+                self.send(node.add_peer(arc, upstream=upstream, peer_epoch=epoch))
+
     def reset_counts(self) -> None:
         """Start counting messages and rounds afresh (to measure a warm restart alone)."""
         self.messages = 0
         self._round0 = self.now
 
+    def _draw(self) -> None:
+        self._delays = self.rng.integers(1, self.max_delay + 1, size=_DRAWS).tolist()
+        self._dups = (self.rng.random(_DRAWS) < self.duplicate_p).tolist()
+
     def send(self, msgs: Iterable[FlowMessage]) -> None:
         for msg in msgs:
-            copies = 2 if self.duplicate_p > 0 and self.rng.random() < self.duplicate_p else 1
+            if not self._delays:
+                self._draw()
+            copies = 2 if self._dups.pop() else 1
             for _ in range(copies):
-                delay = int(self.rng.integers(1, self.max_delay + 1))
-                self._seq += 1
-                heapq.heappush(self._queue, (self.now + delay, self._seq, msg))
+                if not self._delays:
+                    self._draw()
+                at = self.now + self._delays.pop()
+                batch = self._inbox.get(at)
+                if batch is None:
+                    self._inbox[at] = batch = []
+                    heapq.heappush(self._rounds, at)
+                batch.append(msg)
 
     def _schedule_tick(self, node: FlowNode) -> None:
         at = node.next_tick()
@@ -116,8 +162,8 @@ class MessageBus:
 
     def _next_time(self) -> float | None:
         times = []
-        if self._queue:
-            times.append(float(self._queue[0][0]))
+        if self._rounds:
+            times.append(float(self._rounds[0]))
         while self._ticks:
             at, node_id = self._ticks[0]
             if self._tick_at.get(node_id) != at or node_id not in self.nodes:
@@ -132,25 +178,33 @@ class MessageBus:
         while True:
             nxt = self._next_time()
             if nxt is None:
-                return BusStats(self.messages, self.now - self._round0)
+                if not self._end_phase():
+                    return BusStats(self.messages, self.now - self._round0)
+                continue
             self.now = max(self.now, int(np.ceil(nxt)))
             if self.now - self._round0 > max_rounds:
                 raise NotConverged(f"no quiescence after {max_rounds} rounds")
-            batches: dict[str, list[FlowMessage]] = defaultdict(list)
-            while self._queue and self._queue[0][0] <= self.now:
-                _, _, msg = heapq.heappop(self._queue)
-                batches[msg.receiver].append(msg)
+            batches: dict[str, list[FlowMessage]] = {}
+            if self._rounds and self._rounds[0] <= self.now:
+                heapq.heappop(self._rounds)
+                arrived = self._inbox.pop(self.now)
+                self.messages += len(arrived)
+                for msg in arrived:
+                    batch = batches.get(msg.receiver)
+                    if batch is None:
+                        batches[msg.receiver] = batch = []
+                    batch.append(msg)
             touched = set()
             receivers = sorted(batches)
-            for idx in self.rng.permutation(len(receivers)):
-                receiver = receivers[int(idx)]
-                batch = batches[receiver]
-                self.messages += len(batch)
+            for idx in self.rng.permutation(len(receivers)).tolist():
+                receiver = receivers[idx]
                 node = self.nodes.get(receiver)
                 if node is None:
                     continue  # sent to a node that has gone
-                order = self.rng.permutation(len(batch))
-                self.send(node.on_messages([batch[int(i)] for i in order]))
+                batch = batches[receiver]
+                if len(batch) > 1:
+                    batch = [batch[i] for i in self.rng.permutation(len(batch)).tolist()]
+                self.send(node.on_messages(batch))
                 touched.add(receiver)
             while self._ticks and self._ticks[0][0] <= self.now:
                 at, node_id = heapq.heappop(self._ticks)
@@ -159,10 +213,23 @@ class MessageBus:
                     del self._tick_at[node_id]
                     self.send(node.on_tick(float(self.now)))
                     touched.add(node_id)
+            rescale = False
             for node_id in touched:
                 node = self.nodes.get(node_id)
                 if node is not None:
                     self._schedule_tick(node)
+                    rescale = rescale or node.wants_rescale()
+            if rescale:
+                self.rescales += 1
+                self._rescale()
+
+    def _end_phase(self) -> bool:
+        """Nothing is in flight: tighten every node not yet at the final epsilon. False when all
+        are there (the bus is quiescent for good)."""
+        pending = [n for n in sorted(self.nodes) if not self.nodes[n].final]
+        for node_id in pending:
+            self.send(self.nodes[node_id].tighten())
+        return bool(pending)
 
     def flows(self) -> dict[tuple[str, str], int]:
         """Arc flows as their tails see them (exact once the bus is quiescent)."""
@@ -174,20 +241,28 @@ class MessageBus:
 
 
 def node_views(topology: Topology) -> dict[str, NodeView]:
-    """What each node of `topology` knows about itself when it starts."""
+    """What each node of `topology` knows about itself when it starts: its pipeline arcs, and
+    for data holders and last-stage nodes the ring's return arcs between them."""
+    holders = topology.stage_nodes(0)
+    last = topology.stage_nodes(topology.num_stages - 1)
+    caps = {node.id: node.cap_units for node in topology.nodes}
     views = {}
     for node in topology.nodes:
+        upstream = [LocalArc(a.src, a.cap_units, a.cost_units) for a in topology.in_arcs(node.id)]
+        downstream = [
+            LocalArc(a.dst, a.cap_units, a.cost_units) for a in topology.out_arcs(node.id)
+        ]
+        if node.stage == 0:
+            upstream = [LocalArc(z, min(caps[z], node.cap_units), 0) for z in last]
+        if node.stage == topology.num_stages - 1:
+            downstream = [LocalArc(h, min(caps[h], node.cap_units), 0) for h in holders]
         views[node.id] = NodeView(
             node_id=node.id,
             stage=node.stage,
             num_stages=topology.num_stages,
             capacity=node.cap_units,
-            upstream=tuple(
-                LocalArc(a.src, a.cap_units, a.cost_units) for a in topology.in_arcs(node.id)
-            ),
-            downstream=tuple(
-                LocalArc(a.dst, a.cap_units, a.cost_units) for a in topology.out_arcs(node.id)
-            ),
+            upstream=tuple(upstream),
+            downstream=tuple(downstream),
         )
     return views
 
@@ -198,21 +273,21 @@ def peer_edits(view: NodeView) -> list[tuple[str, LocalArc, bool]]:
     edits = []
     for arcs, peer_sees_upstream in ((view.upstream, False), (view.downstream, True)):
         for arc in arcs:
-            edits.append((arc.peer, LocalArc(view.node_id, arc.cap, arc.cost), peer_sees_upstream))
+            mirrored = LocalArc(view.node_id, arc.cap, arc.cost, arc.gen)
+            edits.append((arc.peer, mirrored, peer_sees_upstream))
     return edits
 
 
-def flow_config(topology: Topology, *, quiet_s: float) -> FlowConfig:
-    """The swarm-wide parameters for `topology`; `quiet_s` is how long (clock units) a node waits
-    with nothing to do before it tightens epsilon: a few message delays."""
+def flow_config(topology: Topology, *, quiet_s: float | None = None) -> FlowConfig:
+    """The swarm-wide parameters for `topology`. `quiet_s` None: the driver ends the scaling
+    phases (see `FlowConfig.quiet_s`); a number: each node tightens after that long (clock units)
+    with nothing to do, a few message delays."""
     costs = [a.cost_units for a in topology.arcs] or [1]
-    return FlowConfig.for_costs(
-        topology.num_stages, max(costs), max(1, min(costs)), quiet_s=quiet_s
-    )
+    return FlowConfig.for_costs(topology.num_stages, max(costs), min(costs), quiet_s=quiet_s)
 
 
 def config_for(topology: Topology, bus: MessageBus) -> FlowConfig:
-    return flow_config(topology, quiet_s=bus.quiet_rounds)
+    return flow_config(topology)
 
 
 def solve_decentralized(
@@ -233,4 +308,3 @@ def solve_decentralized(
         bus.send(bus.nodes[node_id].start())
     stats = bus.run(max_rounds)
     return make_result(topology, bus.flows(), stats.messages, stats.rounds), bus
-

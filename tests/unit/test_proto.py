@@ -15,23 +15,32 @@ def test_flow_message_round_trips() -> None:
     sent = flow_pb2.FlowMessage(
         sender="node-a",
         receiver="node-b",
-        epoch=7,
+        sender_epoch=7,
+        receiver_epoch=3,
+        gen=2,
+        from_tail=True,
         price=-1_250_000,
-        pushed=42,
-        returned=5,
-        tail=True,
-        seq=2**40,
+        flow=2**40,
+        echo=5,
+        eps=25_000,
     )
     received = flow_pb2.FlowMessage.FromString(sent.SerializeToString())
     assert received == sent
-    assert received.sender == "node-a"
-    assert received.receiver == "node-b"
-    assert received.epoch == 7
+    assert (received.sender, received.receiver) == ("node-a", "node-b")
+    assert (received.sender_epoch, received.receiver_epoch, received.gen) == (7, 3, 2)
+    assert received.from_tail is True
     assert received.price == -1_250_000
-    assert received.pushed == 42
-    assert received.returned == 5
-    assert received.tail is True
-    assert received.seq == 2**40
+    assert (received.flow, received.echo, received.eps) == (2**40, 5, 25_000)
+
+
+def test_proto_mirrors_the_state_machine_message() -> None:
+    import dataclasses
+
+    from gwtf.flow.decentralized import FlowMessage
+    from gwtf.v1 import flow_pb2
+
+    proto_fields = [f.name for f in flow_pb2.FlowMessage.DESCRIPTOR.fields]
+    assert proto_fields == [f.name for f in dataclasses.fields(FlowMessage)]
 
 
 def test_grpc_stubs_import_with_this_grpc_runtime() -> None:
