@@ -136,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="train on this text file (default: the job's data, else the Python stdlib sources)",
     )
+    reference.add_argument(
+        "--threads",
+        type=_positive_int,
+        metavar="N",
+        help="torch CPU threads; use the swarm nodes' count to compare bit for bit "
+        "(default: torch's)",
+    )
     reference.add_argument("--json", action="store_true", help="print the result as JSON")
     reference.set_defaults(handler=_reference)
 

@@ -22,6 +22,9 @@ What a node calls, in order (every name is importable from `gwtf.train`):
     checksum = executor.commit(aggregated)  # replicas compare it
     state = executor.state_bytes()          # for a joiner, at an iteration boundary
 
+    # what the router needs: c_i and the activation size
+    seconds = measure_stage_compute(executor.module, job); size = activation_bytes(job)
+
 `train_reference(job)` trains the same job in one process: the swarm must end equal to it.
 """
 
@@ -32,6 +35,7 @@ from gwtf.train.commit import (
     combine_contributions,
     mean_loss,
 )
+from gwtf.train.costs import activation_bytes, measure_stage_compute
 from gwtf.train.data import (
     Corpus,
     DataError,
@@ -88,6 +92,7 @@ __all__ = [
     "StageSpec",
     "StateError",
     "UnknownMicrobatchError",
+    "activation_bytes",
     "assign_microbatches",
     "build_model",
     "build_stage",
@@ -98,6 +103,7 @@ __all__ = [
     "load_corpus",
     "load_job",
     "mean_loss",
+    "measure_stage_compute",
     "microbatch",
     "param_checksum",
     "param_digests",

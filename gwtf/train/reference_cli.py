@@ -1,4 +1,8 @@
-"""`gwtf reference --job JOB.toml|PRESET [--iterations N] [--data PATH] [--json]`."""
+"""`gwtf reference --job JOB.toml|PRESET [--iterations N] [--data PATH] [--threads N] [--json]`.
+
+`--threads` matters for comparing bits: float reductions on the CPU split their work by thread
+count, so a reference run equals a swarm bit for bit only with the nodes' thread count.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,10 @@ __all__ = ["run_reference"]
 
 
 def run_reference(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         job = resolve_job(args.job)
         changes: dict[str, object] = {}

@@ -94,9 +94,7 @@ def test_forward_keeps_state_until_backward_and_accumulates_once(corpus: Corpus)
     assert (first.stats.forwards, first.stats.backwards, first.stats.recomputes) == (1, 1, 0)
 
     before = {n: t.clone() for n, t in middle.contribution("m").grad_sums.items()}
-    with pytest.raises(
-        DuplicateMicrobatchError, match="a second backward would count it twice"
-    ):
+    with pytest.raises(DuplicateMicrobatchError, match="a second backward would count it twice"):
         middle.backward(key(4), result.grad_input)
     with pytest.raises(DuplicateMicrobatchError, match="already accumulated"):
         middle.forward(key(4), h0)

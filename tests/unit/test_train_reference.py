@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from gwtf.train.data import load_corpus
 from gwtf.train.job import PRESETS, JobConfig, ModelConfig, OptimizerConfig
 from gwtf.train.reference import train_reference
@@ -44,7 +46,9 @@ def test_loss_falls_on_the_default_data() -> None:
 
 
 def test_cli_reference_json_matches_the_function() -> None:
-    done = run_gwtf("reference", "--job", "tiny-gpt", "--iterations", "2", "--json")
+    done = run_gwtf(
+        "reference", "--job", "tiny-gpt", "--iterations", "2", "--json", "--threads", "1"
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert set(out) == {
@@ -59,7 +63,12 @@ def test_cli_reference_json_matches_the_function() -> None:
     assert out["job_id"] == job.job_id
     assert out["iterations_completed"] == 2 and out["dropped_microbatches"] == 0
     assert out["throughput_mb_s"] > 0
-    here = train_reference(job)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU reductions split by thread count: match the CLI's
+    try:
+        here = train_reference(job)
+    finally:
+        torch.set_num_threads(threads)
     assert out["loss"] == list(here.loss)
     assert out["param_checksum"] == here.param_checksum
 
