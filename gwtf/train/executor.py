@@ -17,21 +17,27 @@ Life of a microbatch `key = (job_id, iteration, microbatch)` at stage s:
 
 The executor does no I/O and keeps no global state: the node decides where tensors go.
 
-Determinism. On one machine, with the same torch build and the same `torch.get_num_threads()`,
-a forward, recompute or backward of the same key from the same weights gives the same bits,
-in any order of calls and in any process: the dropout masks come from generators seeded by name
-(`stage.DropoutSeeds`), and the CPU kernels used here (matmul, SDPA, norms, embedding backward)
-are deterministic for a fixed thread count. A different thread count, CPU instruction set
-(AVX2 vs AVX-512), torch version or a GPU can change the last bits of activations and so of
-gradients; such differences stay at the float-rounding level and behave like the summation-order
-differences the commit tolerates. The AdamW step is elementwise (no reductions), so replicas that
-combine the same bytes stay bit-identical on the same kind of machine.
+Determinism. Bit for bit: on one kind of machine, with the same torch build and the same
+`torch.get_num_threads()`, a forward, recompute or backward of the same key from the same weights
+gives the same bits, in any order of calls and in any process. The dropout masks come from
+generators seeded by name (`stage.DropoutSeeds`), never from the global RNG, and the CPU kernels
+used here (matmul, SDPA, norms, embedding backward) are deterministic for a fixed thread count.
+Not bit for bit: another thread count (measured: tiny-gpt's checksum after 3 reference
+iterations differs between 1 and 2 threads, as CPU reductions split their work by thread),
+another instruction set (AVX2 vs AVX-512), torch version, or a GPU. Such differences stay at the
+level of float rounding. So nodes that must reproduce each other (a replacement recomputing a
+dead node's work, a swarm compared bit for bit with the reference) should fix their thread count
+(`torch.set_num_threads`) the same way. The AdamW step is elementwise, so replicas that combine
+the same bytes on the same kind of CPU stay bit-identical; across CPU kinds an elementwise kernel
+may round differently (fused multiply-add), which the checksum comparison at commit reveals and
+`state_bytes` from one replica repairs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from time import perf_counter
+from typing import NoReturn
 
 import torch
 from torch import Tensor, nn
@@ -175,7 +181,7 @@ class StageExecutor:
         self._accum_dtype = _ACCUM_DTYPES[job.grad_accum]
         self._params = dict(self.module.named_parameters())
         self._in_flight: dict[MicrobatchKey, _InFlight] = {}
-        self._accumulated: list[int] = []
+        self._accumulated: dict[int, None] = {}  # an ordered set: the accumulation order
         self._sums: dict[str, Tensor] = {}
 
     # -- what the node asks ------------------------------------------------------------------
@@ -248,7 +254,6 @@ class StageExecutor:
                     "activation must be recomputed here before its backward"
                 )
             )
-            raise AssertionError  # unreachable: _refuse raises
         self._check_tensor("gradient", grad_output, tuple(saved.output.shape), torch.float32)
         del self._in_flight[key]
         start = perf_counter()
@@ -311,7 +316,7 @@ class StageExecutor:
             for param in self._params.values():
                 param.grad = None
         self._in_flight.clear()
-        self._accumulated = []
+        self._accumulated = {}
         self._sums = {}
         self.iteration += 1
         return self.checksum()
@@ -380,7 +385,7 @@ class StageExecutor:
 
     # -- inside --------------------------------------------------------------------------------
 
-    def _refuse(self, error: ExecutorError) -> None:
+    def _refuse(self, error: ExecutorError) -> NoReturn:
         self.stats.refused += 1
         raise error
 
@@ -406,7 +411,6 @@ class StageExecutor:
     ) -> None:
         if not isinstance(tensor, Tensor):
             self._refuse(BadTensorError(f"{what} must be a tensor, got {type(tensor).__name__}"))
-        assert isinstance(tensor, Tensor)
         if tensor.dtype != dtype or tuple(tensor.shape) != shape:
             self._refuse(
                 BadTensorError(
@@ -469,6 +473,13 @@ class StageExecutor:
             if self.spec.is_last:
                 assert labels is not None
                 loss = StageModule.loss(output, labels)
+                if not bool(torch.isfinite(loss)):
+                    self._refuse(
+                        ExecutorError(
+                            f"the loss of {key} is {float(loss.detach())}: the training diverged; "
+                            "lower optimizer.lr"
+                        )
+                    )
                 grad_input = self._backprop(_InFlight(leaf, loss), None, key.microbatch)
                 result = ForwardResult(key, grad_input=grad_input, loss=float(loss.detach()))
             else:
@@ -502,7 +513,7 @@ class StageExecutor:
                 if total is None
                 else total + grad.to(self._accum_dtype)
             )
-        self._accumulated.append(microbatch)
+        self._accumulated[microbatch] = None
         return grads[-1] if needs_input else None
 
     def __repr__(self) -> str:

@@ -27,11 +27,13 @@ File format (TOML; every key is listed, optional ones with their default)::
     weight_decay = 0.1         # default 0.1, on matrices and embeddings, not on norms or biases
     eps = 1e-8                 # default 1e-8
 
-`grad_accum = "float64"` keeps each node's gradient sums in float64. The sum of a few dozen
-float32 gradients is then exact in practice, so it does not depend on the order in which the
-microbatches arrived or on how they were split over replicas: a swarm ends bit-identical to the
-one-process reference. It costs 8 bytes per parameter of memory and of aggregation traffic
-instead of 4; `float32` halves that and leaves differences at the level of float rounding.
+`grad_accum = "float64"` keeps each node's gradient sums in float64. A float64 holds the sum of
+float32 values exactly as long as their magnitudes span less than about 2**29, which gradients of
+one parameter over the microbatches of an iteration practically always do; the sum then does not
+depend on the order in which the microbatches arrived or on how they were split over replicas,
+and a swarm ends bit-identical to the one-process reference. It costs 8 bytes per parameter of
+memory and of aggregation traffic instead of 4; `float32` halves that and leaves differences at
+the level of float rounding.
 
 Every mistake is reported as one `JobError` sentence that names the key and says what is allowed.
 """

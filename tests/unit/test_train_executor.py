@@ -140,6 +140,16 @@ def test_refusals_are_one_sentence_and_change_nothing(corpus: Corpus) -> None:
     assert first.accumulated == (0,)
 
 
+def test_a_diverged_loss_is_refused_and_not_accumulated(corpus: Corpus) -> None:
+    last = StageExecutor(JOB, 2, S)
+    with torch.no_grad():
+        last.module.head.out.weight.fill_(float("inf"))  # type: ignore[union-attr]
+    _, labels = job_microbatch(corpus, JOB, 0, 0)
+    with pytest.raises(ExecutorError, match="the training diverged; lower optimizer.lr"):
+        last.forward(key(0), torch.zeros(3, 16, 32), labels)
+    assert last.accumulated == () and last.in_flight == 0
+
+
 def test_capacity_and_drop(corpus: Corpus) -> None:
     first = StageExecutor(JOB, 0, S, capacity=1)
     a, _ = job_microbatch(corpus, JOB, 0, 0)
