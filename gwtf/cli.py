@@ -40,6 +40,31 @@ def _route(args: argparse.Namespace) -> int:
     return run_route(args)
 
 
+def _reference(args: argparse.Namespace) -> int:
+    try:
+        from gwtf.train.reference_cli import run_reference
+    except ModuleNotFoundError as missing:
+        if missing.name not in ("gwtf.train", "gwtf.train.reference_cli", "torch"):
+            raise
+        print(
+            f"gwtf reference: not available in this installation (no {missing.name})",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    return run_reference(args)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def _demo(args: argparse.Namespace) -> int:
     print(
         "gwtf demo: the demo is not available yet in this version; "
@@ -87,6 +112,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     route.add_argument("--json", action="store_true", help="print the result as JSON")
     route.set_defaults(handler=_route)
+
+    reference = commands.add_parser(
+        "reference",
+        help="train a job in one process with no pipeline: the yardstick for the swarm",
+        description="Train JOB in this process, with the swarm's seeds, microbatches and "
+        "optimizer, and print the loss per iteration and the parameter checksum.",
+    )
+    reference.add_argument(
+        "--job",
+        required=True,
+        metavar="JOB",
+        help="a TOML job file, or a preset: tiny-gpt, tiny-llama",
+    )
+    reference.add_argument(
+        "--iterations",
+        type=_positive_int,
+        metavar="N",
+        help="train N iterations instead of the job's (a different job id)",
+    )
+    reference.add_argument(
+        "--data",
+        metavar="PATH",
+        help="train on this text file (default: the job's data, else the Python stdlib sources)",
+    )
+    reference.add_argument(
+        "--threads",
+        type=_positive_int,
+        metavar="N",
+        help="torch CPU threads; use the swarm nodes' count to compare bit for bit "
+        "(default: torch's)",
+    )
+    reference.add_argument("--json", action="store_true", help="print the result as JSON")
+    reference.set_defaults(handler=_reference)
 
     for name, summary in _NOT_YET.items():
         sub = commands.add_parser(

@@ -1,0 +1,54 @@
+"""What a node tells the router about its stage: compute time per microbatch, activation size.
+
+DESIGN.md 1 and 2: node capacity is `1 / c_i`, with `c_i` the seconds of forward + backward of
+one microbatch through the node's stage, "measured by a short warm-up on real hardware"; arc
+costs and capacities need the bytes of one activation. Both come from here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from time import perf_counter
+
+import torch
+
+from gwtf.train.job import JobConfig
+from gwtf.train.seeds import seeded_generator
+from gwtf.train.stage import DropoutSeeds, StageModule
+
+__all__ = ["activation_bytes", "measure_stage_compute"]
+
+_FLOAT32_BYTES = 4
+
+
+def activation_bytes(job: JobConfig) -> int:
+    """Bytes of one activation (or of the gradient going back), float32 [B, T, width]."""
+    return job.microbatch_size * job.model.seq_len * job.model.width * _FLOAT32_BYTES
+
+
+def measure_stage_compute(module: StageModule, job: JobConfig, *, repeats: int = 5) -> float:
+    """Median seconds of forward + backward of one microbatch through `module`, after one
+    untimed warm-up run. Inputs are synthetic (seeded); parameter gradients are computed and
+    thrown away, so the module and any executor holding it are left as they were."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    generator = seeded_generator(job.seed, "warm-up")
+    shape = (job.microbatch_size, job.model.seq_len)
+    if module.spec.is_first:
+        inputs = torch.randint(0, job.model.vocab, shape, generator=generator)
+    else:
+        inputs = torch.randn(*shape, job.model.width, generator=generator).requires_grad_(True)
+    labels = torch.randint(0, job.model.vocab, shape, generator=generator)
+    params = list(module.parameters())
+    wanted = params if module.spec.is_first else [*params, inputs]
+    times = []
+    for run in range(repeats + 1):
+        start = perf_counter()
+        with torch.enable_grad():
+            output = module(inputs, DropoutSeeds(job.seed, -1, run))
+            if module.spec.is_last:
+                torch.autograd.grad(StageModule.loss(output, labels), wanted)
+            else:
+                torch.autograd.grad(output, wanted, grad_outputs=torch.ones_like(output))
+        times.append(perf_counter() - start)
+    return statistics.median(times[1:])

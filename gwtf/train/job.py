@@ -1,0 +1,356 @@
+"""The training job: model, optimizer, seed and schedule, read from a TOML file or a preset.
+
+File format (TOML; every key is listed, optional ones with their default)::
+
+    name = "my-job"            # optional, free text (default "")
+    seed = 0                   # optional, the one seed every random draw derives from (default 0)
+    iterations = 40            # optimizer steps
+    microbatches = 8           # microbatches per iteration (ids 0..microbatches-1)
+    microbatch_size = 8        # sequences per microbatch
+    data = "corpus.txt"        # optional, a text file, relative to this file's folder
+                               # (default: the Python standard library sources on the machine)
+    grad_accum = "float64"     # optional, float64|float32: dtype of the gradient sums (below)
+
+    [model]
+    kind = "gpt"               # gpt (LayerNorm, GELU, learned positions) | llama (RMSNorm,
+                               # SwiGLU, rotary positions)
+    layers = 6                 # transformer blocks; the swarm cuts them into stages
+    width = 64                 # model dimension
+    heads = 4                  # attention heads; must divide width
+    seq_len = 64               # tokens per sequence
+    vocab = 256                # optional (default 256, byte-level; at least 256)
+    dropout = 0.1              # optional (default 0.1), on embeddings and residual branches
+
+    [optimizer]                # optional table: AdamW
+    lr = 0.003                 # default 0.001
+    betas = [0.9, 0.95]        # default [0.9, 0.95]
+    weight_decay = 0.1         # default 0.1, on matrices and embeddings, not on norms or biases
+    eps = 1e-8                 # default 1e-8
+
+`grad_accum = "float64"` keeps each node's gradient sums in float64. A float64 holds the sum of
+float32 values exactly as long as their magnitudes span less than about 2**29, which gradients of
+one parameter over the microbatches of an iteration practically always do; the sum then does not
+depend on the order in which the microbatches arrived or on how they were split over replicas,
+and a swarm ends bit-identical to the one-process reference. It costs 8 bytes per parameter of
+memory and of aggregation traffic instead of 4; `float32` halves that and leaves differences at
+the level of float rounding.
+
+Every mistake is reported as one `JobError` sentence that names the key and says what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BYTE_VOCAB",
+    "GRAD_ACCUM_DTYPES",
+    "MODEL_KINDS",
+    "PRESETS",
+    "JobConfig",
+    "JobError",
+    "ModelConfig",
+    "OptimizerConfig",
+    "job_from_dict",
+    "load_job",
+    "preset",
+    "resolve_job",
+]
+
+BYTE_VOCAB = 256
+MODEL_KINDS = ("gpt", "llama")
+GRAD_ACCUM_DTYPES = ("float64", "float32")
+
+
+class JobError(ValueError):
+    """A job file or job value is wrong; the message is one sentence that says what to change."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return _is_int(value) or isinstance(value, float)
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _check_int(key: str, value: object, *, minimum: int) -> None:
+    if not _is_int(value):
+        raise JobError(f"{key} must be an integer, got {value!r} ({_type_name(value)})")
+    assert isinstance(value, int)
+    if value < minimum:
+        what = "positive" if minimum == 1 else f"at least {minimum}"
+        raise JobError(f"{key} must be {what}, got {value}")
+
+
+def _check_float(key: str, value: object) -> float:
+    if not _is_number(value):
+        raise JobError(f"{key} must be a number, got {value!r} ({_type_name(value)})")
+    assert isinstance(value, int | float)
+    number = float(value)
+    if not math.isfinite(number):
+        raise JobError(f"{key} must be a finite number, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The transformer. Sizes are validated on construction."""
+
+    kind: str
+    layers: int
+    width: int
+    heads: int
+    seq_len: int
+    vocab: int = BYTE_VOCAB
+    dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise JobError(f"model.kind must be one of {', '.join(MODEL_KINDS)}, got {self.kind!r}")
+        for key in ("layers", "width", "heads", "seq_len"):
+            _check_int(f"model.{key}", getattr(self, key), minimum=1)
+        _check_int("model.vocab", self.vocab, minimum=1)
+        if self.vocab < BYTE_VOCAB:
+            raise JobError(
+                f"model.vocab must be at least {BYTE_VOCAB} for byte-level data, got {self.vocab}"
+            )
+        if self.width % self.heads != 0:
+            raise JobError(
+                f"model.heads ({self.heads}) must divide model.width ({self.width}); "
+                "choose a width that is a multiple of heads"
+            )
+        if self.kind == "llama" and self.head_dim % 2 != 0:
+            raise JobError(
+                f"model.width / model.heads must be even for rotary positions (llama), "
+                f"got {self.width} / {self.heads} = {self.head_dim}"
+            )
+        dropout = _check_float("model.dropout", self.dropout)
+        if not 0.0 <= dropout < 1.0:
+            raise JobError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        object.__setattr__(self, "dropout", dropout)
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        """Hidden size of the MLP: 4x width (GPT), or 8/3 x width rounded up to 16 (SwiGLU)."""
+        if self.kind == "gpt":
+            return 4 * self.width
+        return -(-8 * self.width // (3 * 16)) * 16
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW hyper-parameters (torch.optim.AdamW semantics)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        lr = _check_float("optimizer.lr", self.lr)
+        if lr <= 0:
+            raise JobError(f"optimizer.lr must be positive, got {self.lr}")
+        betas = self.betas
+        if not isinstance(betas, list | tuple) or len(betas) != 2:
+            raise JobError(f"optimizer.betas must be a list of two numbers, got {betas!r}")
+        pair = tuple(_check_float("optimizer.betas", beta) for beta in betas)
+        if not all(0.0 <= beta < 1.0 for beta in pair):
+            raise JobError(f"optimizer.betas must both be in [0, 1), got {list(betas)}")
+        weight_decay = _check_float("optimizer.weight_decay", self.weight_decay)
+        if weight_decay < 0:
+            raise JobError(f"optimizer.weight_decay must be zero or positive, got {weight_decay}")
+        eps = _check_float("optimizer.eps", self.eps)
+        if eps <= 0:
+            raise JobError(f"optimizer.eps must be positive, got {self.eps}")
+        object.__setattr__(self, "lr", lr)
+        object.__setattr__(self, "betas", pair)
+        object.__setattr__(self, "weight_decay", weight_decay)
+        object.__setattr__(self, "eps", eps)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One training job. `job_id` is derived from the content, so equal jobs share an id."""
+
+    model: ModelConfig
+    iterations: int
+    microbatches: int
+    microbatch_size: int
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    seed: int = 0
+    data: str | None = None
+    grad_accum: str = "float64"
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, ModelConfig):
+            raise JobError("model must be a [model] table")
+        if not isinstance(self.optimizer, OptimizerConfig):
+            raise JobError("optimizer must be an [optimizer] table")
+        for key in ("iterations", "microbatches", "microbatch_size"):
+            _check_int(key, getattr(self, key), minimum=1)
+        _check_int("seed", self.seed, minimum=0)
+        if self.data is not None and (not isinstance(self.data, str) or not self.data):
+            raise JobError(f"data must be a non-empty path string, got {self.data!r}")
+        if self.grad_accum not in GRAD_ACCUM_DTYPES:
+            raise JobError(
+                f"grad_accum must be one of {', '.join(GRAD_ACCUM_DTYPES)}, got {self.grad_accum!r}"
+            )
+        if not isinstance(self.name, str):
+            raise JobError(f"name must be a string, got {self.name!r} ({_type_name(self.name)})")
+
+    @property
+    def job_id(self) -> str:
+        """`job-` and 16 hex digits of the sha256 of the job's canonical JSON."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return "job-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as plain data, the same shape as the TOML file (`data` only when set)."""
+        out = dataclasses.asdict(self)
+        out["optimizer"]["betas"] = list(self.optimizer.betas)
+        if self.data is None:
+            del out["data"]
+        return out
+
+
+_TOP_KEYS = {
+    "name",
+    "seed",
+    "iterations",
+    "microbatches",
+    "microbatch_size",
+    "data",
+    "grad_accum",
+    "model",
+    "optimizer",
+}
+_REQUIRED_TOP = ("iterations", "microbatches", "microbatch_size", "model")
+_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
+_REQUIRED_MODEL = ("kind", "layers", "width", "heads", "seq_len")
+_OPTIMIZER_KEYS = {f.name for f in dataclasses.fields(OptimizerConfig)}
+
+
+def _check_keys(where: str, table: Mapping[str, Any], known: set[str]) -> None:
+    for key in table:
+        if key not in known:
+            name = f"{where}.{key}" if where else key
+            place = f" in [{where}]" if where else " at the top level"
+            raise JobError(
+                f"unknown key '{name}'; the keys allowed{place} are {', '.join(sorted(known))}"
+            )
+
+
+def job_from_dict(table: Mapping[str, Any], *, base_dir: Path | None = None) -> JobConfig:
+    """Build a validated job from parsed TOML. A relative `data` path is joined to `base_dir`."""
+    _check_keys("", table, _TOP_KEYS)
+    for key in _REQUIRED_TOP:
+        if key not in table:
+            raise JobError(f"missing required key '{key}'")
+    model_table = table["model"]
+    if not isinstance(model_table, dict):
+        raise JobError("model must be a [model] table")
+    _check_keys("model", model_table, _MODEL_KEYS)
+    for key in _REQUIRED_MODEL:
+        if key not in model_table:
+            raise JobError(f"missing required key 'model.{key}'")
+    optimizer_table = table.get("optimizer", {})
+    if not isinstance(optimizer_table, dict):
+        raise JobError("optimizer must be an [optimizer] table")
+    _check_keys("optimizer", optimizer_table, _OPTIMIZER_KEYS)
+    if "betas" in optimizer_table and isinstance(optimizer_table["betas"], list):
+        optimizer_table = {**optimizer_table, "betas": tuple(optimizer_table["betas"])}
+    rest = {k: v for k, v in table.items() if k not in ("model", "optimizer")}
+    data = rest.get("data")
+    if isinstance(data, str) and data and base_dir is not None:
+        rest["data"] = str((base_dir / data).resolve()) if not Path(data).is_absolute() else data
+    return JobConfig(
+        model=ModelConfig(**model_table),
+        optimizer=OptimizerConfig(**optimizer_table),
+        **rest,
+    )
+
+
+def load_job(path: str | Path) -> JobConfig:
+    """Read and validate a TOML job file."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise JobError(
+            f"job file {path} does not exist; give a TOML job file or a preset "
+            f"({', '.join(PRESETS)})"
+        ) from None
+    except OSError as exc:
+        raise JobError(f"cannot read job file {path}: {exc.strerror or exc}") from None
+    try:
+        table = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise JobError(f"job file {path} is not valid TOML: {exc}") from None
+    try:
+        return job_from_dict(table, base_dir=path.resolve().parent)
+    except JobError as exc:
+        raise JobError(f"job file {path}: {exc}") from None
+    except TypeError as exc:  # a dataclass refused an argument the checks above let through
+        raise JobError(f"job file {path}: {exc}") from None
+
+
+# A few hundred thousand parameters; 6 blocks cut evenly into 1, 2, 3 or 6 stages.
+PRESETS: Mapping[str, JobConfig] = {
+    "tiny-gpt": JobConfig(
+        name="tiny-gpt",
+        model=ModelConfig(kind="gpt", layers=6, width=64, heads=4, seq_len=64, dropout=0.1),
+        optimizer=OptimizerConfig(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8),
+        seed=0,
+        iterations=40,
+        microbatches=8,
+        microbatch_size=8,
+    ),
+    "tiny-llama": JobConfig(
+        name="tiny-llama",
+        model=ModelConfig(kind="llama", layers=6, width=64, heads=4, seq_len=64, dropout=0.1),
+        optimizer=OptimizerConfig(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8),
+        seed=0,
+        iterations=40,
+        microbatches=8,
+        microbatch_size=8,
+    ),
+}
+
+
+def preset(name: str) -> JobConfig:
+    """A built-in job by name."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise JobError(f"unknown preset {name!r}; presets are {', '.join(PRESETS)}") from None
+
+
+def resolve_job(spec: str | Path) -> JobConfig:
+    """A preset name, or else the path of a TOML job file."""
+    text = str(spec)
+    if text in PRESETS:
+        return PRESETS[text]
+    path = Path(text)
+    if not path.exists() and path.suffix != ".toml" and "/" not in text:
+        raise JobError(
+            f"{text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing job file"
+        )
+    return load_job(path)

@@ -1,0 +1,58 @@
+"""`gwtf reference --job JOB.toml|PRESET [--iterations N] [--data PATH] [--threads N] [--json]`.
+
+`--threads` matters for comparing bits: float reductions on the CPU split their work by thread
+count, so a reference run equals a swarm bit for bit only with the nodes' thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from gwtf.train.data import DataError, load_corpus
+from gwtf.train.job import JobError, resolve_job
+from gwtf.train.reference import train_reference
+
+__all__ = ["run_reference"]
+
+
+def run_reference(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        job = resolve_job(args.job)
+        changes: dict[str, object] = {}
+        if args.iterations is not None:
+            changes["iterations"] = args.iterations
+        if args.data is not None:
+            changes["data"] = args.data
+        if changes:
+            job = dataclasses.replace(job, **changes)  # type: ignore[arg-type]
+        corpus = load_corpus(job.data)
+        if args.json:
+            result = train_reference(job, corpus)
+        else:
+            print(
+                f"job {job.job_id}: {job.model.kind}, {job.model.layers} layers, width "
+                f"{job.model.width}, {job.iterations} iterations of {job.microbatches} "
+                f"microbatches of {job.microbatch_size}x{job.model.seq_len} tokens; "
+                f"data {corpus.source} ({len(corpus)} bytes)"
+            )
+
+            def show(k: int, loss: float) -> None:
+                print(f"iteration {k + 1:>4}/{job.iterations}  loss {loss:.4f}", flush=True)
+
+            result = train_reference(job, corpus, on_iteration=show)
+    except (JobError, DataError) as exc:
+        print(f"gwtf reference: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0
+    print(f"param checksum  {result.param_checksum}")
+    print(f"throughput      {result.throughput_mb_s:.1f} microbatches/s")
+    return 0

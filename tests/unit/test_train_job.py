@@ -1,0 +1,152 @@
+"""Job files and presets: valid ones load, every mistake is one clear JobError sentence."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from gwtf.train.job import (
+    PRESETS,
+    JobConfig,
+    JobError,
+    ModelConfig,
+    OptimizerConfig,
+    load_job,
+    preset,
+    resolve_job,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = REPO / "simulations" / "jobs"
+
+MINIMAL = """
+iterations = 3
+microbatches = 4
+microbatch_size = 2
+
+[model]
+kind = "gpt"
+layers = 2
+width = 16
+heads = 2
+seq_len = 8
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_minimal_file_gets_the_defaults(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, MINIMAL))
+    assert job.model == ModelConfig(kind="gpt", layers=2, width=16, heads=2, seq_len=8)
+    assert job.model.vocab == 256 and job.model.dropout == 0.1
+    assert job.optimizer == OptimizerConfig()
+    assert job.seed == 0 and job.data is None and job.grad_accum == "float64"
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_example_files_are_the_presets(name: str) -> None:
+    job = load_job(JOBS / f"{name}.toml")
+    assert job == PRESETS[name]
+    assert job.job_id == PRESETS[name].job_id
+
+
+def test_every_example_job_file_loads() -> None:
+    files = sorted(JOBS.glob("*.toml"))
+    assert len(files) >= 3
+    for path in files:
+        load_job(path)
+
+
+def test_job_id_follows_the_content() -> None:
+    job = PRESETS["tiny-gpt"]
+    assert job.job_id == dataclasses.replace(job).job_id
+    assert job.job_id.startswith("job-") and len(job.job_id) == 20
+    assert job.job_id != dataclasses.replace(job, seed=1).job_id
+    assert job.job_id != PRESETS["tiny-llama"].job_id
+
+
+def test_relative_data_path_is_relative_to_the_job_file(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, 'data = "corpus.txt"\n' + MINIMAL))
+    assert job.data == str(tmp_path.resolve() / "corpus.txt")
+
+
+def test_presets_are_a_few_hundred_thousand_parameters_and_cut_into_three() -> None:
+    from gwtf.train.stage import build_model
+
+    for job in PRESETS.values():
+        count = sum(p.numel() for p in build_model(job.model, job.seed).parameters())
+        assert 200_000 < count < 500_000
+        assert job.model.layers % 3 == 0
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: "widht = 3\n" + t, "unknown key 'widht'; the keys allowed at the top"),
+        (lambda t: t.replace("heads = 2", "heads = 2\nwidht = 3"), "unknown key 'model.widht'"),
+        (lambda t: t + "\n[optimizer]\nlearning_rate = 1\n", "unknown key 'optimizer.learning"),
+        (lambda t: t.replace("iterations = 3", "iterations = 0"), "iterations must be positive"),
+        (lambda t: t.replace("iterations = 3", 'iterations = "3"'), "iterations must be an int"),
+        (lambda t: t.replace("iterations = 3", "iterations = 3.5"), "iterations must be an int"),
+        (lambda t: t.replace("iterations = 3", "iterations = true"), "iterations must be an int"),
+        (lambda t: t.replace("microbatches = 4\n", ""), "missing required key 'microbatches'"),
+        (lambda t: t.replace("width = 16", "width = -16"), "model.width must be positive"),
+        (lambda t: t.replace("heads = 2", "heads = 3"), "model.heads (3) must divide model.width"),
+        (lambda t: t.replace('"gpt"', '"bert"'), "model.kind must be one of gpt, llama"),
+        (lambda t: t.replace("seq_len = 8\n", ""), "missing required key 'model.seq_len'"),
+        (lambda t: t + "vocab = 100\n", "model.vocab must be at least 256"),
+        (lambda t: t + "dropout = 1.0\n", "model.dropout must be in [0, 1)"),
+        (lambda t: t + "dropout = 'x'\n", "model.dropout must be a number"),
+        (lambda t: t + "\n[optimizer]\nlr = 0\n", "optimizer.lr must be positive"),
+        (lambda t: t + "\n[optimizer]\nbetas = [0.9]\n", "optimizer.betas must be a list of two"),
+        (lambda t: t + "\n[optimizer]\nbetas = [0.9, 1.0]\n", "optimizer.betas must both be"),
+        (lambda t: t + "\n[optimizer]\nweight_decay = -1\n", "weight_decay must be zero or"),
+        (lambda t: t + "\n[optimizer]\neps = 0\n", "optimizer.eps must be positive"),
+        (lambda t: "seed = -1\n" + t, "seed must be at least 0"),
+        (lambda t: 'grad_accum = "float16"\n' + t, "grad_accum must be one of float64, float32"),
+        (lambda t: "data = 3\n" + t, "data must be a non-empty path string"),
+        (lambda t: "model = 3\n" + t.split("[model]")[0], "model must be a [model] table"),
+        (lambda t: t.replace('"gpt"', '"llama"').replace("width = 16", "width = 6"), "even"),
+        (lambda t: t + "= broken", "is not valid TOML"),
+    ],
+)
+def test_bad_job_file_is_one_clear_sentence(tmp_path: Path, edit: object, message: str) -> None:
+    assert callable(edit)
+    path = write(tmp_path, edit(MINIMAL))
+    with pytest.raises(JobError) as caught:
+        load_job(path)
+    text = str(caught.value)
+    assert message in text
+    assert text.startswith(f"job file {path}")
+    assert "\n" not in text
+
+
+def test_missing_job_file_names_the_presets(tmp_path: Path) -> None:
+    with pytest.raises(JobError, match="does not exist; give a TOML job file or a preset"):
+        resolve_job(tmp_path / "nope.toml")
+
+
+def test_unknown_preset_names_the_presets() -> None:
+    with pytest.raises(JobError, match=r"'tiny-gtp' is neither a preset \(tiny-gpt, tiny-llama\)"):
+        resolve_job("tiny-gtp")
+    with pytest.raises(JobError, match="unknown preset 'huge'; presets are tiny-gpt, tiny-llama"):
+        preset("huge")
+
+
+def test_resolve_job_takes_presets_and_files() -> None:
+    assert resolve_job("tiny-llama") is PRESETS["tiny-llama"]
+    assert resolve_job(str(JOBS / "tiny-gpt.toml")) == PRESETS["tiny-gpt"]
+
+
+def test_values_are_checked_when_built_in_code_too() -> None:
+    model = ModelConfig(kind="gpt", layers=1, width=8, heads=2, seq_len=4)
+    with pytest.raises(JobError, match="microbatch_size must be positive"):
+        JobConfig(model=model, iterations=1, microbatches=1, microbatch_size=0)
+    with pytest.raises(JobError, match="model.layers must be an integer"):
+        dataclasses.replace(model, layers=2.0)
