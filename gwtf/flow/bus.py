@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -98,9 +98,20 @@ class MessageBus:
         for node in self.nodes.values():
             node.rescale()
 
-    def join(self, view: NodeView, config: FlowConfig, *, epoch: int = 0) -> None:
+    def join(self, view: NodeView, config: FlowConfig | None = None, *, epoch: int = 0) -> None:
         """A node joins a running swarm (warm); its peers learn of the new arcs at once, as a
-        membership service would tell them."""
+        membership service would tell them. `config` defaults to the swarm's: every node must
+        use the same one (it is not recomputed from the grown topology)."""
+        config = config or next(iter(self.nodes.values())).config
+
+        def known(arcs: tuple[LocalArc, ...]) -> tuple[LocalArc, ...]:
+            # The joiner's arcs lead to the peers' current incarnations.
+            return tuple(
+                replace(a, epoch=self.nodes[a.peer].epoch if a.peer in self.nodes else a.epoch)
+                for a in arcs
+            )
+
+        view = replace(view, upstream=known(view.upstream), downstream=known(view.downstream))
         node = FlowNode(view, config, self.clock, epoch=epoch, warm=True)
         self.nodes[view.node_id] = node
         for peer_id, arc, peer_sees_upstream in peer_edits(view):
@@ -273,9 +284,14 @@ def peer_edits(view: NodeView) -> list[tuple[str, LocalArc, bool]]:
     edits = []
     for arcs, peer_sees_upstream in ((view.upstream, False), (view.downstream, True)):
         for arc in arcs:
-            mirrored = LocalArc(view.node_id, arc.cap, arc.cost, arc.gen)
+            mirrored = LocalArc(view.node_id, arc.cap, arc.cost, arc.gen)  # epoch: the caller's
             edits.append((arc.peer, mirrored, peer_sees_upstream))
     return edits
+
+
+COST_HEADROOM = 2
+"""`flow_config` sizes the swarm for arcs up to this many times the costliest arc it starts with,
+so that joiners on slower machines or links are routed by their true costs."""
 
 
 def flow_config(topology: Topology, *, quiet_s: float | None = None) -> FlowConfig:
@@ -283,7 +299,9 @@ def flow_config(topology: Topology, *, quiet_s: float | None = None) -> FlowConf
     phases (see `FlowConfig.quiet_s`); a number: each node tightens after that long (clock units)
     with nothing to do, a few message delays."""
     costs = [a.cost_units for a in topology.arcs] or [1]
-    return FlowConfig.for_costs(topology.num_stages, max(costs), min(costs), quiet_s=quiet_s)
+    return FlowConfig.for_costs(
+        topology.num_stages, COST_HEADROOM * max(costs), min(costs), quiet_s=quiet_s
+    )
 
 
 def config_for(topology: Topology, bus: MessageBus) -> FlowConfig:

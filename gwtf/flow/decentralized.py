@@ -97,7 +97,11 @@ class FlowConfig:
 
     big_m: int
     """Reward per unit of flow round the ring, in cost units. Must exceed the cost of any
-    augmenting path; `for_costs` derives a safe value."""
+    augmenting path; `for_costs` derives a safe value from `max_cost`."""
+    max_cost: int
+    """The largest arc cost the swarm was configured for. A node clamps a costlier arc (a
+    joiner on a slow link) to it, so that `big_m` stays valid and the maximum flow is never
+    missed; only the cost of such an arc is then understated."""
     eps_final: int
     """Epsilon the algorithm ends at, in cost units: bounds the distance to the least cost."""
     eps_start: int
@@ -139,6 +143,7 @@ class FlowConfig:
         eps_final = max(1, (stages - 1) * min_cost // (400 * stages))
         return FlowConfig(
             big_m=big_m,
+            max_cost=max_cost,
             eps_final=eps_final,
             eps_start=max(eps_final, max_cost),
             quiet_s=quiet_s,
@@ -158,6 +163,8 @@ class LocalArc:
     """Generation of the arc, the same at both ends: a driver that re-creates an arc between the
     same two incarnations (a link that failed and came back) gives it a new one, so that nothing
     sent on the old arc is counted on the new."""
+    epoch: int = 0
+    """The incarnation of the peer this arc leads to."""
 
 
 @dataclass(frozen=True)
@@ -292,9 +299,9 @@ class FlowNode:
         self._may_rescale = warm
         self._started = False
         for arc in view.upstream:
-            self.add_peer(arc, upstream=True)
+            self.add_peer(arc, upstream=True, peer_epoch=arc.epoch)
         for arc in view.downstream:
-            self.add_peer(arc, upstream=False)
+            self.add_peer(arc, upstream=False, peer_epoch=arc.epoch)
         self._started = True
 
     # ------------------------------------------------------------------ topology
@@ -305,7 +312,7 @@ class FlowNode:
         if arc.peer in arcs:
             self._drop(arcs, arc.peer)
         is_return = self._holder if upstream else self._last
-        cost = -self.config.big_m if is_return else arc.cost
+        cost = -self.config.big_m if is_return else min(arc.cost, self.config.max_cost)
         new = _Arc(arc.peer, arc.cap, cost, not upstream, peer_epoch, arc.gen)
         arcs[arc.peer] = new
         self._changed()

@@ -119,7 +119,7 @@ def test_warm_restart_after_a_crash_and_a_join(seed: int) -> None:
     assert_balanced(bus)
 
     # The same node comes back as a new incarnation.
-    bus.join(node_views(topo)[victim], config_for(topo, bus), epoch=1)
+    bus.join(node_views(topo)[victim], epoch=1)
     bus.run(500_000)
     assert_matches_oracle(topo, bus.flows())
     assert_balanced(bus)
@@ -144,7 +144,7 @@ def test_a_new_node_joins_and_is_used() -> None:
     fast = topo.node(topo.stage_nodes(1)[0])
     joiner = type(fast).make("joiner", 1, fast.compute_s / 4, fast.location)
     bigger = topo.with_node(joiner)
-    bus.join(node_views(bigger)["joiner"], config_for(bigger, bus))
+    bus.join(node_views(bigger)["joiner"])
     bus.run(500_000)
     assert_matches_oracle(bigger, bus.flows())
 
@@ -239,7 +239,7 @@ def test_property_warm_restart(seed: int, n: int, stages: int, edit: str) -> Non
         model = topo.node(topo.node_ids[int(rng.integers(len(topo.node_ids)))])
         joiner = type(model).make("joiner", model.stage, model.compute_s, model.location)
         after = topo.with_node(joiner)
-        bus.join(node_views(after)["joiner"], config_for(after, bus))
+        bus.join(node_views(after)["joiner"])
     else:
         if not topo.arcs:
             return
