@@ -65,6 +65,161 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {value}")
+    return value
+
+
+def _stage(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a stage number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a stage number >= 0, got {value}")
+    return value
+
+
+def _address(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def _node(args: argparse.Namespace) -> int:
+    from gwtf.node.cli import run_node
+
+    return run_node(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from gwtf.client import run_status
+
+    return run_status(args)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from gwtf.node.launch import run_launch
+
+    return run_launch(args)
+
+
+def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    node = commands.add_parser(
+        "node",
+        help="run one gwtf node (one pipeline stage) as a gRPC server",
+        description="Run one gwtf node: create a swarm (no --bootstrap; give --stages) or join "
+        "one, measure its links, route with its neighbours, until SIGTERM or Ctrl-C, then "
+        "leave gracefully. Prints 'gwtf node ID listening on HOST:PORT ...' once in the swarm.",
+    )
+    node.add_argument("--stage", type=_stage, required=True, metavar="K",
+                      help="the pipeline stage this node holds (0 = a data holder)")
+    node.add_argument("--port", type=_port, default=0, metavar="P",
+                      help="port to listen on (default 0: a free one, printed)")
+    node.add_argument("--host", default="127.0.0.1", metavar="HOST",
+                      help="address to listen on (default 127.0.0.1)")
+    node.add_argument("--bootstrap", type=_address, nargs="+", action="extend", metavar="HOST:PORT",
+                      help="members to join through (none: create a new swarm)")
+    node.add_argument("--id", metavar="NAME", help="node id, unique in the swarm "
+                      "(default: HOST:PORT)")
+    node.add_argument("--location", metavar="NAME",
+                      help="this node's location in --link-matrix (emulated WAN)")
+    node.add_argument("--link-matrix", metavar="FILE",
+                      help="CSV src,dst,rtt_ms,bandwidth_gbps: delay every outgoing message as "
+                      "that link would (e.g. gwtf/data/geo10_aws.csv)")
+    node.add_argument("--compute-s", type=_positive_float, metavar="S",
+                      help="seconds per microbatch of this node's stage (default: measured by a "
+                      "short warm-up of --job's stage, which loads torch)")
+    node.add_argument("--job", default="tiny-gpt", metavar="JOB",
+                      help="the model whose stage the warm-up measures (default: tiny-gpt)")
+    node.add_argument("--heartbeat-s", type=_positive_float, default=0.5, metavar="S",
+                      help="gossip/heartbeat period (default 0.5)")
+    node.add_argument("--failure-timeout-s", type=_positive_float, default=5.0, metavar="S",
+                      help="a member silent this long is declared dead (default 5)")
+    node.add_argument("--rpc-timeout-s", type=_positive_float, default=3.0, metavar="S",
+                      help="deadline of control calls (default 3)")
+    node.add_argument("--probe-s", type=_positive_float, default=1.0, metavar="S",
+                      help="latency probe period per owned arc (default 1)")
+    swarm = node.add_argument_group("a new swarm (first node only; joiners get the swarm's)")
+    swarm.add_argument("--stages", type=_positive_int, metavar="S",
+                       help="number of pipeline stages")
+    swarm.add_argument("--activation-bytes", type=_positive_int, default=8 * 2**20, metavar="N",
+                       help="bytes of one activation (default 8 MiB)")
+    swarm.add_argument("--max-arc-cost-s", type=_positive_float, default=2.0, metavar="S",
+                       help="largest arc cost the routing is sized for (default 2)")
+    swarm.add_argument("--min-arc-cost-s", type=_positive_float, default=0.01, metavar="S",
+                       help="smallest arc cost; sets the cost accuracy (default 0.01)")
+    swarm.add_argument("--quiet-s", type=_positive_float, metavar="S",
+                       help="end scaling phases per node after S quiet seconds instead of "
+                       "swarm-wide (uncoordinated; several times the messages)")
+    node.add_argument("--seed", type=int, metavar="N", help="seed of the gossip order "
+                      "(default: from the id)")
+    node.add_argument("--log-level", default="info",
+                      choices=("debug", "info", "warning", "error"), help="(default info)")
+    node.set_defaults(handler=_node)
+
+
+def _add_status_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = commands.add_parser(
+        "status",
+        help="show the state of a running gwtf network and its jobs",
+        description="Ask one node for the swarm as it sees it: members, flows, flow value.",
+    )
+    status.add_argument("--to", type=_address, required=True, metavar="HOST:PORT",
+                        help="the node to ask")
+    status.add_argument("--json", action="store_true", help="print the result as JSON")
+    status.add_argument("--local", action="store_true",
+                        help="that node's own arcs only (do not ask every member)")
+    status.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
+                        help="deadline (default 10)")
+    status.set_defaults(handler=_status)
+
+
+def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    launch = commands.add_parser(
+        "launch",
+        help="launch several gwtf nodes on this machine",
+        description="Start a local swarm of N node processes spread over S stages (and over "
+        "the locations of --link-matrix), print their addresses, and stop them all on Ctrl-C "
+        "or SIGTERM.",
+    )
+    launch.add_argument("--nodes", type=_positive_int, required=True, metavar="N")
+    launch.add_argument("--stages", type=_positive_int, required=True, metavar="S")
+    launch.add_argument("--base-port", type=_port, default=0, metavar="P",
+                        help="ports P, P+1, ... (default 0: free ports)")
+    launch.add_argument("--host", default="127.0.0.1", metavar="HOST")
+    launch.add_argument("--link-matrix", metavar="FILE",
+                        help="emulate this WAN: nodes go round-robin over its locations")
+    launch.add_argument("--compute-s", type=_positive_float, default=0.1, metavar="S",
+                        help="seconds per microbatch on a V100; each node draws a GPU from "
+                        "gwtf/data/gpu_train_throughput.csv and divides by its speed (default 0.1)")
+    launch.add_argument("--heartbeat-s", type=_positive_float, default=0.5, metavar="S")
+    launch.add_argument("--failure-timeout-s", type=_positive_float, default=5.0, metavar="S")
+    launch.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="seed of the GPU draw (default 0)")
+    launch.add_argument("--log-dir", metavar="DIR",
+                        help="write each node's log there (default: a new temporary folder)")
+    launch.add_argument("--json", action="store_true",
+                        help="print the nodes as one JSON line once the swarm is formed")
+    launch.set_defaults(handler=_launch)
+
+
 def _demo(args: argparse.Namespace) -> int:
     print(
         "gwtf demo: the demo is not available yet in this version; "
@@ -82,10 +237,7 @@ def _not_yet(command: str) -> Handler:
 
 
 _NOT_YET = {
-    "node": "run one gwtf node (one pipeline stage) as a gRPC server",
     "submit": "submit a training job to a running gwtf network",
-    "status": "show the state of a running gwtf network and its jobs",
-    "launch": "launch several gwtf nodes on this machine",
     "simulate": "run a scenario in the discrete-event simulator",
 }
 
@@ -145,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reference.add_argument("--json", action="store_true", help="print the result as JSON")
     reference.set_defaults(handler=_reference)
+
+    _add_node_parser(commands)
+    _add_status_parser(commands)
+    _add_launch_parser(commands)
 
     for name, summary in _NOT_YET.items():
         sub = commands.add_parser(

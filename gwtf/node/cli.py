@@ -1,0 +1,141 @@
+"""`gwtf node`: run one node until SIGTERM or Ctrl-C, then leave the swarm gracefully.
+
+Output: one line on stdout once the node is in its swarm,
+`gwtf node ID listening on HOST:PORT (stage K of S, swarm SWARM)`; logs on stderr, one line per
+event. Errors a user can cause end in one line on stderr and a non-zero exit: 2 for wrong input
+(flags, matrix file, a stage outside the swarm), 1 when the world is not as expected (port in
+use, bootstrap unreachable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
+
+__all__ = ["configure_logging", "load_matrix", "run_node"]
+
+EXIT_USAGE = 2
+LOG_FORMAT = "%(asctime)s %(levelname)s node=%(node)s stage=%(stage)s %(message)s"
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, defaults={"node": "-", "stage": "-"}))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def quiet_grpc_core() -> None:
+    """gRPC's C core logs errors (a failed bind, a refused connection) on stderr by itself;
+    the node says what matters in one line of its own instead."""
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+
+def load_matrix(
+    path: str | None, location: str | None
+) -> tuple[Mapping[frozenset[str], LinkSpec] | None, str]:
+    """The emulated WAN's matrix and this node's location; TopologyError (one line) if wrong."""
+    if path is None and location is None:
+        return None, ""
+    if path is None:
+        raise TopologyError("--location needs --link-matrix FILE (the matrix it refers to)")
+    links = load_link_matrix(path)
+    names = sorted({name for pair in links for name in pair})
+    if location is None:
+        raise TopologyError(
+            f"--link-matrix needs --location NAME, one of: {', '.join(names) or '(none)'}"
+        )
+    if location not in names:
+        raise TopologyError(
+            f"location {location!r} is not in the link matrix {path!r}; "
+            f"choose one of: {', '.join(names)}"
+        )
+    return links, location
+
+
+def run_node(args: argparse.Namespace) -> int:
+    quiet_grpc_core()
+    import uvloop
+
+    from gwtf.node.config import NodeConfig
+    from gwtf.node.node import NodeSettings
+
+    try:
+        links, location = load_matrix(args.link_matrix, args.location)
+    except TopologyError as err:
+        print(f"gwtf node: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = NodeConfig(
+            heartbeat_s=args.heartbeat_s,
+            failure_timeout_s=args.failure_timeout_s,
+            rpc_timeout_s=args.rpc_timeout_s,
+            probe_s=args.probe_s,
+        )
+    except ValueError as err:
+        print(f"gwtf node: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = NodeSettings(
+        stage=args.stage,
+        host=args.host,
+        port=args.port,
+        node_id=args.id,
+        bootstrap=tuple(args.bootstrap or ()),
+        location=location,
+        links=links,
+        compute_s=args.compute_s,
+        job=args.job,
+        num_stages=args.stages,
+        activation_bytes=args.activation_bytes,
+        max_arc_cost_s=args.max_arc_cost_s,
+        min_arc_cost_s=args.min_arc_cost_s,
+        quiet_s=args.quiet_s,
+        seed=args.seed,
+    )
+    configure_logging(args.log_level)
+    return uvloop.run(_serve(settings, config))
+
+
+async def _serve(settings: object, config: object) -> int:
+    from gwtf.node.node import Node, NodeError, NodeSettings
+
+    assert isinstance(settings, NodeSettings)
+    node = Node(settings, config)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await node.start()
+        entering = asyncio.ensure_future(node.enter_swarm())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((entering, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if not entering.done():
+            entering.cancel()
+            await asyncio.gather(entering, return_exceptions=True)
+            await node.close()
+            return 0
+        stopped.cancel()
+        entering.result()
+    except NodeError as err:
+        print(f"gwtf node: {err}", file=sys.stderr)
+        await node.close()
+        return err.exit_code
+    print(
+        f"gwtf node {node.node_id} listening on {node.address} "
+        f"(stage {settings.stage} of {node.swarm.num_stages}, swarm {node.swarm.swarm_id})",
+        flush=True,
+    )
+    await stop.wait()
+    node.log.info("stopping: leaving the swarm")
+    await node.leave()
+    await node.close()
+    return 0

@@ -1,0 +1,167 @@
+"""What a node is told: its timeouts (`NodeConfig`) and the swarm's shared settings.
+
+Every timeout and period lives in `NodeConfig`, each with the reason for its default, so that no
+call in the node waits without a bound. `SwarmSettings` is what the first node of a swarm decides
+and every joiner receives unchanged (DESIGN.md 2: all nodes must run the same FlowConfig).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gwtf.flow.decentralized import FlowConfig
+from gwtf.flow.topology import cost_to_units
+
+__all__ = [
+    "DEFAULT_ACTIVATION_BYTES",
+    "DEFAULT_MAX_ARC_COST_S",
+    "DEFAULT_MIN_ARC_COST_S",
+    "MAX_ID_LENGTH",
+    "MAX_MESSAGE_BYTES",
+    "MAX_STAGES",
+    "NodeConfig",
+    "SwarmSettings",
+]
+
+MAX_MESSAGE_BYTES = 4 * 2**20
+"""Largest control message a node sends or accepts (gRPC rejects bigger ones with
+RESOURCE_EXHAUSTED before any handler runs). The biggest legitimate one is a bandwidth probe."""
+
+MAX_ID_LENGTH = 128
+"""Longest node id, location or address accepted from a peer."""
+
+MAX_STAGES = 1024
+"""Most pipeline stages a swarm may have (a bound on what a peer can make a node allocate)."""
+
+DEFAULT_ACTIVATION_BYTES = 8 * 2**20
+"""8 MiB, as the benchmark topologies (`gwtf.flow.generate.geo10`); a job sets its own."""
+
+DEFAULT_MAX_ARC_COST_S = 2.0
+"""Largest arc cost the swarm is sized for, seconds: half a second of compute on each end plus
+the slowest geo10 link (about 0.3 s RTT, 8 MiB at 0.4 Gbit/s) and headroom for slower joiners.
+Costlier arcs are clamped (their cost is understated, the maximum flow is never missed)."""
+
+DEFAULT_MIN_ARC_COST_S = 0.01
+"""Smallest arc cost expected, seconds; sets the final epsilon, hence the cost accuracy (1%)."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Timeouts, periods and sizes of one node. Seconds throughout."""
+
+    heartbeat_s: float = 0.5
+    """Gossip period: the node increments its heartbeat and gossips with `gossip_fanout` peers.
+    Failure detection is a few periods, so this bounds how fast a crash is seen."""
+    failure_timeout_s: float = 5.0
+    """A member whose heartbeat has not progressed for this long is declared dead. After half of
+    it, the node calls the silent member directly, and a refused connection (no process there)
+    declares it dead at once. Several times the heartbeat period plus the gossip's propagation
+    (a few hops of the largest RTT), or slow links produce false suspicions."""
+    gossip_fanout: int = 3
+    """Peers gossiped with per period: heartbeats reach everyone in about log_fanout(n) periods."""
+    rpc_timeout_s: float = 3.0
+    """Deadline of every control call: above the largest emulated RTT (0.3 s) plus a queue of
+    probes and a loaded event loop, below the failure timeout."""
+    probe_s: float = 1.0
+    """Period of the latency echo on each arc this node owns (as tail)."""
+    bandwidth_probe_s: float = 30.0
+    """Period of the bandwidth probe on each owned arc: it sends `probe_bytes`, so it is rare."""
+    probe_bytes: int = 2**20
+    """Payload of a bandwidth probe: large enough that transfer time dominates on a WAN link."""
+    initial_echoes: int = 4
+    """Latency echoes before an arc is created; the first warms the channel and is discarded."""
+    rtt_window: int = 8
+    """RTT samples kept: the link's RTT is their minimum (queueing only ever adds to it)."""
+    bandwidth_window: int = 4
+    """Bandwidth samples kept: the estimate is their maximum (interference only lowers it)."""
+    cost_hysteresis: float = 0.2
+    """An owned arc is re-created (new gen, its flow re-routed) only when its cost moves by more
+    than this fraction, so that probe noise never churns the flow."""
+    cap_hysteresis: float = 0.5
+    """The same for the arc's capacity (bandwidth estimates are noisier than RTTs)."""
+    retry_min_s: float = 0.05
+    """First retry delay of a failed flow batch; doubles up to `retry_max_s`."""
+    retry_max_s: float = 1.0
+    phase_poll_s: float = 0.5
+    """While the swarm is scaling, the coordinator runs a wave at least this often, even if no
+    member nudges it (a lost nudge then costs at most this long)."""
+    phase_gap_s: float = 0.01
+    """Least time between two waves: bounds the coordinator's load."""
+    leave_timeout_s: float = 1.0
+    """Deadline of the goodbye calls of a graceful leave."""
+    shutdown_grace_s: float = 1.0
+    """Calls still running when the server stops get this long to finish."""
+    tombstone_s: float = 300.0
+    """How long a dead or departed incarnation is remembered (and gossiped), so that an old
+    rumour of it being alive is not believed."""
+    status_timeout_s: float = 3.0
+    """Deadline of the per-member calls of a swarm-wide status."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "heartbeat_s",
+            "failure_timeout_s",
+            "rpc_timeout_s",
+            "probe_s",
+            "bandwidth_probe_s",
+            "retry_min_s",
+            "retry_max_s",
+            "phase_poll_s",
+            "leave_timeout_s",
+            "status_timeout_s",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.failure_timeout_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"the failure timeout ({self.failure_timeout_s:g} s) must be at least twice the "
+                f"heartbeat period ({self.heartbeat_s:g} s)"
+            )
+        if self.gossip_fanout < 1 or self.initial_echoes < 2:
+            raise ValueError("gossip_fanout must be >= 1 and initial_echoes >= 2")
+        if not 0 < self.probe_bytes <= MAX_MESSAGE_BYTES // 2:
+            raise ValueError(f"probe_bytes must be in 1..{MAX_MESSAGE_BYTES // 2}")
+
+
+@dataclass(frozen=True)
+class SwarmSettings:
+    """The swarm-wide settings: the first node's choice, every joiner's copy."""
+
+    swarm_id: str
+    num_stages: int
+    activation_bytes: int
+    flow: FlowConfig
+
+    @staticmethod
+    def create(
+        swarm_id: str,
+        num_stages: int,
+        *,
+        activation_bytes: int = DEFAULT_ACTIVATION_BYTES,
+        max_arc_cost_s: float = DEFAULT_MAX_ARC_COST_S,
+        min_arc_cost_s: float = DEFAULT_MIN_ARC_COST_S,
+        quiet_s: float | None = None,
+    ) -> SwarmSettings:
+        """The settings of a new swarm (ValueError with one sentence if a value is wrong)."""
+        if not 2 <= num_stages <= MAX_STAGES:
+            raise ValueError(f"a swarm needs 2 to {MAX_STAGES} stages, got {num_stages}")
+        if activation_bytes < 1:
+            raise ValueError(f"activation bytes must be positive, got {activation_bytes}")
+        for name, value in (("max", max_arc_cost_s), ("min", min_arc_cost_s)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"the {name} arc cost must be a positive number of seconds")
+        if min_arc_cost_s > max_arc_cost_s:
+            raise ValueError(
+                f"the min arc cost ({min_arc_cost_s:g} s) exceeds the max ({max_arc_cost_s:g} s)"
+            )
+        if quiet_s is not None and not (math.isfinite(quiet_s) and quiet_s > 0):
+            raise ValueError(f"quiet_s must be a positive number of seconds, got {quiet_s}")
+        flow = FlowConfig.for_costs(
+            num_stages,
+            cost_to_units(max_arc_cost_s),
+            cost_to_units(min_arc_cost_s),
+            quiet_s=quiet_s,
+        )
+        return SwarmSettings(swarm_id, num_stages, activation_bytes, flow)

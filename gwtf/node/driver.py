@@ -1,0 +1,244 @@
+"""FlowDriver: one node's flow state machine and everything it has to send (pure, no I/O).
+
+It wraps a `FlowNode` and owns what the algorithm leaves to its driver:
+
+- *Arcs and their parameters.* This node is the tail of its arcs to the next stage (and, on the
+  last stage, of the ring's return arcs to the data holders). The tail creates each arc from its
+  own measurements (`own_arc`) and announces its generation, capacity and cost to the head
+  (`ArcAnnounce`), which creates its end with the same numbers (`accept_arc`). A new generation
+  replaces the arc at both ends.
+- *Outboxes, one per peer, latest state per arc.* The state machine sends cumulative counters
+  and rising prices, so the latest message on an arc supersedes every earlier one: the outbox
+  keeps one message per (peer, direction), and at most one `Exchange` call per peer is in flight.
+  Under load this coalesces a price war into a few calls.
+- *Retransmission.* A unary call returns only after the receiver has merged the batch, so its
+  reply is the acknowledgement; a failed call puts the batch back (behind anything newer) and the
+  node retries with backoff until the call succeeds or the peer is declared dead. A batch whose
+  arc announcement was refused (the head did not know the tail yet) is sent again whole.
+- *Phases.* The round (rescales) and phase (tightens) this node is in, commands from the
+  coordinator, and the quiet/activity report of `gwtf.node.phases`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
+from gwtf.node.links import ArcParamsSpec
+from gwtf.node.phases import PhaseReportData
+
+__all__ = ["ArcAnnounce", "FlowDriver", "OwnedArc", "Outgoing"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArcAnnounce:
+    """The tail's announcement of arc `tail -> head` (wire: ArcParams)."""
+
+    tail: str
+    head: str
+    tail_epoch: int
+    head_epoch: int
+    gen: int
+    cap: int
+    cost: int
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedArc:
+    """An arc this node is the tail of, as announced."""
+
+    peer: str
+    peer_epoch: int
+    gen: int
+    params: ArcParamsSpec
+    ring: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One `Exchange` call's content: announcements first, then arc states."""
+
+    peer: str
+    arcs: tuple[ArcAnnounce, ...]
+    messages: tuple[FlowMessage, ...]
+
+
+class FlowDriver:
+    """The flow side of one node incarnation."""
+
+    def __init__(
+        self,
+        node_id: str,
+        stage: int,
+        num_stages: int,
+        capacity_units: int,
+        config: FlowConfig,
+        clock: Callable[[], float],
+        *,
+        epoch: int,
+        warm: bool,
+        round_: int = 0,
+        tightens: int = 0,
+    ) -> None:
+        self.node_id = node_id
+        self.stage = stage
+        self.num_stages = num_stages
+        self.epoch = epoch
+        self.config = config
+        self._clock = clock
+        view = NodeView(node_id, stage, num_stages, capacity_units)
+        self.node = FlowNode(view, config, clock, epoch=epoch, warm=warm)
+        for _ in range(tightens):
+            self.node.tighten()  # a joiner catching up with the swarm's phase (no arcs yet)
+        self.round = round_
+        self.tightens = tightens
+        self.owned: dict[str, OwnedArc] = {}
+        self.incoming: dict[str, tuple[int, int]] = {}  # tail -> (its epoch, arc gen)
+        self._outbox: dict[str, dict[bool, FlowMessage]] = {}
+        self._announce: dict[str, ArcAnnounce] = {}
+        self._inflight: dict[str, Outgoing] = {}
+        self._gen = 0
+        self.activity = 0
+        self.messages_sent = 0
+        self.batches_sent = 0
+
+    # ------------------------------------------------------------------ arcs
+
+    def own_arc(self, peer: str, peer_epoch: int, params: ArcParamsSpec, *, ring: bool) -> None:
+        """Create (or re-create, with a new generation) the arc `self -> peer`."""
+        self._gen += 1
+        arc = OwnedArc(peer, peer_epoch, self._gen, params, ring)
+        self.owned[peer] = arc
+        self._announce[peer] = ArcAnnounce(
+            self.node_id, peer, self.epoch, peer_epoch, arc.gen, params.cap, params.cost
+        )
+        local = LocalArc(peer, params.cap, params.cost, arc.gen, peer_epoch)
+        self._emit(self.node.add_peer(local, upstream=False, peer_epoch=peer_epoch))
+
+    def accept_arc(self, ann: ArcAnnounce) -> None:
+        """The head's side of an announcement (validated by the caller). Idempotent: the same
+        or an older generation of the same tail incarnation changes nothing."""
+        known = self.incoming.get(ann.tail)
+        if known is not None and known[0] == ann.tail_epoch and known[1] >= ann.gen:
+            return
+        self.incoming[ann.tail] = (ann.tail_epoch, ann.gen)
+        local = LocalArc(ann.tail, ann.cap, ann.cost, ann.gen, ann.tail_epoch)
+        self._emit(self.node.add_peer(local, upstream=True, peer_epoch=ann.tail_epoch))
+
+    def drop_peer(self, peer: str) -> None:
+        """`peer` died or left: its arcs leave the state machine, its queue is dropped."""
+        self.owned.pop(peer, None)
+        self.incoming.pop(peer, None)
+        self._outbox.pop(peer, None)
+        self._announce.pop(peer, None)
+        self._emit(self.node.remove_peer(peer))
+        self.activity += 1
+
+    # ------------------------------------------------------------------ messages
+
+    def receive(self, messages: Iterable[FlowMessage]) -> None:
+        self._emit(self.node.on_messages(messages))
+        self.activity += 1
+
+    def _emit(self, messages: list[FlowMessage]) -> None:
+        for msg in messages:
+            box = self._outbox.get(msg.receiver)
+            if box is None:
+                self._outbox[msg.receiver] = box = {}
+            box[msg.from_tail] = msg  # supersedes any older state of the same arc
+        if messages:
+            self.activity += 1
+
+    def ready_peers(self) -> list[str]:
+        """Peers with something to send and no call in flight."""
+        peers = set(self._outbox) | set(self._announce)
+        return sorted(p for p in peers if p not in self._inflight)
+
+    def take(self, peer: str) -> Outgoing | None:
+        """What to send `peer` now (marked in flight), or None."""
+        if peer in self._inflight:
+            return None
+        ann = self._announce.get(peer)
+        box = self._outbox.pop(peer, {})
+        if ann is None and not box:
+            return None
+        out = Outgoing(peer, (ann,) if ann is not None else (), tuple(box.values()))
+        self._inflight[peer] = out
+        return out
+
+    def delivered(self, out: Outgoing, *, accepted: bool) -> None:
+        """The call returned: merged by the peer. `accepted` False: it refused the announced
+        arc, so the batch is queued again (its messages on that arc were ignored)."""
+        self._inflight.pop(out.peer, None)
+        self.messages_sent += len(out.messages)
+        self.batches_sent += 1
+        self.activity += 1
+        if accepted:
+            if out.arcs and self._announce.get(out.peer) == out.arcs[0]:
+                del self._announce[out.peer]
+        else:
+            self._requeue(out)
+
+    def failed(self, out: Outgoing) -> None:
+        """The call failed: nothing is known to have arrived; send it again later."""
+        self._inflight.pop(out.peer, None)
+        self._requeue(out)
+
+    def _requeue(self, out: Outgoing) -> None:
+        if out.peer not in self.owned and out.peer not in self.incoming:
+            return  # the peer is gone
+        box = self._outbox.setdefault(out.peer, {})
+        for msg in out.messages:
+            box.setdefault(msg.from_tail, msg)  # anything queued since is newer
+        if not box:
+            del self._outbox[out.peer]
+
+    # ------------------------------------------------------------------ phases
+
+    def apply(self, round_: int, tightens: int) -> None:
+        """A coordinator's command: rescale into `round_`, then end phases up to `tightens`.
+        Idempotent; older rounds are ignored."""
+        if round_ < self.round:
+            return
+        if round_ > self.round:
+            self.node.rescale()
+            self.round, self.tightens = round_, 0
+            self.activity += 1
+        while self.tightens < tightens:
+            self.tightens += 1
+            self._emit(self.node.tighten())
+            self.activity += 1
+
+    def tick(self) -> None:
+        """`quiet_s` mode: let the state machine tighten on its own when due."""
+        self._emit(self.node.on_tick(self._clock()))
+
+    def next_tick(self) -> float | None:
+        return self.node.next_tick()
+
+    def quiet(self) -> bool:
+        """Idle, nothing queued, announced-and-unacknowledged or in flight."""
+        return self.node.idle() and not self._outbox and not self._announce and not self._inflight
+
+    def report(self, *, measuring: bool, view: int) -> PhaseReportData:
+        return PhaseReportData(
+            id=self.node_id,
+            epoch=self.epoch,
+            round=self.round,
+            tightens=self.tightens,
+            final=self.node.final,
+            quiet=self.quiet() and not measuring,
+            activity=self.activity,
+            wants_rescale=self.node.wants_rescale(),
+            view=view,
+        )
+
+    # ------------------------------------------------------------------ results
+
+    def routes(self) -> dict[str, int]:
+        """Flow units to each next-stage peer: what the data plane splits microbatches by."""
+        return self.node.routes()
+
+    def throughput(self) -> int:
+        return self.node.throughput()

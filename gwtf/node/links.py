@@ -1,0 +1,100 @@
+"""Link estimates and the parameters of the arcs a node owns.
+
+Each arc `u -> v` has one owner, its tail `u`: the tail measures the link, computes capacity and
+cost with the formulas of `gwtf.flow.topology` (DESIGN.md 2) and announces them to the head, so
+that both ends run the state machine with the very same integers. Two probes of a link never
+agree exactly, so the tail re-creates the arc (a new generation, its flow re-routed) only when
+its parameters move materially (`changed`), never on every probe.
+
+Estimates, as BBR does for a TCP path: the RTT is the minimum of the recent samples (queueing
+and a busy event loop only ever add to a sample), the bandwidth the maximum of the recent
+samples (`bytes / (time - rtt)`; interference only lowers it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from gwtf.flow.topology import cap_to_units, cost_to_units
+
+__all__ = ["ArcParamsSpec", "LinkEstimate", "arc_params", "changed", "ring_params"]
+
+MIN_TRANSFER_S = 1e-6
+"""Floor of a probe's transfer time, so that a sample faster than the RTT estimate (noise) gives
+a large but finite bandwidth."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArcParamsSpec:
+    """What the tail announces: the measured link and the integers both ends use."""
+
+    cap: int
+    cost: int
+    rtt_ms: float
+    bandwidth_gbps: float
+
+
+def arc_params(
+    tail_compute_s: float,
+    head_compute_s: float,
+    rtt_ms: float,
+    bandwidth_gbps: float,
+    activation_bytes: int,
+) -> ArcParamsSpec:
+    """Capacity and cost units of an arc, exactly as `Topology` computes them for a link of
+    `rtt_ms` and `bandwidth_gbps` between nodes of these compute times (a test checks it)."""
+    act = activation_bytes
+    capacity = bandwidth_gbps * 1e9 / 8 / act
+    cost = (tail_compute_s + head_compute_s) / 2 + rtt_ms / 2000 + act * 8 / (bandwidth_gbps * 1e9)
+    return ArcParamsSpec(cap_to_units(capacity), cost_to_units(cost), rtt_ms, bandwidth_gbps)
+
+
+def ring_params(tail_capacity: float, head_capacity: float) -> ArcParamsSpec:
+    """A ring return arc (last stage -> data holder): `min` of the two node capacities, as
+    `gwtf.flow.bus.node_views` gives it; its cost is set by the state machine (-M)."""
+    return ArcParamsSpec(
+        min(cap_to_units(tail_capacity), cap_to_units(head_capacity)), 0, 0.0, 0.0
+    )
+
+
+def changed(old: ArcParamsSpec, new: ArcParamsSpec, *, cost_rel: float, cap_rel: float) -> bool:
+    """Whether `new` differs from the announced `old` enough to re-create the arc."""
+    if abs(new.cost - old.cost) > cost_rel * max(old.cost, 1):
+        return True
+    return abs(new.cap - old.cap) > cap_rel * max(old.cap, 1)
+
+
+class LinkEstimate:
+    """Recent probe samples of one link and the estimates drawn from them."""
+
+    def __init__(self, rtt_window: int, bandwidth_window: int) -> None:
+        self._rtt: deque[float] = deque(maxlen=rtt_window)
+        self._bw: deque[float] = deque(maxlen=bandwidth_window)
+
+    def add_rtt(self, seconds: float) -> None:
+        self._rtt.append(seconds)
+
+    def add_transfer(self, nbytes: int, seconds: float) -> None:
+        """A bandwidth probe: `nbytes` sent and answered in `seconds` (round trip)."""
+        rtt = self.rtt_s
+        if rtt is None:
+            return
+        self._bw.append(nbytes * 8 / max(seconds - rtt, MIN_TRANSFER_S))
+
+    @property
+    def rtt_s(self) -> float | None:
+        return min(self._rtt) if self._rtt else None
+
+    @property
+    def rtt_ms(self) -> float | None:
+        rtt = self.rtt_s
+        return None if rtt is None else rtt * 1000
+
+    @property
+    def bandwidth_gbps(self) -> float | None:
+        return max(self._bw) / 1e9 if self._bw else None
+
+    @property
+    def samples(self) -> tuple[int, int]:
+        return len(self._rtt), len(self._bw)

@@ -1,0 +1,1072 @@
+"""Node: one gwtf process, the asyncio orchestration of the control plane (DESIGN.md 3).
+
+    node = Node(settings, NodeConfig())
+    port = await node.start()        # bind (port 0: a free one), NodeError if it cannot
+    await node.enter_swarm()         # create a swarm, or join one through a bootstrap node
+    await stop_event.wait()          # heartbeats, probes, flow messages, phases run meanwhile
+    await node.leave()               # graceful: tell every member, then stop serving
+    await node.close()
+
+Everything runs on one event loop (uvloop in `gwtf node`); the state machines are called only
+from it, between awaits, so they need no locks. Tasks, each bounded by deadlines:
+
+- heartbeat: every `heartbeat_s`, increment the heartbeat, gossip with `gossip_fanout` members,
+  apply the failure detector, and call silent members directly (gwtf.node.membership);
+- links: one task per arc this node owns (as tail): measure, create, re-measure, re-create on
+  material change (gwtf.node.links);
+- senders: one task per peer with something queued, one `Exchange` call in flight at a time,
+  retried with backoff (gwtf.node.driver);
+- phases: the coordinator (the live member with the smallest id) runs waves (gwtf.node.phases);
+  every member nudges it when it becomes quiet while the swarm is still scaling;
+- ticks: only in the uncoordinated `quiet_s` mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import zlib
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc import aio
+
+from gwtf.flow.topology import LinkSpec, cap_to_units
+from gwtf.node.codec import (
+    InvalidMessage,
+    arc_to_pb,
+    batch_from_pb,
+    flow_message_to_pb,
+    member_from_pb,
+    member_to_pb,
+    members_from_pb,
+    report_from_pb,
+    report_to_pb,
+    swarm_from_pb,
+    swarm_to_pb,
+)
+from gwtf.node.config import (
+    DEFAULT_ACTIVATION_BYTES,
+    DEFAULT_MAX_ARC_COST_S,
+    DEFAULT_MIN_ARC_COST_S,
+    NodeConfig,
+    SwarmSettings,
+)
+from gwtf.node.driver import ArcAnnounce, FlowDriver
+from gwtf.node.links import LinkEstimate, arc_params, changed, ring_params
+from gwtf.node.membership import MemberEvent, MemberInfo, Membership
+from gwtf.node.phases import Command, PhaseDetector, PhaseReportData
+from gwtf.node.server import HealthServicer, Refusal, add_servicers
+from gwtf.node.transport import ChannelPool, Stubs, WanServerInterceptor, is_refused, server_options
+from gwtf.node.wan import WanEmulator
+from gwtf.v1 import flow_pb2, node_pb2
+
+__all__ = ["Node", "NodeError", "NodeSettings"]
+
+LOG = logging.getLogger("gwtf.node")
+
+
+class NodeError(Exception):
+    """A problem the user must fix (one sentence), with the exit code it deserves."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Who this node is and where it goes (the `gwtf node` flags)."""
+
+    stage: int
+    host: str = "127.0.0.1"
+    port: int = 0
+    node_id: str | None = None
+    """Default: the address it listens on, HOST:PORT (unique in a swarm)."""
+    bootstrap: tuple[str, ...] = ()
+    """Addresses of members to join through; none: this node creates a swarm."""
+    location: str = ""
+    links: Mapping[frozenset[str], LinkSpec] | None = None
+    """The link matrix of the emulated WAN (with `location`), None: no emulation."""
+    compute_s: float | None = None
+    """Seconds per microbatch; None: measured by a warm-up of the stage of `job`."""
+    job: str = "tiny-gpt"
+    # Only for the first node of a swarm:
+    num_stages: int | None = None
+    activation_bytes: int = DEFAULT_ACTIVATION_BYTES
+    max_arc_cost_s: float = DEFAULT_MAX_ARC_COST_S
+    min_arc_cost_s: float = DEFAULT_MIN_ARC_COST_S
+    quiet_s: float | None = None
+    seed: int | None = None
+    """Seed of the gossip partner order; default: derived from the node id."""
+
+
+@dataclass
+class _Stats:
+    gossip_bytes: int = 0
+    gossip_calls: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def _advertised(host: str) -> str:
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        return socket.gethostname()
+    return host
+
+
+class Node:
+    """One gwtf node: a gRPC server, a member of one swarm, one flow state machine."""
+
+    def __init__(
+        self,
+        settings: NodeSettings,
+        config: NodeConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self._clock = clock
+        self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
+            LOG, {"node": settings.node_id or "-", "stage": settings.stage}
+        )
+        self._wan: WanEmulator | None = None
+        if settings.links is not None and settings.location:
+            self._wan = WanEmulator(settings.location, settings.links, clock)
+        self._health = HealthServicer()
+        self._server: aio.Server | None = None
+        self._pool: ChannelPool | None = None
+        self.node_id = settings.node_id or ""
+        self.address = ""
+        self.port = 0
+        # Set by enter_swarm:
+        self._swarm: SwarmSettings | None = None
+        self._members: Membership | None = None
+        self._driver: FlowDriver | None = None
+        self._ready = False
+        self._stopping = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._senders: dict[str, asyncio.Task[Any]] = {}
+        self._links: dict[str, asyncio.Task[Any]] = {}
+        self._estimates: dict[str, LinkEstimate] = {}
+        self._measuring: set[str] = set()
+        self._was_quiet = False
+        self._swarm_scaling = True
+        self._wave_wanted: asyncio.Event | None = None
+        self._nudge_wanted: asyncio.Event | None = None
+        self._changed: asyncio.Event | None = None
+        self._stats = _Stats()
+        self._rng: np.random.Generator | None = None
+        self.phase_log: list[tuple[float, int, int]] = []
+        """(time, round, tightens) of every command this node applied: for benchmarks."""
+
+    # ================================================================== lifecycle
+
+    async def start(self) -> int:
+        """Bind and start serving (calls are refused until the node is in a swarm)."""
+        interceptors = [WanServerInterceptor(self._wan)] if self._wan is not None else []
+        server = aio.server(options=server_options(), interceptors=interceptors)
+        add_servicers(server, self, self._health)
+        host = self.settings.host
+        bind = f"[{host}]" if ":" in host else host
+        try:
+            port = server.add_insecure_port(f"{bind}:{self.settings.port}")
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise NodeError(
+                f"cannot listen on {host}:{self.settings.port}: the port is in use or the "
+                "address is not this machine's; choose another --port (0 picks a free one)"
+            )
+        await server.start()
+        self._server = server
+        self.port = port
+        self.address = f"{_advertised(host)}:{port}"
+        if not self.node_id:
+            self.node_id = self.address
+        self.log = logging.LoggerAdapter(
+            LOG, {"node": self.node_id, "stage": self.settings.stage}
+        )
+        self._pool = ChannelPool(self.node_id, self.settings.location, self._wan)
+        seed = self.settings.seed
+        if seed is None:
+            seed = zlib.crc32(self.node_id.encode())
+        self._rng = np.random.default_rng(seed)
+        self._wave_wanted = asyncio.Event()
+        self._nudge_wanted = asyncio.Event()
+        self._changed = asyncio.Event()
+        return port
+
+    async def enter_swarm(self) -> None:
+        """Create a swarm (no bootstrap) or join one; NodeError if that is impossible."""
+        if self.settings.bootstrap:
+            await self._join()
+        else:
+            await self._create()
+        self._ready = True
+        self._health.set_serving(True)
+        assert self._members is not None
+        self._on_events(
+            [MemberEvent("alive", m, "known at start") for m in self._members.alive()]
+        )
+        self._spawn(self._heartbeat_loop(), "heartbeat")
+        self._spawn(self._coordinator_loop(), "phases")
+        self._spawn(self._nudge_loop(), "nudges")
+        if self.swarm.flow.quiet_s is not None:
+            self._spawn(self._tick_loop(), "ticks")
+        self._after_change()
+
+    async def leave(self) -> None:
+        """Graceful leave: stop working, tell every live member, stop serving new work."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._health.set_serving(False)
+        await self._cancel_tasks()
+        if not self._ready or self._members is None:
+            return
+        members = self._members.alive()
+        me = self._members.me
+        request = node_pb2.LeaveRequest(id=me.id, epoch=me.epoch)
+        results = await asyncio.gather(
+            *(
+                self._stubs(m).membership.Leave(request, timeout=self.config.leave_timeout_s)
+                for m in members
+            ),
+            return_exceptions=True,
+        )
+        told = sum(1 for r in results if not isinstance(r, BaseException))
+        self.log.info("left the swarm: told %d of %d members", told, len(members))
+
+    async def close(self) -> None:
+        self._stopping = True
+        await self._cancel_tasks()
+        if self._server is not None:
+            await self._server.stop(self.config.shutdown_grace_s)
+        if self._pool is not None:
+            await self._pool.close_all()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            err = task.exception()
+            self.log.error("task %s failed: %r", task.get_name(), err, exc_info=err)
+
+    # ================================================================== entering
+
+    async def _create(self) -> None:
+        s = self.settings
+        if s.num_stages is None:
+            raise NodeError(
+                "the first node of a swarm needs --stages S (or give --bootstrap HOST:PORT "
+                "to join a running swarm)",
+                2,
+            )
+        epoch = time.time_ns()
+        try:
+            swarm = SwarmSettings.create(
+                f"{self.node_id}@{epoch}",
+                s.num_stages,
+                activation_bytes=s.activation_bytes,
+                max_arc_cost_s=s.max_arc_cost_s,
+                min_arc_cost_s=s.min_arc_cost_s,
+                quiet_s=s.quiet_s,
+            )
+        except ValueError as err:
+            raise NodeError(f"cannot create a swarm: {err}", 2) from None
+        self._check_stage(swarm)
+        compute_s = await self._compute_s(swarm)
+        self._setup(swarm, self._me(compute_s, epoch), warm=False, round_=0, tightens=0)
+        self.log.info(
+            "created swarm %s: %d stages, %d-byte activations",
+            swarm.swarm_id,
+            swarm.num_stages,
+            swarm.activation_bytes,
+        )
+
+    def _check_stage(self, swarm: SwarmSettings) -> None:
+        if not 0 <= self.settings.stage < swarm.num_stages:
+            raise NodeError(
+                f"stage {self.settings.stage} is outside the swarm's stages "
+                f"0..{swarm.num_stages - 1}; choose --stage in that range",
+                2,
+            )
+
+    async def _compute_s(self, swarm: SwarmSettings) -> float:
+        if self.settings.compute_s is not None:
+            return self.settings.compute_s
+        self.log.info("measuring compute: a warm-up of stage %d of %s", self.settings.stage,
+                      self.settings.job)
+        try:
+            seconds = await asyncio.to_thread(
+                measure_compute, self.settings.job, self.settings.stage, swarm.num_stages
+            )
+        except (ValueError, OSError) as err:
+            raise NodeError(f"cannot measure this node's compute time: {err}", 2) from None
+        self.log.info("compute: %.4f s per microbatch", seconds)
+        return seconds
+
+    def _me(self, compute_s: float, epoch: int) -> MemberInfo:
+        return MemberInfo(
+            id=self.node_id,
+            address=self.address,
+            stage=self.settings.stage,
+            location=self.settings.location,
+            compute_s=compute_s,
+            capacity=1.0 / compute_s,
+            epoch=epoch,
+        )
+
+    def _setup(
+        self, swarm: SwarmSettings, me: MemberInfo, *, warm: bool, round_: int, tightens: int
+    ) -> None:
+        assert self._rng is not None
+        self._swarm = swarm
+        self._members = Membership(
+            me,
+            self._clock,
+            failure_timeout_s=self.config.failure_timeout_s,
+            ping_interval_s=self.config.heartbeat_s,
+            tombstone_s=self.config.tombstone_s,
+            rng=self._rng,
+        )
+        self._driver = self._new_driver(me, warm=warm, round_=round_, tightens=tightens)
+
+    def _new_driver(self, me: MemberInfo, *, warm: bool, round_: int, tightens: int) -> FlowDriver:
+        swarm = self.swarm
+        return FlowDriver(
+            me.id,
+            me.stage,
+            swarm.num_stages,
+            cap_to_units(me.capacity),
+            swarm.flow,
+            self._clock,
+            epoch=me.epoch,
+            warm=warm,
+            round_=round_,
+            tightens=tightens if not warm else 0,
+        )
+
+    async def _join(self) -> None:
+        failures: list[str] = []
+        config_reply: node_pb2.ConfigReply | None = None
+        via = ""
+        for address in self.settings.bootstrap:
+            try:
+                config_reply = await self._stubs_at(address).membership.Config(
+                    node_pb2.ConfigRequest(stage=self.settings.stage),
+                    timeout=self.config.rpc_timeout_s,
+                )
+            except aio.AioRpcError as err:
+                self._refused_by_bootstrap(address, err)
+                failures.append(f"{address}: {_describe(err)}")
+                continue
+            via = address
+            break
+        if config_reply is None:
+            raise NodeError(
+                f"cannot reach the bootstrap node(s) {'; '.join(failures)}; check the address "
+                "and that a gwtf node runs there",
+                1,
+            )
+        try:
+            swarm = swarm_from_pb(config_reply.swarm)
+        except InvalidMessage as err:
+            raise NodeError(f"the bootstrap node {via} sent an invalid swarm: {err}", 1) from None
+        self._check_stage(swarm)
+        compute_s = await self._compute_s(swarm)
+        epoch = time.time_ns()
+        me = self._me(compute_s, epoch)
+        try:
+            reply = await self._stubs_at(via).membership.Join(
+                node_pb2.JoinRequest(member=member_to_pb(me)), timeout=self.config.rpc_timeout_s
+            )
+        except aio.AioRpcError as err:
+            self._refused_by_bootstrap(via, err)
+            raise NodeError(f"cannot join through {via}: {_describe(err)}", 1) from None
+        try:
+            members = members_from_pb(reply.members, swarm.num_stages)
+        except InvalidMessage as err:
+            raise NodeError(f"the bootstrap node {via} sent invalid members: {err}", 1) from None
+        # A joiner enters at the swarm's phase: at the final epsilon if the swarm is there.
+        self._setup(swarm, me, warm=reply.final, round_=reply.round, tightens=reply.tightens)
+        assert self._members is not None
+        self._members.merge(members)
+        self.log.info(
+            "joined swarm %s through %s: %d members, stage %d of %d",
+            swarm.swarm_id,
+            via,
+            len(self._members.alive()) + 1,
+            self.settings.stage,
+            swarm.num_stages,
+        )
+
+    @staticmethod
+    def _refused_by_bootstrap(address: str, err: aio.AioRpcError) -> None:
+        if err.code() in (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.ALREADY_EXISTS,
+        ):
+            raise NodeError(f"the swarm at {address} refused this node: {err.details()}", 2)
+
+    # ================================================================== accessors
+
+    @property
+    def swarm(self) -> SwarmSettings:
+        assert self._swarm is not None, "not in a swarm yet"
+        return self._swarm
+
+    @property
+    def members(self) -> Membership:
+        assert self._members is not None, "not in a swarm yet"
+        return self._members
+
+    @property
+    def driver(self) -> FlowDriver:
+        assert self._driver is not None, "not in a swarm yet"
+        return self._driver
+
+    def _stubs(self, member: MemberInfo) -> Stubs:
+        assert self._pool is not None
+        return self._pool.stubs(member.address, member.id, member.location)
+
+    def _stubs_at(self, address: str) -> Stubs:
+        assert self._pool is not None
+        return self._pool.stubs(address)
+
+    def _require_ready(self) -> None:
+        if not self._ready or self._stopping:
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id} is not serving")
+
+    # ================================================================== membership
+
+    def _on_events(self, events: Iterable[MemberEvent]) -> None:
+        """React to membership changes: arcs in and out of the flow state machine."""
+        me = self.members.me
+        last = self.swarm.num_stages - 1
+        for event in events:
+            m = event.member
+            if event.kind == "alive":
+                self.log.info(
+                    "member %s alive (stage %d, %s%s): %s",
+                    m.id,
+                    m.stage,
+                    m.address,
+                    f", {m.location}" if m.location else "",
+                    event.reason,
+                )
+                if me.stage == last and m.stage == 0:
+                    params = ring_params(me.capacity, m.capacity)
+                    self.driver.own_arc(m.id, m.epoch, params, ring=True)
+                elif m.stage == me.stage + 1 and me.stage != last:
+                    self._start_link(m)
+            else:
+                verb = "left" if event.kind == "left" else "declared dead"
+                self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
+                self._stop_link(m.id)
+                self.driver.drop_peer(m.id)
+                if self._wan is not None:
+                    self._wan.forget(m.id)
+        self._after_change()
+
+    def _refused(self, member: MemberInfo) -> None:
+        self._on_events(self.members.refused(member.id, member.epoch))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            members = self.members
+            members.beat()
+            events, to_ping = members.check()
+            self._on_events(events)
+            if members.declared_dead:
+                self._reincarnate()
+                continue
+            targets = members.targets(self.config.gossip_fanout)
+            calls = {m.id: m for m in targets}
+            for m in to_ping:
+                calls.setdefault(m.id, m)
+            for m in calls.values():
+                self._spawn(self._gossip_with(m), "gossip")
+
+    async def _gossip_with(self, member: MemberInfo) -> None:
+        request = node_pb2.GossipRequest(
+            swarm_id=self.swarm.swarm_id,
+            sender=self.node_id,
+            members=[member_to_pb(m) for m in self.members.digest()],
+        )
+        self._stats.gossip_bytes += request.ByteSize()
+        self._stats.gossip_calls += 1
+        try:
+            reply = await self._stubs(member).membership.Gossip(
+                request, timeout=self.config.rpc_timeout_s
+            )
+        except aio.AioRpcError as err:
+            if is_refused(err):
+                self._refused(member)
+            return
+        try:
+            infos = members_from_pb(reply.members, self.swarm.num_stages)
+        except InvalidMessage as err:
+            self.log.warning("member %s sent invalid gossip: %s", member.id, err)
+            return
+        self._on_events(self.members.merge(infos))
+
+    def _reincarnate(self) -> None:
+        """Gossip says this incarnation is dead (a false suspicion): come back as a new one."""
+        old = self.members.me
+        epoch = max(time.time_ns(), old.epoch + 1)
+        self.log.warning("declared dead by the swarm; coming back as incarnation %d", epoch)
+        for peer in list(self._links):
+            self._stop_link(peer)
+        for task in list(self._senders.values()):
+            task.cancel()
+        self._senders.clear()
+        self.members.reincarnate(epoch)
+        previous = self.driver
+        self._driver = self._new_driver(
+            self.members.me,
+            warm=previous.node.final,
+            round_=previous.round,
+            tightens=previous.tightens,
+        )
+        self._on_events([MemberEvent("alive", m, "re-linked") for m in self.members.alive()])
+
+    # ================================================================== links
+
+    def _start_link(self, member: MemberInfo) -> None:
+        if member.id in self._links:
+            self._stop_link(member.id)
+        if self._wan is not None and self._wan.link_to(member.location) is None:
+            self.log.warning(
+                "no link from %s to %s in the matrix: no arc to %s",
+                self.settings.location,
+                member.location,
+                member.id,
+            )
+            return
+        self._measuring.add(member.id)
+        self._links[member.id] = self._spawn(self._own_link(member), f"link-{member.id}")
+
+    def _stop_link(self, peer: str) -> None:
+        task = self._links.pop(peer, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        self._measuring.discard(peer)
+        self._estimates.pop(peer, None)
+
+    async def _echo(self, member: MemberInfo, payload: bytes = b"") -> float | None:
+        """One probe's round trip in seconds, None if it failed."""
+        assert self._rng is not None
+        request = node_pb2.EchoRequest(
+            sender=self.node_id, nonce=int(self._rng.integers(2**63)), payload=payload
+        )
+        start = time.perf_counter()
+        try:
+            await self._stubs(member).probe.Echo(request, timeout=self.config.rpc_timeout_s)
+        except aio.AioRpcError as err:
+            if is_refused(err):
+                self._refused(member)
+            return None
+        return time.perf_counter() - start
+
+    async def _own_link(self, member: MemberInfo) -> None:
+        """Measure the link to `member`, create the arc, keep it measured (this node's task
+        for as long as the arc exists)."""
+        try:
+            await self._measure_link(member)
+        finally:
+            if self._links.get(member.id) is asyncio.current_task():
+                del self._links[member.id]
+                self._measuring.discard(member.id)
+
+    async def _measure_link(self, member: MemberInfo) -> None:
+        cfg = self.config
+        estimate = LinkEstimate(cfg.rtt_window, cfg.bandwidth_window)
+        self._estimates[member.id] = estimate
+        payload = bytes(cfg.probe_bytes)
+        backoff = cfg.retry_min_s
+        echoes = 0
+        while estimate.samples[1] == 0:
+            if not self.members.is_alive(member.id, member.epoch):
+                return
+            if echoes < cfg.initial_echoes:
+                rtt = await self._echo(member)
+                if rtt is not None:
+                    echoes += 1
+                    if echoes > 1:  # the first one pays for the connection
+                        estimate.add_rtt(rtt)
+            else:
+                rtt = await self._echo(member, payload)
+                if rtt is not None:
+                    estimate.add_transfer(len(payload), rtt)
+            if rtt is None:
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, cfg.retry_max_s)
+        if not self.members.is_alive(member.id, member.epoch):
+            return
+        self._create_arc(member, estimate, reason="measured")
+        self._measuring.discard(member.id)
+        self._after_change()
+        next_transfer = self._clock() + cfg.bandwidth_probe_s
+        while True:
+            await asyncio.sleep(cfg.probe_s)
+            if not self.members.is_alive(member.id, member.epoch):
+                return
+            rtt = await self._echo(member)
+            if rtt is not None:
+                estimate.add_rtt(rtt)
+            if self._clock() >= next_transfer:
+                next_transfer = self._clock() + cfg.bandwidth_probe_s
+                rtt = await self._echo(member, payload)
+                if rtt is not None:
+                    estimate.add_transfer(len(payload), rtt)
+            owned = self.driver.owned.get(member.id)
+            if owned is None or not self.members.is_alive(member.id, member.epoch):
+                continue
+            new = self._params(member, estimate)
+            if changed(owned.params, new, cost_rel=cfg.cost_hysteresis, cap_rel=cfg.cap_hysteresis):
+                self._create_arc(member, estimate, reason="re-measured")
+                self._after_change()
+
+    def _params(self, member: MemberInfo, estimate: LinkEstimate) -> Any:
+        rtt_ms, bw = estimate.rtt_ms, estimate.bandwidth_gbps
+        assert rtt_ms is not None and bw is not None
+        me = self.members.me
+        return arc_params(me.compute_s, member.compute_s, rtt_ms, bw, self.swarm.activation_bytes)
+
+    def _create_arc(self, member: MemberInfo, estimate: LinkEstimate, *, reason: str) -> None:
+        params = self._params(member, estimate)
+        self.driver.own_arc(member.id, member.epoch, params, ring=False)
+        self.log.info(
+            "arc %s->%s %s: rtt %.2f ms, %.3f Gbit/s, cap %d, cost %d (gen %d)",
+            self.node_id,
+            member.id,
+            reason,
+            params.rtt_ms,
+            params.bandwidth_gbps,
+            params.cap,
+            params.cost,
+            self.driver.owned[member.id].gen,
+        )
+
+    # ================================================================== flow messages
+
+    def _quiet(self) -> bool:
+        return self.driver.quiet() and not self._measuring
+
+    def _after_change(self) -> None:
+        """After anything touched the driver: start senders, and nudge the coordinator when
+        this node has just become quiet while the swarm is still scaling."""
+        if not self._ready or self._stopping:
+            return
+        driver = self.driver
+        for peer in driver.ready_peers():
+            if peer not in self._senders:
+                self._senders[peer] = self._spawn(self._send_loop(peer), f"send-{peer}")
+        quiet = self._quiet()
+        if quiet and not self._was_quiet and (self._swarm_scaling or not driver.node.final):
+            self._nudge()
+        if driver.node.wants_rescale():
+            self._nudge()
+        self._was_quiet = quiet
+        assert self._changed is not None
+        self._changed.set()
+
+    async def _send_loop(self, peer: str) -> None:
+        cfg = self.config
+        backoff = cfg.retry_min_s
+        try:
+            while True:
+                driver = self.driver
+                member = self.members.get(peer)
+                out = driver.take(peer)
+                if out is None:
+                    return
+                if member is None or not member.alive:
+                    driver.failed(out)
+                    return
+                request = flow_pb2.FlowBatch(
+                    messages=[flow_message_to_pb(m) for m in out.messages],
+                    arcs=[arc_to_pb(a) for a in out.arcs],
+                    sender=self.node_id,
+                    sender_epoch=driver.epoch,
+                )
+                try:
+                    ack = await self._stubs(member).flow.Exchange(
+                        request, timeout=cfg.rpc_timeout_s
+                    )
+                except aio.AioRpcError as err:
+                    if driver is self._driver:
+                        driver.failed(out)
+                    if is_refused(err):
+                        self._refused(member)
+                    await asyncio.sleep(backoff)
+                    backoff = min(2 * backoff, cfg.retry_max_s)
+                    continue
+                if driver is not self._driver:
+                    return  # this node came back as a new incarnation meanwhile
+                driver.delivered(out, accepted=ack.ok)
+                if ack.ok:
+                    backoff = cfg.retry_min_s
+                else:
+                    self.log.debug("%s refused an arc: %s", peer, ack.error)
+                    await asyncio.sleep(backoff)
+                    backoff = min(2 * backoff, cfg.retry_max_s)
+                self._after_change()
+        finally:
+            if self._senders.get(peer) is asyncio.current_task():
+                del self._senders[peer]
+            # Anything queued while the last call was returning gets a new sender.
+            if self._ready and not self._stopping and self._driver is not None:
+                if peer in self._driver.ready_peers():
+                    asyncio.get_running_loop().call_soon(self._after_change)
+
+    def on_exchange(self, request: flow_pb2.FlowBatch) -> flow_pb2.FlowAck:
+        self._require_ready()
+        driver = self.driver
+        arcs, messages = batch_from_pb(request, self.node_id)
+        errors = []
+        for ann in arcs:
+            problem = self._check_announce(ann)
+            if problem:
+                errors.append(problem)
+            else:
+                driver.accept_arc(ann)
+        if messages:
+            driver.receive(messages)
+        self._after_change()
+        return flow_pb2.FlowAck(ok=not errors, error="; ".join(errors))
+
+    def _check_announce(self, ann: ArcAnnounce) -> str:
+        if ann.head_epoch != self.driver.epoch:
+            return f"arc {ann.tail}->{ann.head} is for another incarnation of {ann.head}"
+        tail = self.members.get(ann.tail)
+        if tail is None or not tail.alive or tail.epoch != ann.tail_epoch:
+            return f"{ann.tail} (incarnation {ann.tail_epoch}) is not a live member here yet"
+        stage, last = self.settings.stage, self.swarm.num_stages - 1
+        if not (tail.stage + 1 == stage or (tail.stage == last and stage == 0)):
+            return f"no arc from stage {tail.stage} to stage {stage}"
+        return ""
+
+    # ================================================================== phases
+
+    def _coordinator(self) -> str:
+        alive = self.members.alive()
+        return min([self.node_id, *(m.id for m in alive)])
+
+    def _nudge(self) -> None:
+        assert self._nudge_wanted is not None
+        self._nudge_wanted.set()
+
+    async def _nudge_loop(self) -> None:
+        assert self._nudge_wanted is not None and self._wave_wanted is not None
+        while True:
+            await self._nudge_wanted.wait()
+            self._nudge_wanted.clear()
+            coordinator = self._coordinator()
+            if coordinator == self.node_id:
+                self._wave_wanted.set()
+            else:
+                member = self.members.get(coordinator)
+                if member is not None:
+                    request = flow_pb2.NudgeRequest(
+                        sender=self.node_id, wants_rescale=self.driver.node.wants_rescale()
+                    )
+                    with contextlib.suppress(aio.AioRpcError):
+                        await self._stubs(member).flow.Nudge(
+                            request, timeout=self.config.rpc_timeout_s
+                        )
+            await asyncio.sleep(self.config.phase_gap_s)
+            if self.driver.node.wants_rescale():
+                # Asked and not applied yet: ask again later (a nudge may be lost).
+                await asyncio.sleep(self.config.phase_poll_s)
+                if self.driver.node.wants_rescale():
+                    self._nudge_wanted.set()
+
+    def on_nudge(self, request: flow_pb2.NudgeRequest) -> None:
+        if self._ready and not self._stopping and self._wave_wanted is not None:
+            self._wave_wanted.set()
+
+    def on_phase(self, request: flow_pb2.PhaseCommand) -> flow_pb2.PhaseReport:
+        self._require_ready()
+        return report_to_pb(self._apply_command(Command(request.round, request.tightens,
+                                                        request.scaling)))
+
+    def _apply_command(self, command: Command) -> PhaseReportData:
+        driver = self.driver
+        before = (driver.round, driver.tightens)
+        driver.apply(command.round, command.tightens)
+        after = (driver.round, driver.tightens)
+        if after != before:
+            self.phase_log.append((self._clock(), *after))
+            if after[0] != before[0]:
+                self.log.info("rescale: round %d", after[0])
+            self.log.debug("phase %d of round %d (eps %d)", after[1], after[0], driver.node.eps)
+        self._swarm_scaling = command.scaling
+        self._after_change()
+        return driver.report(measuring=bool(self._measuring), view=self.members.view_hash())
+
+    async def _coordinator_loop(self) -> None:
+        assert self._wave_wanted is not None
+        cfg = self.config
+        detector: PhaseDetector | None = None
+        timer = True
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wave_wanted.wait(), cfg.phase_poll_s if timer else None
+                )
+            self._wave_wanted.clear()
+            if self._coordinator() != self.node_id:
+                detector = None
+                timer = True
+                continue
+            if detector is None:
+                detector = PhaseDetector(
+                    self.swarm.num_stages, coordinated=self.swarm.flow.quiet_s is None
+                )
+                detector.adopt(self.driver.round, self.driver.tightens)
+                self.log.info("coordinating the scaling phases")
+            while True:
+                wave = await self._wave(detector.command)
+                if wave is None:
+                    detector.forget()
+                    timer = True
+                    break
+                reports, stages = wave
+                decision = detector.observe(reports, stages)
+                if decision.reason in ("phase over", "rescale asked"):
+                    self.log.info(
+                        "%s: round %d, phase %d",
+                        decision.reason,
+                        decision.command.round,
+                        decision.command.tightens,
+                    )
+                timer = not decision.done
+                if not decision.again:
+                    break
+                await asyncio.sleep(cfg.phase_gap_s)
+
+    async def _wave(
+        self, command: Command
+    ) -> tuple[dict[str, PhaseReportData], dict[str, int]] | None:
+        """One wave: the command to every live member (this node first), their reports; None
+        if a member did not answer (the wave is no evidence then)."""
+        members = self.members.alive()
+        stages = {m.id: m.stage for m in members}
+        stages[self.node_id] = self.settings.stage
+        reports = {self.node_id: self._apply_command(command)}
+        request = flow_pb2.PhaseCommand(
+            coordinator=self.node_id,
+            round=command.round,
+            tightens=command.tightens,
+            scaling=command.scaling,
+        )
+        results = await asyncio.gather(
+            *(self._stubs(m).flow.Phase(request, timeout=self.config.rpc_timeout_s)
+              for m in members),
+            return_exceptions=True,
+        )
+        complete = True
+        for member, result in zip(members, results, strict=True):
+            if isinstance(result, aio.AioRpcError):
+                if is_refused(result):
+                    self._refused(member)
+                complete = False
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            try:
+                report = report_from_pb(result)
+            except InvalidMessage:
+                complete = False
+                continue
+            if report.id != member.id or report.epoch != member.epoch:
+                complete = False
+                continue
+            reports[member.id] = report
+        return (reports, stages) if complete else None
+
+    async def _tick_loop(self) -> None:
+        """`quiet_s` mode: each node tightens on its own after a quiet spell."""
+        assert self._changed is not None
+        while True:
+            due = self.driver.next_tick()
+            if due is None:
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 1.0)
+                continue
+            await asyncio.sleep(max(0.0, due - self._clock()))
+            before = self.driver.node.eps
+            self.driver.tick()
+            if self.driver.node.eps != before:
+                self.phase_log.append((self._clock(), self.driver.round, self.driver.tightens))
+            self._after_change()
+
+    # ================================================================== membership calls
+
+    def _check_swarm(self, swarm_id: str) -> None:
+        if swarm_id != self.swarm.swarm_id:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this node belongs to swarm {self.swarm.swarm_id}, not {swarm_id[:60]!r}",
+            )
+
+    def on_config(self, request: node_pb2.ConfigRequest) -> node_pb2.ConfigReply:
+        self._require_ready()
+        self._check_joinable_stage(request.stage)
+        return node_pb2.ConfigReply(swarm=swarm_to_pb(self.swarm))
+
+    def _check_joinable_stage(self, stage: int) -> None:
+        if stage >= self.swarm.num_stages:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"stage {stage} is outside this swarm's stages 0..{self.swarm.num_stages - 1}",
+            )
+
+    def on_join(self, request: node_pb2.JoinRequest) -> node_pb2.JoinReply:
+        self._require_ready()
+        self._check_joinable_stage(request.member.stage)
+        joiner = member_from_pb(request.member, self.swarm.num_stages)
+        if not joiner.alive:
+            raise InvalidMessage("a joiner must be alive")
+        current = self.members.get(joiner.id)
+        if current is not None and current.alive and current.address != joiner.address:
+            raise Refusal(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"id {joiner.id!r} is taken by a live member at {current.address}; "
+                "choose another --id",
+            )
+        if joiner.id == self.node_id:
+            raise Refusal(grpc.StatusCode.ALREADY_EXISTS, f"id {joiner.id!r} is this node's")
+        self._on_events(self.members.merge([joiner]))
+        driver = self.driver
+        return node_pb2.JoinReply(
+            swarm=swarm_to_pb(self.swarm),
+            members=[member_to_pb(m) for m in self.members.digest()],
+            round=driver.round,
+            tightens=driver.tightens,
+            final=driver.node.final,
+        )
+
+    def on_leave(self, request: node_pb2.LeaveRequest) -> node_pb2.LeaveReply:
+        self._require_ready()
+        self._on_events(self.members.leave(request.id, request.epoch))
+        return node_pb2.LeaveReply()
+
+    def on_gossip(self, request: node_pb2.GossipRequest) -> node_pb2.GossipReply:
+        self._require_ready()
+        self._check_swarm(request.swarm_id)
+        infos = members_from_pb(request.members, self.swarm.num_stages)
+        self._on_events(self.members.merge(infos))
+        reply = node_pb2.GossipReply(members=[member_to_pb(m) for m in self.members.digest()])
+        self._stats.gossip_bytes += reply.ByteSize()
+        return reply
+
+    # ================================================================== status
+
+    def local_status(self) -> node_pb2.NodeStatus:
+        driver = self.driver
+        routes = driver.routes()
+        status = node_pb2.NodeStatus(
+            member=member_to_pb(self.members.me),
+            round=driver.round,
+            tightens=driver.tightens,
+            final=driver.node.final,
+            quiet=self._quiet(),
+            eps=driver.node.eps,
+            throughput=driver.throughput(),
+            flow_messages_sent=driver.messages_sent,
+            flow_batches_sent=driver.batches_sent,
+            gossip_bytes_sent=self._stats.gossip_bytes,
+            gossip_calls_sent=self._stats.gossip_calls,
+            uptime_s=time.monotonic() - self._stats.started,
+            departed=[m.id for m in self.members.departed()],
+        )
+        for peer, arc in sorted(driver.owned.items()):
+            status.arcs.append(
+                node_pb2.ArcStatus(
+                    src=self.node_id,
+                    dst=peer,
+                    flow=0 if arc.ring else routes.get(peer, 0),
+                    cap=arc.params.cap,
+                    cost=arc.params.cost,
+                    gen=arc.gen,
+                    rtt_ms=arc.params.rtt_ms,
+                    bandwidth_gbps=arc.params.bandwidth_gbps,
+                    ring=arc.ring,
+                )
+            )
+        return status
+
+    async def on_status(self, request: node_pb2.StatusRequest) -> node_pb2.StatusReply:
+        reply = node_pb2.StatusReply(node=self.node_id)
+        if not self._ready or self._members is None:
+            return reply
+        reply.swarm.CopyFrom(swarm_to_pb(self.swarm))
+        members = self.members.alive()
+        reply.members.extend(
+            member_to_pb(m) for m in (self.members.me, *members, *self.members.departed())
+        )
+        reply.nodes.append(self.local_status())
+        if request.swarm:
+            ask = node_pb2.StatusRequest(swarm=False)
+            results = await asyncio.gather(
+                *(self._stubs(m).status.Get(ask, timeout=self.config.status_timeout_s)
+                  for m in members),
+                return_exceptions=True,
+            )
+            for member, result in zip(members, results, strict=True):
+                if isinstance(result, BaseException) or not result.nodes:
+                    reply.unreachable.append(member.id)
+                else:
+                    reply.nodes.append(result.nodes[0])
+        return reply
+
+
+def _describe(err: aio.AioRpcError) -> str:
+    code = err.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return "nothing answers there (connection refused or unreachable)"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "no answer before the deadline"
+    details = (err.details() or "").splitlines()
+    return f"{code.name.lower()}: {details[0] if details else ''}"
+
+
+def measure_compute(job_spec: str, stage: int, num_stages: int) -> float:
+    """Seconds of forward + backward of one microbatch through `stage` of `job_spec`'s model
+    (the only place the node imports torch). ValueError if the job or the cut is wrong."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from gwtf.train import build_stage_of, measure_stage_compute, resolve_job
+
+    job = resolve_job(job_spec)
+    module = build_stage_of(job.model, job.seed, stage, num_stages)
+    return measure_stage_compute(module, job)
+
+
+def members_of(reply: node_pb2.StatusReply) -> list[MemberInfo]:
+    """The members listed in a status reply (for clients and tests)."""
+    return [member_from_pb(m, None) for m in reply.members]

@@ -1,0 +1,169 @@
+"""The gRPC servicers of a node: thin, they check and convert, then call the `Node`.
+
+A malformed message (it does not parse: grpc answers INTERNAL before we see it; too big:
+RESOURCE_EXHAUSTED) or an invalid one (`InvalidMessage`: INVALID_ARGUMENT) fails that call alone;
+the node keeps serving. A refusal the node decides (wrong stage, another swarm) is a `Refusal`
+with the status code that says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, NoReturn
+
+import grpc
+from grpc import aio
+
+from gwtf.node.codec import InvalidMessage
+from gwtf.v1 import flow_pb2, flow_pb2_grpc, health_pb2, health_pb2_grpc, node_pb2, node_pb2_grpc
+
+if TYPE_CHECKING:
+    from gwtf.node.node import Node
+
+__all__ = ["HealthServicer", "Refusal", "add_servicers"]
+
+Serving = health_pb2.HealthCheckResponse.ServingStatus
+
+SERVICES = ("gwtf.v1.Membership", "gwtf.v1.Probe", "gwtf.v1.Flow", "gwtf.v1.Status")
+
+
+class Refusal(Exception):
+    """The node refuses a call for a reason the caller must act on."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+async def _fail(context: aio.ServicerContext, err: Exception) -> NoReturn:
+    if isinstance(err, Refusal):
+        await context.abort(err.code, err.message)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    raise AssertionError("abort returned")  # pragma: no cover
+
+
+class MembershipServicer(node_pb2_grpc.MembershipServicer):
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    async def Config(
+        self, request: node_pb2.ConfigRequest, context: aio.ServicerContext
+    ) -> node_pb2.ConfigReply:
+        try:
+            return self._node.on_config(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Join(
+        self, request: node_pb2.JoinRequest, context: aio.ServicerContext
+    ) -> node_pb2.JoinReply:
+        try:
+            return self._node.on_join(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Leave(
+        self, request: node_pb2.LeaveRequest, context: aio.ServicerContext
+    ) -> node_pb2.LeaveReply:
+        try:
+            return self._node.on_leave(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Gossip(
+        self, request: node_pb2.GossipRequest, context: aio.ServicerContext
+    ) -> node_pb2.GossipReply:
+        try:
+            return self._node.on_gossip(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+
+class ProbeServicer(node_pb2_grpc.ProbeServicer):
+    async def Echo(
+        self, request: node_pb2.EchoRequest, context: aio.ServicerContext
+    ) -> node_pb2.EchoReply:
+        return node_pb2.EchoReply(nonce=request.nonce, received_bytes=len(request.payload))
+
+
+class FlowServicer(flow_pb2_grpc.FlowServicer):
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    async def Exchange(
+        self, request: flow_pb2.FlowBatch, context: aio.ServicerContext
+    ) -> flow_pb2.FlowAck:
+        try:
+            return self._node.on_exchange(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Phase(
+        self, request: flow_pb2.PhaseCommand, context: aio.ServicerContext
+    ) -> flow_pb2.PhaseReport:
+        try:
+            return self._node.on_phase(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Nudge(
+        self, request: flow_pb2.NudgeRequest, context: aio.ServicerContext
+    ) -> flow_pb2.NudgeReply:
+        self._node.on_nudge(request)
+        return flow_pb2.NudgeReply()
+
+
+class StatusServicer(node_pb2_grpc.StatusServicer):
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    async def Get(
+        self, request: node_pb2.StatusRequest, context: aio.ServicerContext
+    ) -> node_pb2.StatusReply:
+        return await self._node.on_status(request)
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """The standard health service: "" (the whole node) and each gwtf service by name."""
+
+    def __init__(self) -> None:
+        self._status = Serving.NOT_SERVING
+        self._changed = asyncio.Event()
+
+    def set_serving(self, serving: bool) -> None:
+        status = Serving.SERVING if serving else Serving.NOT_SERVING
+        if status != self._status:
+            self._status = status
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def _of(self, service: str) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+        if service and service not in SERVICES:
+            return Serving.SERVICE_UNKNOWN
+        return self._status
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
+        status = self._of(request.service)
+        if status == Serving.SERVICE_UNKNOWN:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        while True:
+            changed = self._changed
+            yield health_pb2.HealthCheckResponse(status=self._of(request.service))
+            await changed.wait()
+
+
+def add_servicers(server: aio.Server, node: Node, health: HealthServicer) -> None:
+    node_pb2_grpc.add_MembershipServicer_to_server(MembershipServicer(node), server)
+    node_pb2_grpc.add_ProbeServicer_to_server(ProbeServicer(), server)
+    flow_pb2_grpc.add_FlowServicer_to_server(FlowServicer(node), server)
+    node_pb2_grpc.add_StatusServicer_to_server(StatusServicer(node), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)

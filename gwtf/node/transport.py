@@ -1,0 +1,210 @@
+"""gRPC plumbing: channel and server options, one reused channel per peer, the emulated WAN.
+
+- Keepalive is set on both ends consistently: clients ping an idle connection every 20 s and
+  give up after 10 s without an answer; servers accept pings every 10 s (the server must allow at
+  least the client's rate, or it answers GOAWAY "too_many_pings"). Reconnect backoff is capped
+  at 2 s, because a peer that restarts on the same address must be reachable again quickly.
+- Message sizes are explicit: `MAX_MESSAGE_BYTES` both ways (grpc answers RESOURCE_EXHAUSTED
+  above it, before any handler runs).
+- `grpc.so_reuseport` is off, so a port already in use is an error, not a silent second server.
+- Emulated WAN (DESIGN.md 3): a client interceptor holds each request, and a server interceptor
+  each reply, for `WanEmulator.delay` before it leaves; callers name themselves and their
+  location in metadata, so the server knows which link a reply takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from gwtf.node.config import MAX_MESSAGE_BYTES
+from gwtf.node.wan import WanEmulator
+from gwtf.v1 import flow_pb2_grpc, health_pb2_grpc, node_pb2_grpc
+
+__all__ = [
+    "CALLER_LOCATION",
+    "CALLER_NODE",
+    "ChannelPool",
+    "Stubs",
+    "WanServerInterceptor",
+    "channel_options",
+    "is_refused",
+    "server_options",
+]
+
+CALLER_NODE = "gwtf-node"
+CALLER_LOCATION = "gwtf-location"
+
+KEEPALIVE_TIME_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+MIN_PING_INTERVAL_MS = 10_000  # the server's floor: at most the client's KEEPALIVE_TIME_MS
+
+
+def channel_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+    ]
+
+
+def server_options() -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def is_refused(err: BaseException) -> bool:
+    """A call failed because nothing answers at the address (connection refused or reset):
+    evidence of a dead process, unlike a deadline, which a slow link also causes."""
+    return isinstance(err, aio.AioRpcError) and err.code() == grpc.StatusCode.UNAVAILABLE
+
+
+class _WanClientInterceptor(aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Names the caller in metadata and, with an emulated WAN, holds each request for the
+    link's delay (taken out of the call's deadline, which covers the whole trip)."""
+
+    def __init__(
+        self, me: str, location: str, wan: WanEmulator | None, peer: Callable[[], tuple[str, str]]
+    ) -> None:
+        self._meta = ((CALLER_NODE, me), (CALLER_LOCATION, location))
+        self._wan = wan
+        self._peer = peer
+
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[Any, Any], Awaitable[Any]],
+        client_call_details: aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
+        details = client_call_details
+        metadata = aio.Metadata(*self._meta)
+        if details.metadata:
+            for key, value in details.metadata:
+                metadata.add(key, value)
+        timeout = details.timeout
+        if self._wan is not None:
+            peer_id, location = self._peer()
+            delay = self._wan.delay(peer_id, location, request.ByteSize())
+            if delay > 0:
+                await asyncio.sleep(delay)
+                if timeout is not None:
+                    timeout = max(timeout - delay, 0.001)
+        details = aio.ClientCallDetails(
+            details.method, timeout, metadata, details.credentials, details.wait_for_ready
+        )
+        return await continuation(details, request)
+
+
+class WanServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+    """Holds each unary reply for the delay of the link back to the caller."""
+
+    def __init__(self, wan: WanEmulator) -> None:
+        self._wan = wan
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        meta = dict(handler_call_details.invocation_metadata or ())
+        caller = str(meta.get(CALLER_NODE, ""))
+        location = str(meta.get(CALLER_LOCATION, ""))
+        if not location:
+            return handler
+        behaviour = handler.unary_unary
+        wan = self._wan
+
+        async def delayed(request: Any, context: aio.ServicerContext) -> Any:
+            reply = await behaviour(request, context)
+            delay = wan.delay(caller, location, reply.ByteSize())
+            if delay > 0:
+                await asyncio.sleep(delay)
+            return reply
+
+        return grpc.unary_unary_rpc_method_handler(
+            delayed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+@dataclass(frozen=True)
+class Stubs:
+    membership: node_pb2_grpc.MembershipStub
+    probe: node_pb2_grpc.ProbeStub
+    flow: flow_pb2_grpc.FlowStub
+    status: node_pb2_grpc.StatusStub
+    health: health_pb2_grpc.HealthStub
+
+
+class ChannelPool:
+    """One channel per peer address, created on first use and reused for every call."""
+
+    def __init__(self, me: str, location: str, wan: WanEmulator | None) -> None:
+        self._me = me
+        self._location = location
+        self._wan = wan
+        self._channels: dict[str, tuple[aio.Channel, Stubs]] = {}
+        self._peers: dict[str, tuple[str, str]] = {}
+
+    def rename(self, me: str) -> None:
+        self._me = me
+
+    def stubs(self, address: str, peer_id: str = "", location: str = "") -> Stubs:
+        """The stubs of the channel to `address`; `peer_id` and `location` name the peer for
+        the emulated WAN (unknown, as for a bootstrap address: no delay)."""
+        if peer_id:
+            self._peers[address] = (peer_id, location)
+        found = self._channels.get(address)
+        if found is not None:
+            return found[1]
+        interceptor = _WanClientInterceptor(
+            self._me,
+            self._location,
+            self._wan,
+            lambda: self._peers.get(address, ("", "")),
+        )
+        channel = aio.insecure_channel(
+            address, options=channel_options(), interceptors=[interceptor]
+        )
+        stubs = Stubs(
+            membership=node_pb2_grpc.MembershipStub(channel),
+            probe=node_pb2_grpc.ProbeStub(channel),
+            flow=flow_pb2_grpc.FlowStub(channel),
+            status=node_pb2_grpc.StatusStub(channel),
+            health=health_pb2_grpc.HealthStub(channel),
+        )
+        self._channels[address] = (channel, stubs)
+        return stubs
+
+    async def close(self, address: str) -> None:
+        found = self._channels.pop(address, None)
+        self._peers.pop(address, None)
+        if found is not None:
+            await found[0].close(grace=None)
+
+    async def close_all(self) -> None:
+        for address in list(self._channels):
+            await self.close(address)
