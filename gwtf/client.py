@@ -93,6 +93,9 @@ def status_json(reply: Any) -> dict[str, Any]:
                     "rtt_ms": arc.rtt_ms,
                     "bandwidth_gbps": arc.bandwidth_gbps,
                     "gen": arc.gen,
+                    "measured_rtt_ms": arc.measured_rtt_ms,
+                    "measured_bandwidth_gbps": arc.measured_bandwidth_gbps,
+                    "rtt_probes": arc.rtt_probes,
                 }
             )
             if stage_of.get(arc.dst) == last:
@@ -113,6 +116,7 @@ def status_json(reply: Any) -> dict[str, Any]:
                 "gossip_calls_sent": node.gossip_calls_sent,
                 "uptime_s": node.uptime_s,
                 "departed": list(node.departed),
+                "wan_stack_rtt_ms": node.wan_stack_rtt_ms,
             }
         )
     arcs.sort(key=lambda a: (stage_of.get(a["src"], 0), a["src"], a["dst"]))

@@ -71,9 +71,12 @@ class LinkEstimate:
     def __init__(self, rtt_window: int, bandwidth_window: int) -> None:
         self._rtt: deque[float] = deque(maxlen=rtt_window)
         self._bw: deque[float] = deque(maxlen=bandwidth_window)
+        self.probes = 0
+        """RTT samples taken in all (the window keeps the last few)."""
 
     def add_rtt(self, seconds: float) -> None:
         self._rtt.append(seconds)
+        self.probes += 1
 
     def add_transfer(self, nbytes: int, seconds: float) -> None:
         """A bandwidth probe: `nbytes` sent and answered in `seconds` (round trip)."""

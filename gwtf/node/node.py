@@ -64,7 +64,14 @@ from gwtf.node.links import LinkEstimate, arc_params, changed, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
 from gwtf.node.phases import Command, PhaseDetector, PhaseReportData
 from gwtf.node.server import HealthServicer, Refusal, add_servicers
-from gwtf.node.transport import ChannelPool, Stubs, WanServerInterceptor, is_refused, server_options
+from gwtf.node.transport import (
+    UNDELAYED,
+    ChannelPool,
+    Stubs,
+    WanServerInterceptor,
+    is_refused,
+    server_options,
+)
 from gwtf.node.wan import WanEmulator
 from gwtf.v1 import flow_pb2, node_pb2
 
@@ -508,6 +515,15 @@ class Node:
                 calls.setdefault(m.id, m)
             for m in calls.values():
                 self._spawn(self._gossip_with(m), "gossip")
+            if self._wan is not None:
+                for m in targets:
+                    self._spawn(self._calibrate(m), "calibrate")
+
+    async def _calibrate(self, member: MemberInfo) -> None:
+        assert self._wan is not None
+        rtt = await self._echo(member, undelayed=True)
+        if rtt is not None:
+            self._wan.calibrate(rtt)
 
     async def _gossip_with(self, member: MemberInfo) -> None:
         request = node_pb2.GossipRequest(
@@ -575,15 +591,21 @@ class Node:
         self._measuring.discard(peer)
         self._estimates.pop(peer, None)
 
-    async def _echo(self, member: MemberInfo, payload: bytes = b"") -> float | None:
-        """One probe's round trip in seconds, None if it failed."""
+    async def _echo(
+        self, member: MemberInfo, payload: bytes = b"", *, undelayed: bool = False
+    ) -> float | None:
+        """One probe's round trip in seconds, None if it failed. `undelayed`: through the
+        local stack only (the emulated WAN lets it through at once), to calibrate the WAN."""
         assert self._rng is not None
         request = node_pb2.EchoRequest(
             sender=self.node_id, nonce=int(self._rng.integers(2**63)), payload=payload
         )
+        metadata = ((UNDELAYED, "1"),) if undelayed else None
         start = time.perf_counter()
         try:
-            await self._stubs(member).probe.Echo(request, timeout=self.config.rpc_timeout_s)
+            await self._stubs(member).probe.Echo(
+                request, timeout=self.config.rpc_timeout_s, metadata=metadata
+            )
         except aio.AioRpcError as err:
             if is_refused(err):
                 self._refused(member)
@@ -1004,8 +1026,15 @@ class Node:
             gossip_calls_sent=self._stats.gossip_calls,
             uptime_s=time.monotonic() - self._stats.started,
             departed=[m.id for m in self.members.departed()],
+            wan_stack_rtt_ms=self._wan.stack_rtt_s * 1000 if self._wan is not None else 0.0,
         )
         for peer, arc in sorted(driver.owned.items()):
+            estimate = self._estimates.get(peer)
+            measured = (
+                (estimate.rtt_ms or 0.0, estimate.bandwidth_gbps or 0.0, estimate.probes)
+                if estimate is not None
+                else (0.0, 0.0, 0)
+            )
             status.arcs.append(
                 node_pb2.ArcStatus(
                     src=self.node_id,
@@ -1017,6 +1046,9 @@ class Node:
                     rtt_ms=arc.params.rtt_ms,
                     bandwidth_gbps=arc.params.bandwidth_gbps,
                     ring=arc.ring,
+                    measured_rtt_ms=measured[0],
+                    measured_bandwidth_gbps=measured[1],
+                    rtt_probes=measured[2],
                 )
             )
         return status

@@ -29,6 +29,7 @@ from gwtf.v1 import flow_pb2_grpc, health_pb2_grpc, node_pb2_grpc
 __all__ = [
     "CALLER_LOCATION",
     "CALLER_NODE",
+    "UNDELAYED",
     "ChannelPool",
     "Stubs",
     "WanServerInterceptor",
@@ -39,6 +40,8 @@ __all__ = [
 
 CALLER_NODE = "gwtf-node"
 CALLER_LOCATION = "gwtf-location"
+UNDELAYED = "gwtf-undelayed"
+"""Metadata key of the calibration probes that the emulated WAN lets through at once."""
 
 KEEPALIVE_TIME_MS = 20_000
 KEEPALIVE_TIMEOUT_MS = 10_000
@@ -101,7 +104,7 @@ class _WanClientInterceptor(aio.UnaryUnaryClientInterceptor):  # type: ignore[mi
             for key, value in details.metadata:
                 metadata.add(key, value)
         timeout = details.timeout
-        if self._wan is not None:
+        if self._wan is not None and UNDELAYED not in metadata:
             peer_id, location = self._peer()
             delay = self._wan.delay(peer_id, location, request.ByteSize())
             if delay > 0:
@@ -131,7 +134,7 @@ class WanServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         meta = dict(handler_call_details.invocation_metadata or ())
         caller = str(meta.get(CALLER_NODE, ""))
         location = str(meta.get(CALLER_LOCATION, ""))
-        if not location:
+        if not location or UNDELAYED in meta:
             return handler
         behaviour = handler.unary_unary
         wan = self._wan

@@ -1,0 +1,286 @@
+"""`gwtf launch`: a local swarm of node processes, stopped together.
+
+Node `i` of `N` gets stage `i // ceil(N / S)`-like spreading (as `gwtf.flow.generate.geo10`:
+`N // S` per stage, the remainder one each to the first stages), a location round-robin over the
+link matrix's (none without one), and a compute time `--compute-s / speed` with the speed of a
+GPU drawn (seeded) from gwtf/data/gpu_train_throughput.csv, so that the swarm is heterogeneous
+as a volunteer one is. The first node creates the swarm; the others join through it.
+
+Children run in their own session (Ctrl-C in the terminal reaches only this process, which then
+stops them by pid: SIGTERM, so they leave gracefully, then SIGKILL after a grace period) and, on
+Linux, die with it if it is killed (PR_SET_PDEATHSIG). Their logs go to one file each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from gwtf.flow.topology import TopologyError, load_link_matrix
+
+__all__ = ["NodePlan", "plan_nodes", "run_launch"]
+
+START_TIMEOUT_S = 120.0
+"""How long a node may take to print its address (a loaded machine starts Python slowly)."""
+STOP_GRACE_S = 10.0
+"""How long nodes get to leave gracefully after SIGTERM before SIGKILL."""
+
+_LISTENING = re.compile(r"listening on (\S+)")
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    id: str
+    stage: int
+    location: str
+    compute_s: float
+
+
+def _locations(path: str) -> list[str]:
+    """The matrix's locations in the order they first appear in the file."""
+    links = load_link_matrix(path)  # validates; TopologyError if malformed
+    order: dict[str, None] = {}
+    for pair in links:
+        for name in sorted(pair):
+            order.setdefault(name, None)
+    with open(path, encoding="utf-8") as handle:
+        first: dict[str, None] = {}
+        for line in handle.readlines()[1:]:
+            for name in line.split(",")[:2]:
+                name = name.strip()
+                if name in order:
+                    first.setdefault(name, None)
+    return list(first) or list(order)
+
+
+def plan_nodes(
+    n_nodes: int, n_stages: int, *, locations: list[str], base_compute_s: float, seed: int
+) -> list[NodePlan]:
+    """Who runs where: stages, locations and compute times of a local swarm."""
+    from gwtf.flow.generate import gpu_speeds
+
+    if n_stages < 2:
+        raise ValueError(f"a swarm needs at least 2 stages, got {n_stages}")
+    if n_nodes < n_stages:
+        raise ValueError(f"{n_nodes} nodes cannot fill {n_stages} stages; give --nodes >= stages")
+    rng = np.random.default_rng(seed)
+    speeds = gpu_speeds()
+    per_stage, extra = divmod(n_nodes, n_stages)
+    width = len(str(per_stage))
+    plans = []
+    for stage in range(n_stages):
+        for index in range(per_stage + (1 if stage < extra else 0)):
+            _, speed = speeds[int(rng.integers(len(speeds)))]
+            location = locations[len(plans) % len(locations)] if locations else ""
+            plans.append(
+                NodePlan(f"s{stage}n{index:0{width}d}", stage, location, base_compute_s / speed)
+            )
+    return plans
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: receive SIGTERM when the launcher dies (Linux only)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class _Cluster:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[tuple[NodePlan, subprocess.Popen[str]]] = []
+        self._logs: list[IO[Any]] = []
+        self._lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
+
+    def start(self, plan: NodePlan, argv: list[str]) -> int:
+        log = open(self.log_dir / f"{plan.id}.log", "w", encoding="utf-8")  # noqa: SIM115
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        index = len(self.procs)
+        self.procs.append((plan, proc))
+        threading.Thread(target=self._read, args=(index, proc), daemon=True).start()
+        return index
+
+    def _read(self, index: int, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self._lines.put((index, line))
+        self._lines.put((index, None))
+
+    def wait_addresses(self, indices: set[int], deadline: float) -> dict[int, str]:
+        """The address each node prints; RuntimeError naming the first that fails."""
+        found: dict[int, str] = {}
+        while len(found) < len(indices):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [self.procs[i][0].id for i in sorted(indices - set(found))]
+                raise RuntimeError(f"nodes {', '.join(missing)} did not start within "
+                                   f"{START_TIMEOUT_S:g} s")
+            try:
+                index, line = self._lines.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                continue
+            if index not in indices:
+                continue
+            if line is None:
+                plan, proc = self.procs[index]
+                proc.wait()
+                raise RuntimeError(
+                    f"node {plan.id} exited with code {proc.returncode}: {self.last_log(index)}"
+                )
+            match = _LISTENING.search(line)
+            if match:
+                found[index] = match.group(1)
+        return found
+
+    def last_log(self, index: int) -> str:
+        plan = self.procs[index][0]
+        with contextlib.suppress(OSError):
+            lines = (self.log_dir / f"{plan.id}.log").read_text().strip().splitlines()
+            if lines:
+                return lines[-1]
+        return "(no output)"
+
+    def stop(self) -> None:
+        """SIGTERM every live child, wait, SIGKILL what is left: no process stays behind."""
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for _, proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for log in self._logs:
+            log.close()
+
+
+def _node_argv(plan: NodePlan, args: argparse.Namespace, port: int) -> list[str]:
+    argv = [
+        sys.executable, "-m", "gwtf", "node",
+        "--stage", str(plan.stage),
+        "--id", plan.id,
+        "--host", args.host,
+        "--port", str(port),
+        "--compute-s", repr(plan.compute_s),
+        "--heartbeat-s", repr(args.heartbeat_s),
+        "--failure-timeout-s", repr(args.failure_timeout_s),
+    ]  # fmt: skip
+    if plan.location:
+        argv += ["--location", plan.location, "--link-matrix", args.link_matrix]
+    return argv
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    try:
+        locations = _locations(args.link_matrix) if args.link_matrix else []
+        plans = plan_nodes(
+            args.nodes,
+            args.stages,
+            locations=locations,
+            base_compute_s=args.compute_s,
+            seed=args.seed,
+        )
+    except (TopologyError, ValueError) as err:
+        print(f"gwtf launch: {err}", file=sys.stderr)
+        return 2
+    if args.base_port and args.base_port + len(plans) - 1 > 65535:
+        print(f"gwtf launch: ports {args.base_port}.. exceed 65535", file=sys.stderr)
+        return 2
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="gwtf-launch-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    cluster = _Cluster(log_dir)
+    try:
+        return _run(cluster, plans, args, stop)
+    except RuntimeError as err:
+        print(f"gwtf launch: {err} (logs in {log_dir})", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(
+    cluster: _Cluster, plans: list[NodePlan], args: argparse.Namespace, stop: threading.Event
+) -> int:
+    def port(i: int) -> int:
+        return args.base_port + i if args.base_port else 0
+
+    first = _node_argv(plans[0], args, port(0)) + ["--stages", str(args.stages)]
+    cluster.start(plans[0], first)
+    bootstrap = cluster.wait_addresses({0}, time.monotonic() + START_TIMEOUT_S)[0]
+    rest = {
+        cluster.start(plan, _node_argv(plan, args, port(i)) + ["--bootstrap", bootstrap])
+        for i, plan in enumerate(plans[1:], start=1)
+    }
+    addresses = {0: bootstrap, **cluster.wait_addresses(rest, time.monotonic() + START_TIMEOUT_S)}
+    nodes = [
+        {
+            "id": plan.id,
+            "address": addresses[i],
+            "stage": plan.stage,
+            "location": plan.location,
+            "compute_s": plan.compute_s,
+            "pid": cluster.procs[i][1].pid,
+        }
+        for i, plan in enumerate(plans)
+    ]
+    if args.json:
+        print(json.dumps({"nodes": nodes, "log_dir": str(cluster.log_dir)}), flush=True)
+    else:
+        print(f"gwtf launch: {len(nodes)} nodes in {args.stages} stages, logs in "
+              f"{cluster.log_dir}; Ctrl-C stops them all")
+        for n in nodes:
+            print(f"  {n['id']:<8} {n['address']:<22} stage {n['stage']:<3} "
+                  f"{n['location'] or '-':<12} compute {n['compute_s']:.4f} s  pid {n['pid']}")
+        print(f"  gwtf status --to {bootstrap}", flush=True)
+    reported: set[int] = set()
+    while not stop.wait(0.5):
+        for i, (plan, proc) in enumerate(cluster.procs):
+            if i not in reported and proc.poll() is not None:
+                reported.add(i)
+                print(f"gwtf launch: node {plan.id} exited with code {proc.returncode}",
+                      file=sys.stderr, flush=True)
+    print("gwtf launch: stopping the nodes", file=sys.stderr, flush=True)
+    return 0
