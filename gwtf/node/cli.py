@@ -16,8 +16,13 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
+
+if TYPE_CHECKING:
+    from gwtf.node.config import NodeConfig
+    from gwtf.node.node import NodeSettings
 
 __all__ = ["configure_logging", "load_matrix", "run_node"]
 
@@ -104,11 +109,10 @@ def run_node(args: argparse.Namespace) -> int:
     return uvloop.run(_serve(settings, config))
 
 
-async def _serve(settings: object, config: object) -> int:
-    from gwtf.node.node import Node, NodeError, NodeSettings
+async def _serve(settings: NodeSettings, config: NodeConfig) -> int:
+    from gwtf.node.node import Node, NodeError
 
-    assert isinstance(settings, NodeSettings)
-    node = Node(settings, config)  # type: ignore[arg-type]
+    node = Node(settings, config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

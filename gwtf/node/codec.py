@@ -91,7 +91,7 @@ def member_from_pb(pb: node_pb2.Member, num_stages: int | None) -> MemberInfo:
         raise InvalidMessage(f"member {pb.id!r} has stage {pb.stage}, outside 0..{limit - 1}")
     _positive(f"member {pb.id!r} compute_s", pb.compute_s)
     _positive(f"member {pb.id!r} capacity", pb.capacity)
-    if pb.state not in (State.ALIVE, State.DEAD, State.LEFT):
+    if int(pb.state) not in (State.ALIVE, State.DEAD, State.LEFT):
         raise InvalidMessage(f"member {pb.id!r} has no valid state ({pb.state})")
     return MemberInfo(
         id=pb.id,

@@ -82,7 +82,7 @@ def plan_nodes(
     speeds = gpu_speeds()
     per_stage, extra = divmod(n_nodes, n_stages)
     width = len(str(per_stage))
-    plans = []
+    plans: list[NodePlan] = []
     for stage in range(n_stages):
         for index in range(per_stage + (1 if stage < extra else 0)):
             _, speed = speeds[int(rng.integers(len(speeds)))]

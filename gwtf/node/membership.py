@@ -166,17 +166,18 @@ class Membership:
         and none is picked twice in a row by chance."""
         live = {m.id: m for m in self.alive()}
         out: list[MemberInfo] = []
-        for _ in range(min(count, len(live))):
-            while True:
-                if not self._cycle:
-                    ids = sorted(live)
-                    self._cycle = [ids[i] for i in self._rng.permutation(len(ids)).tolist()]
-                node_id = self._cycle.pop()
-                if node_id in live and all(m.id != node_id for m in out):
-                    out.append(live[node_id])
-                    break
-                if not any(i in live and all(m.id != i for m in out) for i in self._cycle):
-                    self._cycle = []
+        while len(out) < min(count, len(live)):
+            if not self._cycle:
+                ids = sorted(live)
+                order = [ids[i] for i in self._rng.permutation(len(ids)).tolist()]
+                taken = {m.id for m in out}
+                # Those already picked this time go last (the list is popped from its end).
+                self._cycle = [i for i in order if i in taken] + [
+                    i for i in order if i not in taken
+                ]
+            node_id = self._cycle.pop()
+            if node_id in live and all(m.id != node_id for m in out):
+                out.append(live[node_id])
         return out
 
     # ------------------------------------------------------------------ updates

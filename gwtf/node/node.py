@@ -67,6 +67,7 @@ from gwtf.node.server import HealthServicer, Refusal, add_servicers
 from gwtf.node.transport import (
     UNDELAYED,
     ChannelPool,
+    MalformedRequestInterceptor,
     Stubs,
     WanServerInterceptor,
     is_refused,
@@ -178,7 +179,9 @@ class Node:
 
     async def start(self) -> int:
         """Bind and start serving (calls are refused until the node is in a swarm)."""
-        interceptors = [WanServerInterceptor(self._wan)] if self._wan is not None else []
+        interceptors: list[aio.ServerInterceptor] = [MalformedRequestInterceptor()]
+        if self._wan is not None:
+            interceptors.append(WanServerInterceptor(self._wan))
         server = aio.server(options=server_options(), interceptors=interceptors)
         add_servicers(server, self, self._health)
         host = self.settings.host

@@ -139,7 +139,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             self._changed.set()
             self._changed = asyncio.Event()
 
-    def _of(self, service: str) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+    def _of(self, service: str) -> health_pb2.HealthCheckResponse.ServingStatus:
         if service and service not in SERVICES:
             return Serving.SERVICE_UNKNOWN
         return self._status

@@ -47,11 +47,37 @@ def test_demo_exits_zero_and_points_to_route() -> None:
 
 
 def test_unavailable_command_is_one_line_exit_2() -> None:
-    result = run_gwtf("node")
+    result = run_gwtf("submit")
     assert result.returncode == 2
-    assert result.stderr.strip() == "gwtf node: not available yet in this version"
+    assert result.stderr.strip() == "gwtf submit: not available yet in this version"
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+def test_node_status_launch_show_their_flags() -> None:
+    expected = {
+        "node": ("--port", "--host", "--stage", "--bootstrap", "--id", "--location",
+                 "--link-matrix", "--compute-s", "--heartbeat-s", "--failure-timeout-s",
+                 "--stages"),
+        "status": ("--to", "--json"),
+        "launch": ("--nodes", "--stages", "--base-port", "--link-matrix", "--json"),
+    }
+    for command, flags in expected.items():
+        result = run_gwtf(command, "--help")
+        assert result.returncode == 0, result.stderr
+        for flag in flags:
+            assert flag in result.stdout, (command, flag)
+
+
+def test_node_usage_errors_are_one_line() -> None:
+    for args in (("node",), ("node", "--stage", "-1"), ("node", "--stage", "0", "--port", "x"),
+                 ("node", "--stage", "0", "--bootstrap", "nohost"),
+                 ("node", "--stage", "0", "--compute-s", "0"),
+                 ("status",), ("launch", "--nodes", "0", "--stages", "2")):
+        result = run_gwtf(*args)
+        assert result.returncode == 2, args
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "error:" in lines[0], (args, result.stderr)
 
 
 def test_usage_error_is_one_line_exit_2() -> None:

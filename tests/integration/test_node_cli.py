@@ -1,0 +1,162 @@
+"""`gwtf node`, `gwtf status` and `gwtf launch` as a user runs them: real processes.
+
+Bad input ends in one clear line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster import REPO, LocalSwarm, wait_for
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 60
+
+
+def gwtf(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gwtf", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def first_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
+    with LocalSwarm(tmp_path_factory.mktemp("cli")) as swarm:
+        swarm.start([("only", 0, 0.1)], num_stages=2)
+        yield swarm
+
+
+def test_unreachable_bootstrap() -> None:
+    # A bound socket that does not listen: connections to it are refused, and no one else can
+    # take the port meanwhile.
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        port = hole.getsockname()[1]
+        result = gwtf("node", "--stage", "0", "--compute-s", "0.1",
+                      "--bootstrap", f"127.0.0.1:{port}")
+    one_line_error(result, 1, "cannot reach the bootstrap", f"127.0.0.1:{port}")
+
+
+def test_stage_outside_the_swarm(first_node: LocalSwarm) -> None:
+    result = gwtf("node", "--stage", "5", "--compute-s", "0.1", "--bootstrap",
+                  first_node.bootstrap)
+    one_line_error(result, 2, "stage 5 is outside", "0..1")
+
+
+def test_malformed_matrix_file(tmp_path: Path) -> None:
+    bad = tmp_path / "links.csv"
+    bad.write_text("src,dst,rtt_ms,bandwidth_gbps\nOregon,Tokyo,fast,1\n")
+    result = gwtf("node", "--stage", "0", "--stages", "2", "--compute-s", "0.1",
+                  "--location", "Oregon", "--link-matrix", str(bad))
+    one_line_error(result, 2, "line 2", "rtt_ms")
+    result = gwtf("node", "--stage", "0", "--stages", "2", "--compute-s", "0.1",
+                  "--location", "Atlantis", "--link-matrix", "gwtf/data/geo10_aws.csv")
+    one_line_error(result, 2, "Atlantis", "Oregon")
+
+
+def test_port_in_use() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = gwtf("node", "--stage", "0", "--stages", "2", "--compute-s", "0.1",
+                      "--port", str(port))
+    one_line_error(result, 1, f"cannot listen on 127.0.0.1:{port}", "--port")
+
+
+def test_first_node_needs_the_number_of_stages() -> None:
+    result = gwtf("node", "--stage", "0", "--compute-s", "0.1")
+    one_line_error(result, 2, "--stages")
+
+
+def test_status_of_an_address_where_nothing_runs() -> None:
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        port = hole.getsockname()[1]
+        result = gwtf("status", "--to", f"127.0.0.1:{port}", "--timeout", "5")
+    one_line_error(result, 1, "cannot reach")
+
+
+def test_status_json_has_the_issue_shape(first_node: LocalSwarm) -> None:
+    result = gwtf("status", "--to", first_node.bootstrap, "--json")
+    assert result.returncode == 0, result.stderr
+    view = json.loads(result.stdout)
+    assert {"members", "arcs", "flow_value"} <= set(view)
+    (member,) = view["members"]
+    assert {"id", "address", "stage", "alive", "capacity"} <= set(member)
+    assert member["id"] == "only" and member["alive"] and member["capacity"] == 10.0
+    text = gwtf("status", "--to", first_node.bootstrap)
+    assert text.returncode == 0 and "only" in text.stdout and "flow value" in text.stdout
+
+
+def test_launch_starts_a_swarm_and_stops_every_process(tmp_path: Path) -> None:
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "gwtf", "launch", "--nodes", "4", "--stages", "2", "--json",
+         "--heartbeat-s", "0.25", "--failure-timeout-s", "3", "--log-dir", str(tmp_path)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(launch.stdout.readline()))  # type: ignore[union-attr]
+        reader.start()
+        reader.join(TIMEOUT_S)
+        assert line and line[0], "gwtf launch printed nothing"
+        nodes = json.loads(line[0])["nodes"]
+        assert [n["stage"] for n in nodes] == [0, 0, 1, 1]
+        status = wait_for(
+            lambda: (r := gwtf("status", "--to", nodes[0]["address"], "--json")).returncode == 0
+            and (v := json.loads(r.stdout))["converged"]
+            and len(v["arcs"]) == 4
+            and v,
+            TIMEOUT_S,
+            "the launched swarm to converge",
+            interval_s=0.5,
+        )
+        assert {m["id"] for m in status["members"]} == {n["id"] for n in nodes}
+        assert status["flow_value"] > 0
+        launch.send_signal(signal.SIGTERM)
+        assert launch.wait(timeout=TIMEOUT_S) == 0, launch.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+    for node in nodes:
+        assert not _running(node["pid"]), f"{node['id']} is still running"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie waiting for its parent counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,68 @@
+"""Arc parameters: the tail's formulas are the topology model's, and noise never churns arcs."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
+from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, changed, ring_params
+
+positive = st.floats(min_value=1e-4, max_value=10.0, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    c_tail=positive,
+    c_head=positive,
+    rtt_ms=st.floats(min_value=0.0, max_value=500.0),
+    bw=st.floats(min_value=1e-3, max_value=100.0),
+    act=st.integers(min_value=1, max_value=2**28),
+)
+def test_arc_params_equal_the_topology_model(
+    c_tail: float, c_head: float, rtt_ms: float, bw: float, act: int
+) -> None:
+    # The oracle in the tests builds a Topology from what the nodes announce: both must give
+    # the same integers, or "the oracle of what they measured" would be another problem.
+    topology = Topology.build(
+        act,
+        [NodeSpec.make("u", 0, c_tail, "A"), NodeSpec.make("v", 1, c_head, "B")],
+        {frozenset(("A", "B")): LinkSpec(rtt_ms, bw)},
+    )
+    spec = topology.arc("u", "v")
+    mine = arc_params(c_tail, c_head, rtt_ms, bw, act)
+    assert (mine.cap, mine.cost) == (spec.cap_units, spec.cost_units)
+
+
+def test_ring_arcs_take_the_smaller_node_capacity() -> None:
+    assert ring_params(10.0, 4.0).cap == 4_000_000
+    assert ring_params(2.5, 4.0).cap == 2_500_000
+
+
+def test_estimates_are_windowed_min_rtt_and_max_bandwidth() -> None:
+    est = LinkEstimate(rtt_window=3, bandwidth_window=2)
+    assert est.rtt_s is None and est.bandwidth_gbps is None
+    est.add_transfer(10**6, 0.1)  # no RTT yet: ignored
+    assert est.samples == (0, 0)
+    for rtt in (0.010, 0.005, 0.020):
+        est.add_rtt(rtt)
+    assert est.rtt_s == 0.005
+    est.add_rtt(0.030)  # the 5 ms sample is still in the window of 3
+    assert est.rtt_s == 0.005
+    est.add_rtt(0.040)  # now it has left
+    assert est.rtt_s == 0.020 and est.probes == 5
+    est.add_transfer(10**6, 0.020 + 0.008)  # 8 Mbit in 8 ms: 1 Gbit/s
+    est.add_transfer(10**6, 0.020 + 0.016)
+    assert abs(est.bandwidth_gbps - 1.0) < 1e-9  # type: ignore[operator]
+    est.add_transfer(10**6, 0.010)  # faster than the RTT (noise): large, finite
+    assert est.bandwidth_gbps is not None and est.bandwidth_gbps > 1.0
+
+
+def test_hysteresis_ignores_noise_and_catches_real_changes() -> None:
+    old = ArcParamsSpec(cap=1000, cost=100_000, rtt_ms=10.0, bandwidth_gbps=1.0)
+    noisy = ArcParamsSpec(cap=1300, cost=110_000, rtt_ms=12.0, bandwidth_gbps=1.3)
+    assert not changed(old, noisy, cost_rel=0.2, cap_rel=0.5)
+    slower = ArcParamsSpec(cap=1000, cost=130_000, rtt_ms=40.0, bandwidth_gbps=1.0)
+    assert changed(old, slower, cost_rel=0.2, cap_rel=0.5)
+    narrower = ArcParamsSpec(cap=400, cost=100_000, rtt_ms=10.0, bandwidth_gbps=0.4)
+    assert changed(old, narrower, cost_rel=0.2, cap_rel=0.5)

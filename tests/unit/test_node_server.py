@@ -1,0 +1,157 @@
+"""One node in this process, real gRPC on loopback: health checking, and bad peers.
+
+A peer sending malformed, oversized or invalid messages gets a gRPC error for that call, and the
+node keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+
+from gwtf.node.config import MAX_MESSAGE_BYTES, NodeConfig
+from gwtf.node.node import Node, NodeSettings
+from gwtf.v1 import flow_pb2, health_pb2, health_pb2_grpc, node_pb2, node_pb2_grpc
+
+
+def run(test: Callable[[Node, aio.Channel], Awaitable[None]]) -> None:
+    async def main() -> None:
+        settings = NodeSettings(stage=0, node_id="solo", num_stages=2, compute_s=0.1)
+        node = Node(settings, NodeConfig())
+        await node.start()
+        await node.enter_swarm()
+        try:
+            async with aio.insecure_channel(node.address) as channel:
+                await test(node, channel)
+        finally:
+            await node.leave()
+            await node.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def expect_code(code: grpc.StatusCode, call: Awaitable[Any]) -> str:
+    with pytest.raises(aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == code, info.value.details()
+    return info.value.details() or ""
+
+
+async def still_serving(channel: aio.Channel) -> None:
+    health = health_pb2_grpc.HealthStub(channel)
+    reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    status = await node_pb2_grpc.StatusStub(channel).Get(node_pb2.StatusRequest(), timeout=5)
+    assert status.node == "solo" and status.swarm.num_stages == 2
+
+
+def test_health_checking_is_the_standard_service() -> None:
+    async def check(node: Node, channel: aio.Channel) -> None:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "gwtf.v1.Flow", "gwtf.v1.Membership"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        await expect_code(
+            grpc.StatusCode.NOT_FOUND,
+            health.Check(health_pb2.HealthCheckRequest(service="no.Such"), timeout=5),
+        )
+        watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=5)
+        first = await watch.read()
+        assert first.status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+
+    run(check)
+
+
+def test_malformed_and_oversized_messages_fail_alone() -> None:
+    async def check(node: Node, channel: aio.Channel) -> None:
+        raw = channel.unary_unary("/gwtf.v1.Flow/Exchange")
+        details = await expect_code(
+            grpc.StatusCode.INVALID_ARGUMENT, raw(b"\xff\xff\xff garbage", timeout=5)
+        )
+        assert details == "malformed request to /gwtf.v1.Flow/Exchange"
+        echo = node_pb2_grpc.ProbeStub(channel).Echo
+        huge = node_pb2.EchoRequest(payload=bytes(MAX_MESSAGE_BYTES + 1))
+        await expect_code(grpc.StatusCode.RESOURCE_EXHAUSTED, echo(huge, timeout=10))
+        await still_serving(channel)
+
+    run(check)
+
+
+def test_invalid_messages_are_refused_with_a_reason() -> None:
+    async def check(node: Node, channel: aio.Channel) -> None:
+        flow = flow_pb2_grpc_stub(channel)
+        misaddressed = flow_pb2.FlowBatch(
+            sender="x", messages=[flow_pb2.FlowMessage(sender="x", receiver="someone-else")]
+        )
+        details = await expect_code(
+            grpc.StatusCode.INVALID_ARGUMENT, flow.Exchange(misaddressed, timeout=5)
+        )
+        assert "someone-else" in details
+        forged = flow_pb2.FlowBatch(
+            sender="x", arcs=[flow_pb2.ArcParams(tail="y", head="solo", gen=1)]
+        )
+        await expect_code(grpc.StatusCode.INVALID_ARGUMENT, flow.Exchange(forged, timeout=5))
+        # An arc from a tail this node does not know: refused in the ack, not fatal.
+        unknown = flow_pb2.FlowBatch(
+            sender="x",
+            arcs=[flow_pb2.ArcParams(tail="x", head="solo", head_epoch=1, gen=1, cap=5)],
+        )
+        ack = await flow.Exchange(unknown, timeout=5)
+        assert not ack.ok and "x" in ack.error
+
+        membership = node_pb2_grpc.MembershipStub(channel)
+        bad = node_pb2.Member(id="m", address="h:1", stage=0, compute_s=math.nan, capacity=1,
+                              epoch=1, state=1)
+        gossip = node_pb2.GossipRequest(swarm_id=node.swarm.swarm_id, sender="m", members=[bad])
+        await expect_code(grpc.StatusCode.INVALID_ARGUMENT, membership.Gossip(gossip, timeout=5))
+        stranger = node_pb2.GossipRequest(swarm_id="another", sender="m")
+        await expect_code(
+            grpc.StatusCode.FAILED_PRECONDITION, membership.Gossip(stranger, timeout=5)
+        )
+        long_id = node_pb2.Member(id="m" * 1000, address="h:1", stage=0, compute_s=1,
+                                  capacity=1, epoch=1, state=1)
+        await expect_code(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            membership.Join(node_pb2.JoinRequest(member=long_id), timeout=5),
+        )
+        await still_serving(channel)
+
+    run(check)
+
+
+def test_a_stage_outside_the_swarm_is_refused_with_the_range() -> None:
+    async def check(node: Node, channel: aio.Channel) -> None:
+        membership = node_pb2_grpc.MembershipStub(channel)
+        details = await expect_code(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            membership.Config(node_pb2.ConfigRequest(stage=5), timeout=5),
+        )
+        assert "0..1" in details
+        joiner = node_pb2.Member(id="j", address="h:1", stage=7, compute_s=1, capacity=1,
+                                 epoch=1, state=1)
+        await expect_code(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            membership.Join(node_pb2.JoinRequest(member=joiner), timeout=5),
+        )
+        taken = node_pb2.Member(id="solo", address="h:1", stage=1, compute_s=1, capacity=1,
+                                epoch=1, state=1)
+        await expect_code(
+            grpc.StatusCode.ALREADY_EXISTS,
+            membership.Join(node_pb2.JoinRequest(member=taken), timeout=5),
+        )
+        await still_serving(channel)
+
+    run(check)
+
+
+def flow_pb2_grpc_stub(channel: aio.Channel) -> Any:
+    from gwtf.v1 import flow_pb2_grpc
+
+    return flow_pb2_grpc.FlowStub(channel)
