@@ -117,6 +117,8 @@ def status_json(reply: Any) -> dict[str, Any]:
                 "uptime_s": node.uptime_s,
                 "departed": list(node.departed),
                 "wan_stack_rtt_ms": node.wan_stack_rtt_ms,
+                "busy": list(node.busy),
+                "flow_messages_received": node.flow_messages_received,
             }
         )
     arcs.sort(key=lambda a: (stage_of.get(a["src"], 0), a["src"], a["dst"]))
@@ -183,8 +185,8 @@ def run_status(args: argparse.Namespace) -> int:
     if not view["members"]:
         print(f"gwtf status: {args.to} is not in a swarm yet", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(view, indent=2))
-    else:
-        print(format_status(view))
+    try:
+        print(json.dumps(view, indent=2) if args.json else format_status(view), flush=True)
+    except BrokenPipeError:  # `gwtf status | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -238,6 +238,7 @@ def report_to_pb(report: PhaseReportData) -> flow_pb2.PhaseReport:
         activity=report.activity,
         wants_rescale=report.wants_rescale,
         view=report.view,
+        edits=report.edits,
     )
 
 
@@ -253,4 +254,5 @@ def report_from_pb(pb: flow_pb2.PhaseReport) -> PhaseReportData:
         activity=pb.activity,
         wants_rescale=pb.wants_rescale,
         view=pb.view,
+        edits=pb.edits,
     )

@@ -66,20 +66,29 @@ class NodeConfig:
     probe_s: float = 1.0
     """Period of the latency echo on each arc this node owns (as tail)."""
     bandwidth_probe_s: float = 30.0
-    """Period of the bandwidth probe on each owned arc: it sends `probe_bytes`, so it is rare."""
+    """Period of the bandwidth probe on each owned arc: it sends `probe_bytes`, so it is rare
+    (after an arc is created, its probes come at 2, 4, 8... `probe_s` until this period)."""
     probe_bytes: int = 2**20
     """Payload of a bandwidth probe: large enough that transfer time dominates on a WAN link."""
     initial_echoes: int = 4
     """Latency echoes before an arc is created; the first warms the channel and is discarded."""
+    initial_transfers: int = 3
+    """Bandwidth probe pairs before an arc is created (the estimate is their median)."""
     rtt_window: int = 8
     """RTT samples kept: the link's RTT is their minimum (queueing only ever adds to it)."""
-    bandwidth_window: int = 4
-    """Bandwidth samples kept: the estimate is their maximum (interference only lowers it)."""
-    cost_hysteresis: float = 0.2
-    """An owned arc is re-created (new gen, its flow re-routed) only when its cost moves by more
-    than this fraction, so that probe noise never churns the flow."""
-    cap_hysteresis: float = 0.5
-    """The same for the arc's capacity (bandwidth estimates are noisier than RTTs)."""
+    bandwidth_window: int = 5
+    """Bandwidth samples kept: the estimate is their median (robust to one stalled probe)."""
+    cost_hysteresis: float = 0.5
+    """An owned arc is re-created (new gen, its flow re-routed, and the swarm re-scaled if that
+    moves the bottleneck: about a cold start's messages) only when its cost moves by more than
+    this fraction, so that probe noise never churns the flow. Routing with a cost off by less
+    than this costs little; re-routing costs a lot."""
+    cap_hysteresis: float = 1.0
+    """The same for its capacity, as a factor: more than 1 + this, or less than 1 / (1 + this).
+    Bandwidth estimates on a shared machine wander by tens of percent."""
+    change_persistence: int = 5
+    """...and only when the change is seen in this many consecutive probe periods: a burst of
+    load on the machine (a local swarm starting up) is not a slower link."""
     retry_min_s: float = 0.05
     """First retry delay of a failed flow batch; doubles up to `retry_max_s`."""
     retry_max_s: float = 1.0

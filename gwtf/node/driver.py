@@ -21,7 +21,7 @@ It wraps a `FlowNode` and owns what the algorithm leaves to its driver:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
@@ -100,7 +100,9 @@ class FlowDriver:
         self._inflight: dict[str, Outgoing] = {}
         self._gen = 0
         self.activity = 0
+        self.edits = 0
         self.messages_sent = 0
+        self.messages_received = 0
         self.batches_sent = 0
 
     # ------------------------------------------------------------------ arcs
@@ -114,6 +116,7 @@ class FlowDriver:
             self.node_id, peer, self.epoch, peer_epoch, arc.gen, params.cap, params.cost
         )
         local = LocalArc(peer, params.cap, params.cost, arc.gen, peer_epoch)
+        self.edits += 1
         self._emit(self.node.add_peer(local, upstream=False, peer_epoch=peer_epoch))
 
     def accept_arc(self, ann: ArcAnnounce) -> None:
@@ -124,10 +127,13 @@ class FlowDriver:
             return
         self.incoming[ann.tail] = (ann.tail_epoch, ann.gen)
         local = LocalArc(ann.tail, ann.cap, ann.cost, ann.gen, ann.tail_epoch)
+        self.edits += 1
         self._emit(self.node.add_peer(local, upstream=True, peer_epoch=ann.tail_epoch))
 
     def drop_peer(self, peer: str) -> None:
         """`peer` died or left: its arcs leave the state machine, its queue is dropped."""
+        if peer in self.node.peers():
+            self.edits += 1
         self.owned.pop(peer, None)
         self.incoming.pop(peer, None)
         self._outbox.pop(peer, None)
@@ -137,7 +143,8 @@ class FlowDriver:
 
     # ------------------------------------------------------------------ messages
 
-    def receive(self, messages: Iterable[FlowMessage]) -> None:
+    def receive(self, messages: list[FlowMessage]) -> None:
+        self.messages_received += len(messages)
         self._emit(self.node.on_messages(messages))
         self.activity += 1
 
@@ -217,6 +224,20 @@ class FlowDriver:
     def next_tick(self) -> float | None:
         return self.node.next_tick()
 
+    def busy_reasons(self) -> list[str]:
+        """Why this node is not quiet (empty when it is): for status and debugging."""
+        node = self.node
+        reasons = []
+        if node.s_in > 0 or node.s_out > 0:
+            reasons.append(f"surplus in {node.s_in} out {node.s_out}")
+        if self._outbox:
+            reasons.append("queued for " + ",".join(sorted(self._outbox)))
+        if self._announce:
+            reasons.append("announcing to " + ",".join(sorted(self._announce)))
+        if self._inflight:
+            reasons.append("in flight to " + ",".join(sorted(self._inflight)))
+        return reasons
+
     def quiet(self) -> bool:
         """Idle, nothing queued, announced-and-unacknowledged or in flight."""
         return self.node.idle() and not self._outbox and not self._announce and not self._inflight
@@ -232,6 +253,7 @@ class FlowDriver:
             activity=self.activity,
             wants_rescale=self.node.wants_rescale(),
             view=view,
+            edits=self.edits,
         )
 
     # ------------------------------------------------------------------ results

@@ -33,7 +33,7 @@ import numpy as np
 
 from gwtf.flow.topology import TopologyError, load_link_matrix
 
-__all__ = ["NodePlan", "plan_nodes", "run_launch"]
+__all__ = ["NodePlan", "die_with_parent", "plan_nodes", "run_launch"]
 
 START_TIMEOUT_S = 120.0
 """How long a node may take to print its address (a loaded machine starts Python slowly)."""
@@ -93,7 +93,7 @@ def plan_nodes(
     return plans
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: receive SIGTERM when the launcher dies (Linux only)."""
     with contextlib.suppress(Exception):
         import ctypes
@@ -119,7 +119,7 @@ class _Cluster:
             stdin=subprocess.DEVNULL,
             text=True,
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
         index = len(self.procs)
         self.procs.append((plan, proc))

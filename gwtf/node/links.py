@@ -6,13 +6,17 @@ that both ends run the state machine with the very same integers. Two probes of 
 agree exactly, so the tail re-creates the arc (a new generation, its flow re-routed) only when
 its parameters move materially (`changed`), never on every probe.
 
-Estimates, as BBR does for a TCP path: the RTT is the minimum of the recent samples (queueing
-and a busy event loop only ever add to a sample), the bandwidth the maximum of the recent
-samples (`bytes / (time - rtt)`; interference only lowers it).
+Estimates. The RTT is the minimum of the recent samples, as BBR takes it for a TCP path:
+queueing and a busy event loop only ever add to a sample. The bandwidth comes from probe pairs:
+an empty echo and then one carrying `n` bytes, back to back, so that both see the same load;
+one sample is `n / (t_full - t_empty)`, and the estimate is the median of the recent samples.
+Not the maximum: on a machine shared by many processes a stall can hit the empty probe alone,
+and the difference then says "terabits"; a median of five shrugs off such a sample either way.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -20,9 +24,6 @@ from gwtf.flow.topology import cap_to_units, cost_to_units
 
 __all__ = ["ArcParamsSpec", "LinkEstimate", "arc_params", "changed", "ring_params"]
 
-MIN_TRANSFER_S = 1e-6
-"""Floor of a probe's transfer time, so that a sample faster than the RTT estimate (noise) gives
-a large but finite bandwidth."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +60,12 @@ def ring_params(tail_capacity: float, head_capacity: float) -> ArcParamsSpec:
 
 
 def changed(old: ArcParamsSpec, new: ArcParamsSpec, *, cost_rel: float, cap_rel: float) -> bool:
-    """Whether `new` differs from the announced `old` enough to re-create the arc."""
+    """Whether `new` differs from the announced `old` enough to re-create the arc: its cost by
+    more than the fraction `cost_rel`, or its capacity by more than the factor `1 + cap_rel`."""
     if abs(new.cost - old.cost) > cost_rel * max(old.cost, 1):
         return True
-    return abs(new.cap - old.cap) > cap_rel * max(old.cap, 1)
+    low, high = sorted((max(old.cap, 1), max(new.cap, 1)))
+    return high > (1 + cap_rel) * low
 
 
 class LinkEstimate:
@@ -78,12 +81,15 @@ class LinkEstimate:
         self._rtt.append(seconds)
         self.probes += 1
 
-    def add_transfer(self, nbytes: int, seconds: float) -> None:
-        """A bandwidth probe: `nbytes` sent and answered in `seconds` (round trip)."""
-        rtt = self.rtt_s
-        if rtt is None:
-            return
-        self._bw.append(nbytes * 8 / max(seconds - rtt, MIN_TRANSFER_S))
+    def add_transfer(self, nbytes: int, seconds: float, empty_seconds: float) -> bool:
+        """A probe pair: `nbytes` answered in `seconds`, an empty probe just before in
+        `empty_seconds`. False (and nothing kept) when the pair is meaningless: the full probe
+        was not the slower one."""
+        extra = seconds - empty_seconds
+        if extra <= 0:
+            return False
+        self._bw.append(nbytes * 8 / extra)
+        return True
 
     @property
     def rtt_s(self) -> float | None:
@@ -96,7 +102,7 @@ class LinkEstimate:
 
     @property
     def bandwidth_gbps(self) -> float | None:
-        return max(self._bw) / 1e9 if self._bw else None
+        return statistics.median(self._bw) / 1e9 if self._bw else None
 
     @property
     def samples(self) -> tuple[int, int]:

@@ -172,8 +172,6 @@ class Node:
         self._changed: asyncio.Event | None = None
         self._stats = _Stats()
         self._rng: np.random.Generator | None = None
-        self.phase_log: list[tuple[float, int, int]] = []
-        """(time, round, tightens) of every command this node applied: for benchmarks."""
 
     # ================================================================== lifecycle
 
@@ -615,6 +613,17 @@ class Node:
             return None
         return time.perf_counter() - start
 
+    async def _transfer(self, member: MemberInfo, estimate: LinkEstimate, payload: bytes) -> bool:
+        """A bandwidth probe pair (an empty echo, then `payload`); True if it gave a sample."""
+        empty = await self._echo(member)
+        if empty is None:
+            return False
+        full = await self._echo(member, payload)
+        if full is None:
+            return False
+        estimate.add_rtt(empty)
+        return estimate.add_transfer(len(payload), full, empty)
+
     async def _own_link(self, member: MemberInfo) -> None:
         """Measure the link to `member`, create the arc, keep it measured (this node's task
         for as long as the arc exists)."""
@@ -632,20 +641,19 @@ class Node:
         payload = bytes(cfg.probe_bytes)
         backoff = cfg.retry_min_s
         echoes = 0
-        while estimate.samples[1] == 0:
+        while estimate.samples[1] < cfg.initial_transfers:
             if not self.members.is_alive(member.id, member.epoch):
                 return
             if echoes < cfg.initial_echoes:
                 rtt = await self._echo(member)
+                ok = rtt is not None
                 if rtt is not None:
                     echoes += 1
                     if echoes > 1:  # the first one pays for the connection
                         estimate.add_rtt(rtt)
             else:
-                rtt = await self._echo(member, payload)
-                if rtt is not None:
-                    estimate.add_transfer(len(payload), rtt)
-            if rtt is None:
+                ok = await self._transfer(member, estimate, payload)
+            if not ok:
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, cfg.retry_max_s)
         if not self.members.is_alive(member.id, member.epoch):
@@ -653,7 +661,11 @@ class Node:
         self._create_arc(member, estimate, reason="measured")
         self._measuring.discard(member.id)
         self._after_change()
-        next_transfer = self._clock() + cfg.bandwidth_probe_s
+        # Bandwidth probes at 2, 4, 8... probe periods, then every bandwidth_probe_s: a first
+        # estimate made while a local swarm starts up is corrected early, then left alone.
+        gap = 2 * cfg.probe_s
+        next_transfer = self._clock() + min(gap, cfg.bandwidth_probe_s)
+        persisted = 0
         while True:
             await asyncio.sleep(cfg.probe_s)
             if not self.members.is_alive(member.id, member.epoch):
@@ -662,15 +674,19 @@ class Node:
             if rtt is not None:
                 estimate.add_rtt(rtt)
             if self._clock() >= next_transfer:
-                next_transfer = self._clock() + cfg.bandwidth_probe_s
-                rtt = await self._echo(member, payload)
-                if rtt is not None:
-                    estimate.add_transfer(len(payload), rtt)
+                gap = min(2 * gap, cfg.bandwidth_probe_s)
+                next_transfer = self._clock() + gap
+                await self._transfer(member, estimate, payload)
             owned = self.driver.owned.get(member.id)
             if owned is None or not self.members.is_alive(member.id, member.epoch):
                 continue
             new = self._params(member, estimate)
             if changed(owned.params, new, cost_rel=cfg.cost_hysteresis, cap_rel=cfg.cap_hysteresis):
+                persisted += 1
+            else:
+                persisted = 0
+            if persisted >= cfg.change_persistence:
+                persisted = 0
                 self._create_arc(member, estimate, reason="re-measured")
                 self._after_change()
 
@@ -844,7 +860,6 @@ class Node:
         driver.apply(command.round, command.tightens)
         after = (driver.round, driver.tightens)
         if after != before:
-            self.phase_log.append((self._clock(), *after))
             if after[0] != before[0]:
                 self.log.info("rescale: round %d", after[0])
             self.log.debug("phase %d of round %d (eps %d)", after[1], after[0], driver.node.eps)
@@ -874,14 +889,23 @@ class Node:
                 detector.adopt(self.driver.round, self.driver.tightens)
                 self.log.info("coordinating the scaling phases")
             while True:
+                began = self._clock()
                 wave = await self._wave(detector.command)
+                elapsed = self._clock() - began
                 if wave is None:
+                    self.log.debug("wave incomplete: a member did not answer")
                     detector.forget()
                     timer = True
                     break
                 reports, stages = wave
                 decision = detector.observe(reports, stages)
-                if decision.reason in ("phase over", "rescale asked"):
+                if self.log.isEnabledFor(logging.DEBUG):
+                    busy = sorted(i for i, r in reports.items() if not r.quiet)
+                    self.log.debug("wave %d: %s; busy: %s", detector.waves, decision.reason,
+                                   ", ".join(busy) or "none")
+                if decision.reason in (
+                    "phase over", "rescale asked", "topology changed while scaling"
+                ):
                     self.log.info(
                         "%s: round %d, phase %d",
                         decision.reason,
@@ -890,6 +914,10 @@ class Node:
                     )
                 timer = not decision.done
                 if not decision.again:
+                    if not decision.done:
+                        # Busy members will nudge again; a wave costs a call per member, so
+                        # the next one waits at least as long as this one took.
+                        await asyncio.sleep(max(cfg.phase_gap_s, elapsed))
                     break
                 await asyncio.sleep(cfg.phase_gap_s)
 
@@ -944,10 +972,7 @@ class Node:
                     await asyncio.wait_for(self._changed.wait(), 1.0)
                 continue
             await asyncio.sleep(max(0.0, due - self._clock()))
-            before = self.driver.node.eps
             self.driver.tick()
-            if self.driver.node.eps != before:
-                self.phase_log.append((self._clock(), self.driver.round, self.driver.tightens))
             self._after_change()
 
     # ================================================================== membership calls
@@ -1030,6 +1055,9 @@ class Node:
             uptime_s=time.monotonic() - self._stats.started,
             departed=[m.id for m in self.members.departed()],
             wan_stack_rtt_ms=self._wan.stack_rtt_s * 1000 if self._wan is not None else 0.0,
+            busy=driver.busy_reasons()
+            + (["measuring " + ",".join(sorted(self._measuring))] if self._measuring else []),
+            flow_messages_received=driver.messages_received,
         )
         for peer, arc in sorted(driver.owned.items()):
             estimate = self._estimates.get(peer)

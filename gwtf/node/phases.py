@@ -22,7 +22,12 @@ after a crash) can only end a phase early, which the algorithm tolerates: it is 
 uncoordinated `quiet_s` mode does all the time, at several times the messages. Commands are
 idempotent (`tightens` is a target count, rounds only grow), so duplicates change nothing.
 
-Any member that wants a rescale (`FlowNode.wants_rescale`) starts a new round at once.
+Any member that wants a rescale (`FlowNode.wants_rescale`) starts a new round at once. So does
+a change of topology in the middle of the scaling (after its first phase): `wants_rescale` only
+watches the final epsilon, but a change that moves the minimum cut needs prices to move by about
+`M`, which takes `M / eps` relabels at the current epsilon, eight times more with every phase
+ended; restarting the scaling from the current flows and prices costs a few phases instead (a
+crash at phase 3 of 6 took over a minute to settle in an 8-node local swarm, a restart seconds).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class PhaseReportData:
     activity: int
     wants_rescale: bool
     view: int
+    edits: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,7 @@ class PhaseDetector:
         """False in `quiet_s` mode: members tighten on their own; only rescales are decided."""
         self.command = Command()
         self._previous: Mapping[str, PhaseReportData] | None = None
+        self._edits: dict[str, tuple[int, int]] = {}  # id -> (epoch, edits) at the last wave
         self.waves = 0
 
     def adopt(self, round_: int, tightens: int) -> None:
@@ -93,10 +100,19 @@ class PhaseDetector:
         if top > (cmd.round, cmd.tightens):
             cmd = Command(top[0], top[1], cmd.scaling)
         scaling = not all(r.final for r in reports.values())
+        edited = any(
+            self._edits.get(i, (r.epoch, r.edits)) != (r.epoch, r.edits)
+            for i, r in reports.items()
+        )
+        self._edits = {i: (r.epoch, r.edits) for i, r in reports.items()}
         if any(r.wants_rescale for r in reports.values()):
             self.command = Command(cmd.round + 1, 0, True)
             self._previous = None
             return Decision(self.command, True, False, "rescale asked")
+        if edited and scaling and cmd.tightens > 0:
+            self.command = Command(cmd.round + 1, 0, True)
+            self._previous = None
+            return Decision(self.command, True, False, "topology changed while scaling")
         quiet = all(r.quiet for r in reports.values())
         self.command = cmd = Command(cmd.round, cmd.tightens, scaling)
         if not scaling:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from gwtf.client import StatusError, fetch_status, status_json
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
+from gwtf.node.launch import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
@@ -98,7 +99,14 @@ class LocalSwarm:
         handle = open(log, "w", encoding="utf-8")  # noqa: SIM115
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         popen = subprocess.Popen(
-            argv, cwd=REPO, stdout=subprocess.PIPE, stderr=handle, text=True, env=env
+            argv,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=handle,
+            text=True,
+            env=env,
+            # If this process dies without cleaning up (a killed test run), so do its nodes.
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
         handle.close()
         proc = Proc(node_id, stage, popen, log)

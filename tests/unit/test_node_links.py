@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,11 +40,9 @@ def test_ring_arcs_take_the_smaller_node_capacity() -> None:
     assert ring_params(2.5, 4.0).cap == 2_500_000
 
 
-def test_estimates_are_windowed_min_rtt_and_max_bandwidth() -> None:
-    est = LinkEstimate(rtt_window=3, bandwidth_window=2)
+def test_estimates_are_windowed_min_rtt_and_median_bandwidth() -> None:
+    est = LinkEstimate(rtt_window=3, bandwidth_window=3)
     assert est.rtt_s is None and est.bandwidth_gbps is None
-    est.add_transfer(10**6, 0.1)  # no RTT yet: ignored
-    assert est.samples == (0, 0)
     for rtt in (0.010, 0.005, 0.020):
         est.add_rtt(rtt)
     assert est.rtt_s == 0.005
@@ -51,18 +50,23 @@ def test_estimates_are_windowed_min_rtt_and_max_bandwidth() -> None:
     assert est.rtt_s == 0.005
     est.add_rtt(0.040)  # now it has left
     assert est.rtt_s == 0.020 and est.probes == 5
-    est.add_transfer(10**6, 0.020 + 0.008)  # 8 Mbit in 8 ms: 1 Gbit/s
-    est.add_transfer(10**6, 0.020 + 0.016)
-    assert abs(est.bandwidth_gbps - 1.0) < 1e-9  # type: ignore[operator]
-    est.add_transfer(10**6, 0.010)  # faster than the RTT (noise): large, finite
-    assert est.bandwidth_gbps is not None and est.bandwidth_gbps > 1.0
+    # Probe pairs: 10^6 bytes took 8 ms more than the empty probe: 1 Gbit/s.
+    assert est.add_transfer(10**6, 0.028, 0.020)
+    assert est.add_transfer(10**6, 0.036, 0.020)  # 0.5 Gbit/s
+    assert not est.add_transfer(10**6, 0.010, 0.020)  # the empty one stalled: no sample
+    assert est.add_transfer(10**6, 0.0201, 0.020)  # a stall hidden in the pair: 80 Gbit/s
+    assert est.samples == (3, 3)
+    assert est.bandwidth_gbps == pytest.approx(1.0)  # the median shrugs it off
 
 
 def test_hysteresis_ignores_noise_and_catches_real_changes() -> None:
     old = ArcParamsSpec(cap=1000, cost=100_000, rtt_ms=10.0, bandwidth_gbps=1.0)
-    noisy = ArcParamsSpec(cap=1300, cost=110_000, rtt_ms=12.0, bandwidth_gbps=1.3)
-    assert not changed(old, noisy, cost_rel=0.2, cap_rel=0.5)
+    noisy = ArcParamsSpec(cap=1800, cost=110_000, rtt_ms=12.0, bandwidth_gbps=1.8)
+    assert not changed(old, noisy, cost_rel=0.2, cap_rel=1.0)
+    assert not changed(old, ArcParamsSpec(600, 90_000, 9.0, 0.6), cost_rel=0.2, cap_rel=1.0)
     slower = ArcParamsSpec(cap=1000, cost=130_000, rtt_ms=40.0, bandwidth_gbps=1.0)
-    assert changed(old, slower, cost_rel=0.2, cap_rel=0.5)
+    assert changed(old, slower, cost_rel=0.2, cap_rel=1.0)
     narrower = ArcParamsSpec(cap=400, cost=100_000, rtt_ms=10.0, bandwidth_gbps=0.4)
-    assert changed(old, narrower, cost_rel=0.2, cap_rel=0.5)
+    assert changed(old, narrower, cost_rel=0.2, cap_rel=1.0)
+    wider = ArcParamsSpec(cap=2500, cost=100_000, rtt_ms=10.0, bandwidth_gbps=2.5)
+    assert changed(old, wider, cost_rel=0.2, cap_rel=1.0)

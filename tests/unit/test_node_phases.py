@@ -88,3 +88,23 @@ def test_uncoordinated_mode_never_tightens() -> None:
     d = PhaseDetector(2, coordinated=False)
     d.observe(wave(), STAGES)
     assert d.observe(wave(), STAGES).command.tightens == 0
+
+
+def test_a_topology_change_in_the_middle_of_the_scaling_restarts_it() -> None:
+    d = PhaseDetector(2)
+    d.observe(wave(), STAGES)
+    assert d.observe(wave(), STAGES).command.tightens == 1  # phase 1 over
+    d.observe(wave(tightens=1, activity=7), STAGES)
+    edited = wave(tightens=1, activity=8)
+    edited["a"] = report("a", tightens=1, activity=8, edits=1, quiet=False)
+    decision = d.observe(edited, STAGES)
+    assert decision.reason == "topology changed while scaling"
+    assert (decision.command.round, decision.command.tightens) == (1, 0)
+    # At phase 0 a restart would change nothing, and at the final epsilon the state machines
+    # ask for a rescale themselves when they need one.
+    fresh = PhaseDetector(2)
+    fresh.observe(wave(), STAGES)
+    assert fresh.observe(wave(edits=3, activity=9), STAGES).reason == "activity between waves"
+    final = PhaseDetector(2)
+    final.observe(wave(final=True), STAGES)
+    assert final.observe(wave(final=True, edits=2), STAGES).reason == "final everywhere"

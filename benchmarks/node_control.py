@@ -1,0 +1,436 @@
+"""`python -m benchmarks.node_control`: the node's control plane on a local swarm (issue 4).
+
+    .venv/bin/python -m benchmarks.node_control            # all parts, prints a markdown section
+    .venv/bin/python -m benchmarks.node_control --write    # ... and puts it in RESULTS.md
+    .venv/bin/python -m benchmarks.node_control --only rpc gossip
+
+Parts (real `gwtf node` processes on 127.0.0.1, as the integration tests start them):
+
+- churn: time from a SIGKILL to reconverged flows on a 16-node, 4-stage swarm (no emulated
+  delay, then the geo10 matrix), split into detection (first and last peer to declare the death,
+  from their logs) and the rest; a graceful leave for comparison. "Reconverged" is what the tests
+  check: every node final and quiet, every node sees the same members, and the flow value equals
+  the networkx oracle's on the topology the nodes measured.
+- rpc: control-call round trips from a client to one node on loopback, p50 and p99.
+- gossip: heartbeat and gossip traffic per node per second, and control-plane CPU, in steady
+  state, as the swarm grows (4 to 32 nodes).
+- phases: ending the scaling phases by the coordinator's waves against the uncoordinated
+  `--quiet-s` mode: flow messages and time to converge from a cold start, and after a crash.
+
+`make bench` rewrites RESULTS.md from the flow benchmark alone; run this with --write after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from gwtf.flow.generate import data_path
+from gwtf.node.launch import plan_nodes
+from tests.integration.cluster import LocalSwarm, pipeline_arcs, wait_for
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+OUT = Path(__file__).with_name("out")
+SECTION = "## Node control plane (issue 4)"
+GEO10 = str(data_path("geo10_aws.csv"))
+REGIONS = (
+    "Oregon", "Virginia", "Ohio", "Tokyo", "Seoul", "Singapore", "Sydney", "London",
+    "Frankfurt", "Ireland",
+)  # fmt: skip
+SETTLE_S = 180.0
+HEARTBEAT_S = 0.5
+FAILURE_TIMEOUT_S = 5.0
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- swarms
+
+
+def start_swarm(
+    tmp: Path, n: int, stages: int, *, geo: bool, extra: tuple[str, ...] = (), seed: int = 0
+) -> tuple[LocalSwarm, float]:
+    """A swarm as `gwtf launch` plans it; returns it and the seconds from the last node's
+    start to a settled state."""
+    plans = plan_nodes(
+        n, stages, locations=list(REGIONS) if geo else [], base_compute_s=0.1, seed=seed
+    )
+    swarm = LocalSwarm(tmp, heartbeat_s=HEARTBEAT_S, failure_timeout_s=FAILURE_TIMEOUT_S,
+                       extra=extra)  # fmt: skip
+
+    def args(plan: Any) -> list[str]:
+        return ["--location", plan.location, "--link-matrix", GEO10] if plan.location else []
+
+    first = swarm.spawn(plans[0].id, 0, plans[0].compute_s, "--stages", str(stages),
+                        *args(plans[0]))  # fmt: skip
+    swarm.wait_listening(first)
+    swarm.bootstrap = first.address
+    rest = [swarm.spawn(p.id, p.stage, p.compute_s, *args(p)) for p in plans[1:]]
+    swarm.wait_listening(*rest)
+    started = time.monotonic()
+    settle(swarm, stages)
+    return swarm, time.monotonic() - started
+
+
+def settle(swarm: LocalSwarm, stages: int) -> dict[str, Any]:
+    sizes = [0] * stages
+    for proc in swarm.live():
+        sizes[proc.stage] += 1
+    members = {p.id for p in swarm.live()}
+    return wait_for(
+        lambda: swarm.settled(members, pipeline_arcs(sizes)),
+        SETTLE_S,
+        f"{len(members)} nodes to settle",
+        interval_s=0.25,
+    )
+
+
+def detection_times(swarm: LocalSwarm, victim: str) -> list[float]:
+    """Wall-clock times at which the live nodes logged `victim`'s death."""
+    times = []
+    for proc in swarm.live():
+        for line in proc.log.read_text().splitlines():
+            if f"member {victim} " in line and ("declared dead" in line or " left:" in line):
+                stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                times.append(stamp.timestamp())
+                break
+    return times
+
+
+def total_flow_messages(swarm: LocalSwarm) -> tuple[int, int]:
+    view = swarm.status()
+    assert view is not None
+    return (
+        sum(n["flow_messages_sent"] for n in view["nodes"]),
+        sum(n["flow_batches_sent"] for n in view["nodes"]),
+    )
+
+
+# --------------------------------------------------------------------------- churn
+
+
+def churn(geo: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gwtf-bench-") as tmp:
+        swarm, cold_s = start_swarm(Path(tmp), 16, 4, geo=geo)
+        with swarm:
+            log(f"churn geo={geo}: 16 nodes settled {cold_s:.1f} s after the last started")
+            rows = []
+            for victim, how in (("s1n0", "crash"), ("s2n1", "crash"), ("s3n2", "crash"),
+                                ("s1n1", "leave")):  # fmt: skip
+                settle(swarm, 4)
+                before = total_flow_messages(swarm)
+                if how == "crash":
+                    at = swarm.kill(victim)
+                else:
+                    at = swarm.terminate(victim)
+                    wait_for(lambda v=victim: not swarm.procs[v].alive, 30, f"{victim} to exit")
+                wall = time.time() - (time.monotonic() - at)
+                settle(swarm, 4)
+                total = time.monotonic() - at
+                seen = detection_times(swarm, victim)
+                after = total_flow_messages(swarm)
+                rows.append(
+                    {
+                        "victim": victim,
+                        "how": how,
+                        "first_detect_s": min(seen) - wall if seen else None,
+                        "last_detect_s": max(seen) - wall if seen else None,
+                        "reconverged_s": total,
+                        "flow_messages": after[0] - before[0],
+                        "flow_calls": after[1] - before[1],
+                    }
+                )
+                log(f"  {how} {victim}: {rows[-1]}")
+            return {"geo": geo, "cold_start_s": cold_s, "events": rows}
+
+
+# --------------------------------------------------------------------------- rpc
+
+
+async def _rpc_times(address: str, calls: int) -> dict[str, list[float]]:
+    from grpc import aio
+
+    from gwtf.node.transport import channel_options
+    from gwtf.v1 import flow_pb2, flow_pb2_grpc, node_pb2, node_pb2_grpc
+
+    async with aio.insecure_channel(address, options=channel_options()) as channel:
+        probe = node_pb2_grpc.ProbeStub(channel)
+        status = node_pb2_grpc.StatusStub(channel)
+        membership = node_pb2_grpc.MembershipStub(channel)
+        flow = flow_pb2_grpc.FlowStub(channel)
+        local = await status.Get(node_pb2.StatusRequest(), timeout=5)
+        gossip = node_pb2.GossipRequest(
+            swarm_id=local.swarm.swarm_id, sender="bench", members=list(local.members)
+        )
+        me = local.nodes[0].member
+        phase = flow_pb2.PhaseCommand(
+            coordinator="bench", round=local.nodes[0].round, tightens=local.nodes[0].tightens
+        )
+        cases: dict[str, Callable[[], Any]] = {
+            "Probe.Echo (empty)": lambda: probe.Echo(node_pb2.EchoRequest(), timeout=5),
+            "Membership.Gossip (table of 2)": lambda: membership.Gossip(gossip, timeout=5),
+            "Flow.Exchange (empty batch)": lambda: flow.Exchange(
+                flow_pb2.FlowBatch(sender="bench"), timeout=5
+            ),
+            "Flow.Phase (no-op command)": lambda: flow.Phase(phase, timeout=5),
+            "Status.Get (one node)": lambda: status.Get(node_pb2.StatusRequest(), timeout=5),
+        }
+        assert me.id
+        out: dict[str, list[float]] = {}
+        for name, call in cases.items():
+            for _ in range(100):
+                await call()
+            times = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                await call()
+                times.append(time.perf_counter() - start)
+            out[name] = times
+        return out
+
+
+def rpc(calls: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gwtf-bench-") as tmp, LocalSwarm(Path(tmp)) as swarm:
+        swarm.start([("a", 0, 0.1), ("b", 1, 0.1)], num_stages=2)
+        settle(swarm, 2)
+        times = asyncio.run(_rpc_times(swarm.procs["a"].address, calls))
+    rows = {}
+    for name, xs in times.items():
+        xs.sort()
+        rows[name] = {
+            "p50_ms": 1000 * xs[len(xs) // 2],
+            "p99_ms": 1000 * xs[int(len(xs) * 0.99)],
+            "calls": len(xs),
+        }
+        log(f"rpc {name}: {rows[name]}")
+    return rows
+
+
+# --------------------------------------------------------------------------- gossip
+
+
+def _cpu_ticks(pids: Iterable[int]) -> int:
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def gossip(sizes: list[int], window_s: float) -> list[dict[str, Any]]:
+    rows = []
+    for n in sizes:
+        with tempfile.TemporaryDirectory(prefix="gwtf-bench-") as tmp:
+            swarm, cold_s = start_swarm(Path(tmp), n, 4, geo=False)
+            with swarm:
+                time.sleep(2 * HEARTBEAT_S)  # a measurement window, not a condition
+                first = {p.id: swarm.status(p.id, swarm=False) for p in swarm.live()}
+                pids = [p.popen.pid for p in swarm.live()]
+                ticks0, t0 = _cpu_ticks(pids), time.monotonic()
+                time.sleep(window_s)  # a measurement window, not a condition
+                ticks1, t1 = _cpu_ticks(pids), time.monotonic()
+                last = {p.id: swarm.status(p.id, swarm=False) for p in swarm.live()}
+                rates, calls = [], []
+                for node_id, a in first.items():
+                    b = last[node_id]
+                    assert a is not None and b is not None
+                    na, nb = a["nodes"][0], b["nodes"][0]
+                    dt = nb["uptime_s"] - na["uptime_s"]
+                    rates.append((nb["gossip_bytes_sent"] - na["gossip_bytes_sent"]) / dt)
+                    calls.append((nb["gossip_calls_sent"] - na["gossip_calls_sent"]) / dt)
+                hz = os.sysconf("SC_CLK_TCK")
+                row = {
+                    "nodes": n,
+                    "cold_start_s": cold_s,
+                    "bytes_per_node_s_mean": statistics.mean(rates),
+                    "bytes_per_node_s_max": max(rates),
+                    "gossip_calls_per_node_s": statistics.mean(calls),
+                    "cpu_per_node_pct": 100 * (ticks1 - ticks0) / hz / (t1 - t0) / n,
+                }
+                rows.append(row)
+                log(f"gossip {row}")
+    return rows
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def phases() -> list[dict[str, Any]]:
+    rows = []
+    for mode, extra in (("coordinated waves", ()), ("quiet_s = 0.1 s", ("--quiet-s", "0.1"))):
+        for seed in (0, 1):
+            with tempfile.TemporaryDirectory(prefix="gwtf-bench-") as tmp:
+                plans = plan_nodes(8, 4, locations=[], base_compute_s=0.1, seed=seed)
+                swarm = LocalSwarm(Path(tmp), heartbeat_s=HEARTBEAT_S,
+                                   failure_timeout_s=FAILURE_TIMEOUT_S)  # fmt: skip
+                with swarm:
+                    first = swarm.spawn(plans[0].id, 0, plans[0].compute_s, "--stages", "4",
+                                        *extra)  # fmt: skip
+                    swarm.wait_listening(first)
+                    swarm.bootstrap = first.address
+                    rest = [swarm.spawn(p.id, p.stage, p.compute_s) for p in plans[1:]]
+                    swarm.wait_listening(*rest)
+                    started = time.monotonic()
+                    settle(swarm, 4)
+                    cold_s = time.monotonic() - started
+                    cold = total_flow_messages(swarm)
+                    at = swarm.kill(plans[3].id)
+                    settle(swarm, 4)
+                    warm_s = time.monotonic() - at
+                    warm = total_flow_messages(swarm)
+                    row = {
+                        "mode": mode,
+                        "seed": seed,
+                        "cold_messages": cold[0],
+                        "cold_calls": cold[1],
+                        "cold_s": cold_s,
+                        "crash_messages": warm[0] - cold[0],
+                        "crash_s": warm_s,
+                    }
+                    rows.append(row)
+                    log(f"phases {row}")
+    return rows
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report(results: dict[str, Any], command: str) -> str:
+    load = os.getloadavg()
+    lines = [
+        SECTION,
+        "",
+        f"Produced by `{command}` on {platform.machine()}, {os.cpu_count()} cores shared with "
+        f"other work (load average {load[0]:.1f} at the end), Python {sys.version.split()[0]}, "
+        f"{time.strftime('%Y-%m-%d')}. Real `gwtf node` processes on 127.0.0.1, heartbeat "
+        f"{HEARTBEAT_S:g} s, failure timeout {FAILURE_TIMEOUT_S:g} s (the defaults), compute "
+        "times as `gwtf launch` draws them (0.1 s on a V100 divided by a GPU speed of "
+        "gpu_train_throughput.csv), 8 MiB activations.",
+        "",
+    ]
+    for part in results.get("churn", []):
+        where = "geo10 matrix (emulated WAN)" if part["geo"] else "loopback, no emulated delay"
+        lines += [
+            f"### SIGKILL to reconverged flows, 16 nodes in 4 stages, {where}",
+            "",
+            f"Cold start: settled {part['cold_start_s']:.1f} s after the last node started.",
+            "",
+            "| event | first peer detects (s) | last peer detects (s) | reconverged (s) | "
+            "flow messages | flow calls |",
+            "|---|---|---|---|---|---|",
+        ]
+        for e in part["events"]:
+            def fmt(x: float | None) -> str:
+                return "-" if x is None else f"{x:.2f}"
+
+            lines.append(
+                f"| {e['how']} {e['victim']} | {fmt(e['first_detect_s'])} | "
+                f"{fmt(e['last_detect_s'])} | {e['reconverged_s']:.2f} | {e['flow_messages']} "
+                f"| {e['flow_calls']} |"
+            )
+        lines.append("")
+    if "rpc" in results:
+        lines += [
+            "### Control RPC round trip on loopback (client process -> node process)",
+            "",
+            "| call | p50 ms | p99 ms | calls |",
+            "|---|---|---|---|",
+        ]
+        for name, r in results["rpc"].items():
+            lines.append(f"| {name} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['calls']} |")
+        lines.append("")
+    if "gossip" in results:
+        lines += [
+            "### Heartbeat and gossip traffic per node, steady state",
+            "",
+            "Bytes are serialised protobuf (requests sent plus replies returned); CPU is the "
+            "whole node process (gossip, latency probes on owned arcs, status polls).",
+            "",
+            "| nodes | bytes/s per node (mean) | (max) | gossip calls/s per node | "
+            "CPU per node % | cold start (s) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in results["gossip"]:
+            lines.append(
+                f"| {r['nodes']} | {r['bytes_per_node_s_mean']:.0f} | "
+                f"{r['bytes_per_node_s_max']:.0f} | {r['gossip_calls_per_node_s']:.2f} | "
+                f"{r['cpu_per_node_pct']:.1f} | {r['cold_start_s']:.1f} |"
+            )
+        lines.append("")
+    if "phases" in results:
+        lines += [
+            "### Ending scaling phases: coordinator's waves vs each node after a quiet spell",
+            "",
+            "8 nodes in 4 stages; cold start to settled, then one stage-0 node SIGKILLed.",
+            "",
+            "| mode | seed | cold: flow messages | cold: calls | cold: s | crash: flow messages "
+            "| crash: s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in results["phases"]:
+            lines.append(
+                f"| {r['mode']} | {r['seed']} | {r['cold_messages']} | {r['cold_calls']} | "
+                f"{r['cold_s']:.2f} | {r['crash_messages']} | {r['crash_s']:.2f} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_section(text: str) -> None:
+    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    if SECTION in old:
+        head, _, tail = old.partition(SECTION)
+        rest = tail.split("\n## ", 1)
+        old = head.rstrip() + ("\n\n## " + rest[1] if len(rest) > 1 else "")
+    RESULTS.write_text(old.rstrip() + "\n\n" + text.rstrip() + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.node_control")
+    parser.add_argument("--only", nargs="+", choices=("churn", "rpc", "gossip", "phases"),
+                        default=["churn", "rpc", "gossip", "phases"])  # fmt: skip
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32])
+    parser.add_argument("--window-s", type=float, default=10.0)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--write", action="store_true", help="put the section in RESULTS.md")
+    args = parser.parse_args()
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    # SIGTERM (a `timeout`) unwinds like Ctrl-C, so that every swarm is closed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    results: dict[str, Any] = {}
+    if "rpc" in args.only:
+        results["rpc"] = rpc(args.calls)
+    if "gossip" in args.only:
+        results["gossip"] = gossip(args.sizes, args.window_s)
+    if "phases" in args.only:
+        results["phases"] = phases()
+    if "churn" in args.only:
+        results["churn"] = [churn(geo=False), churn(geo=True)]
+    command = "python -m benchmarks.node_control " + " ".join(sys.argv[1:])
+    text = report(results, command.strip())
+    OUT.mkdir(exist_ok=True)
+    (OUT / "node_control.json").write_text(json.dumps(results, indent=1))
+    print(text)
+    if args.write:
+        write_section(text)
+        log(f"wrote the section to {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
