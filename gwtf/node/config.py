@@ -74,8 +74,10 @@ class NodeConfig:
     """Latency echoes before an arc is created; the first warms the channel and is discarded."""
     initial_transfers: int = 3
     """Bandwidth probe pairs before an arc is created (the estimate is their median)."""
-    rtt_window: int = 8
-    """RTT samples kept: the link's RTT is their minimum (queueing only ever adds to it)."""
+    rtt_window: int = 16
+    """RTT samples kept: the link's RTT is their minimum (queueing and a busy machine only ever
+    add to a sample; on a loaded 2-core machine 8 samples were not always enough to see one
+    undisturbed round trip)."""
     bandwidth_window: int = 5
     """Bandwidth samples kept: the estimate is their median (robust to one stalled probe)."""
     cost_hysteresis: float = 0.5

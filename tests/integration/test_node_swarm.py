@@ -16,11 +16,12 @@ import pytest
 from cluster import LocalSwarm, measured_topology, oracle_value, pipeline_arcs, wait_for
 
 from gwtf.flow.oracle import solve_oracle
+from gwtf.node.config import NodeConfig
 
 pytestmark = pytest.mark.integration
 
 FAILURE_TIMEOUT_S = 3.0
-RTT_WINDOW = 8  # NodeConfig.rtt_window
+RTT_WINDOW = NodeConfig().rtt_window
 SETTLE_S = 60.0
 
 # (id, stage, seconds per microbatch): uneven on purpose, so the flow has real choices.
