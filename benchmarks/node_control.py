@@ -38,17 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from gwtf.flow.generate import data_path
-from gwtf.node.launch import plan_nodes
+from gwtf.node.launch import _locations, plan_nodes
 from tests.integration.cluster import LocalSwarm, pipeline_arcs, wait_for
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 OUT = Path(__file__).with_name("out")
 SECTION = "## Node control plane (issue 4)"
 GEO10 = str(data_path("geo10_aws.csv"))
-REGIONS = (
-    "Oregon", "Virginia", "Ohio", "Tokyo", "Seoul", "Singapore", "Sydney", "London",
-    "Frankfurt", "Ireland",
-)  # fmt: skip
 SETTLE_S = 180.0
 HEARTBEAT_S = 0.5
 FAILURE_TIMEOUT_S = 5.0
@@ -62,12 +58,20 @@ def log(message: str) -> None:
 
 
 def start_swarm(
-    tmp: Path, n: int, stages: int, *, geo: bool, extra: tuple[str, ...] = (), seed: int = 0
+    tmp: Path,
+    n: int,
+    stages: int,
+    *,
+    geo: bool,
+    extra: tuple[str, ...] = (),
+    seed: int = 0,
+    until: str = "settled",
 ) -> tuple[LocalSwarm, float]:
     """A swarm as `gwtf launch` plans it; returns it and the seconds from the last node's
-    start to a settled state."""
+    start until it is `settled` (flows converged to the oracle's) or `formed` (every node sees
+    every member). The swarm is closed if that does not happen."""
     plans = plan_nodes(
-        n, stages, locations=list(REGIONS) if geo else [], base_compute_s=0.1, seed=seed
+        n, stages, locations=_locations(GEO10) if geo else [], base_compute_s=0.1, seed=seed
     )
     swarm = LocalSwarm(tmp, heartbeat_s=HEARTBEAT_S, failure_timeout_s=FAILURE_TIMEOUT_S,
                        extra=extra)  # fmt: skip
@@ -75,15 +79,31 @@ def start_swarm(
     def args(plan: Any) -> list[str]:
         return ["--location", plan.location, "--link-matrix", GEO10] if plan.location else []
 
-    first = swarm.spawn(plans[0].id, 0, plans[0].compute_s, "--stages", str(stages),
-                        *args(plans[0]))  # fmt: skip
-    swarm.wait_listening(first)
-    swarm.bootstrap = first.address
-    rest = [swarm.spawn(p.id, p.stage, p.compute_s, *args(p)) for p in plans[1:]]
-    swarm.wait_listening(*rest)
-    started = time.monotonic()
-    settle(swarm, stages)
+    try:
+        first = swarm.spawn(plans[0].id, 0, plans[0].compute_s, "--stages", str(stages),
+                            *args(plans[0]))  # fmt: skip
+        swarm.wait_listening(first)
+        swarm.bootstrap = first.address
+        rest = [swarm.spawn(p.id, p.stage, p.compute_s, *args(p)) for p in plans[1:]]
+        swarm.wait_listening(*rest)
+        started = time.monotonic()
+        if until == "settled":
+            settle(swarm, stages)
+        else:
+            wait_for(lambda: formed(swarm), SETTLE_S, f"{n} nodes to see each other", 0.5)
+    except BaseException:
+        swarm.close()
+        raise
     return swarm, time.monotonic() - started
+
+
+def formed(swarm: LocalSwarm) -> bool:
+    everyone = {p.id for p in swarm.live()}
+    for proc in swarm.live():
+        local = swarm.status(proc.id, swarm=False)
+        if local is None or {m["id"] for m in local["members"] if m["alive"]} != everyone:
+            return False
+    return True
 
 
 def settle(swarm: LocalSwarm, stages: int) -> dict[str, Any]:
@@ -125,13 +145,22 @@ def total_flow_messages(swarm: LocalSwarm) -> tuple[int, int]:
 
 def churn(geo: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gwtf-bench-") as tmp:
-        swarm, cold_s = start_swarm(Path(tmp), 16, 4, geo=geo)
+        try:
+            swarm, cold_s = start_swarm(Path(tmp), 16, 4, geo=geo)
+        except AssertionError as err:
+            log(f"churn geo={geo}: {err}")
+            return {"geo": geo, "error": str(err), "events": []}
         with swarm:
             log(f"churn geo={geo}: 16 nodes settled {cold_s:.1f} s after the last started")
             rows = []
             for victim, how in (("s1n0", "crash"), ("s2n1", "crash"), ("s3n2", "crash"),
                                 ("s1n1", "leave")):  # fmt: skip
-                settle(swarm, 4)
+                try:
+                    settle(swarm, 4)
+                except AssertionError as err:
+                    rows.append({"victim": victim, "how": how, "error": str(err)})
+                    log(f"  {how} {victim}: {err}")
+                    continue
                 before = total_flow_messages(swarm)
                 if how == "crash":
                     at = swarm.kill(victim)
@@ -139,7 +168,12 @@ def churn(geo: bool) -> dict[str, Any]:
                     at = swarm.terminate(victim)
                     wait_for(lambda v=victim: not swarm.procs[v].alive, 30, f"{victim} to exit")
                 wall = time.time() - (time.monotonic() - at)
-                settle(swarm, 4)
+                try:
+                    settle(swarm, 4)
+                except AssertionError as err:
+                    rows.append({"victim": victim, "how": how, "error": str(err)})
+                    log(f"  {how} {victim}: {err}")
+                    continue
                 total = time.monotonic() - at
                 seen = detection_times(swarm, victim)
                 after = total_flow_messages(swarm)
@@ -236,7 +270,12 @@ def gossip(sizes: list[int], window_s: float) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
         with tempfile.TemporaryDirectory(prefix="gwtf-bench-") as tmp:
-            swarm, cold_s = start_swarm(Path(tmp), n, 4, geo=False)
+            try:
+                swarm, cold_s = start_swarm(Path(tmp), n, 4, geo=False, until="formed")
+            except AssertionError as err:
+                rows.append({"nodes": n, "error": str(err)})
+                log(f"gossip {n}: {err}")
+                continue
             with swarm:
                 time.sleep(2 * HEARTBEAT_S)  # a measurement window, not a condition
                 first = {p.id: swarm.status(p.id, swarm=False) for p in swarm.live()}
@@ -286,11 +325,16 @@ def phases() -> list[dict[str, Any]]:
                     rest = [swarm.spawn(p.id, p.stage, p.compute_s) for p in plans[1:]]
                     swarm.wait_listening(*rest)
                     started = time.monotonic()
-                    settle(swarm, 4)
-                    cold_s = time.monotonic() - started
-                    cold = total_flow_messages(swarm)
-                    at = swarm.kill(plans[3].id)
-                    settle(swarm, 4)
+                    try:
+                        settle(swarm, 4)
+                        cold_s = time.monotonic() - started
+                        cold = total_flow_messages(swarm)
+                        at = swarm.kill(plans[3].id)
+                        settle(swarm, 4)
+                    except AssertionError as err:
+                        rows.append({"mode": mode, "seed": seed, "error": str(err)})
+                        log(f"phases {mode} {seed}: {err}")
+                        continue
                     warm_s = time.monotonic() - at
                     warm = total_flow_messages(swarm)
                     row = {
@@ -325,9 +369,11 @@ def report(results: dict[str, Any], command: str) -> str:
     ]
     for part in results.get("churn", []):
         where = "geo10 matrix (emulated WAN)" if part["geo"] else "loopback, no emulated delay"
+        lines += [f"### SIGKILL to reconverged flows, 16 nodes in 4 stages, {where}", ""]
+        if "error" in part:
+            lines += [f"Not measured: {part['error']}.", ""]
+            continue
         lines += [
-            f"### SIGKILL to reconverged flows, 16 nodes in 4 stages, {where}",
-            "",
             f"Cold start: settled {part['cold_start_s']:.1f} s after the last node started.",
             "",
             "| event | first peer detects (s) | last peer detects (s) | reconverged (s) | "
@@ -338,6 +384,9 @@ def report(results: dict[str, Any], command: str) -> str:
             def fmt(x: float | None) -> str:
                 return "-" if x is None else f"{x:.2f}"
 
+            if "error" in e:
+                lines.append(f"| {e['how']} {e['victim']} | {e['error']} | | | | |")
+                continue
             lines.append(
                 f"| {e['how']} {e['victim']} | {fmt(e['first_detect_s'])} | "
                 f"{fmt(e['last_detect_s'])} | {e['reconverged_s']:.2f} | {e['flow_messages']} "
@@ -362,10 +411,13 @@ def report(results: dict[str, Any], command: str) -> str:
             "whole node process (gossip, latency probes on owned arcs, status polls).",
             "",
             "| nodes | bytes/s per node (mean) | (max) | gossip calls/s per node | "
-            "CPU per node % | cold start (s) |",
+            "CPU per node % | formed after (s) |",
             "|---|---|---|---|---|---|",
         ]
         for r in results["gossip"]:
+            if "error" in r:
+                lines.append(f"| {r['nodes']} | {r['error']} | | | | |")
+                continue
             lines.append(
                 f"| {r['nodes']} | {r['bytes_per_node_s_mean']:.0f} | "
                 f"{r['bytes_per_node_s_max']:.0f} | {r['gossip_calls_per_node_s']:.2f} | "
@@ -376,13 +428,16 @@ def report(results: dict[str, Any], command: str) -> str:
         lines += [
             "### Ending scaling phases: coordinator's waves vs each node after a quiet spell",
             "",
-            "8 nodes in 4 stages; cold start to settled, then one stage-0 node SIGKILLed.",
+            "8 nodes in 4 stages; cold start to settled, then one stage-1 node SIGKILLed.",
             "",
             "| mode | seed | cold: flow messages | cold: calls | cold: s | crash: flow messages "
             "| crash: s |",
             "|---|---|---|---|---|---|---|",
         ]
         for r in results["phases"]:
+            if "error" in r:
+                lines.append(f"| {r['mode']} | {r['seed']} | {r['error']} | | | | |")
+                continue
             lines.append(
                 f"| {r['mode']} | {r['seed']} | {r['cold_messages']} | {r['cold_calls']} | "
                 f"{r['cold_s']:.2f} | {r['crash_messages']} | {r['crash_s']:.2f} |"

@@ -70,12 +70,15 @@ def run_node(args: argparse.Namespace) -> int:
     quiet_grpc_core()
     import uvloop
 
+    from gwtf.node.codec import InvalidMessage, check_name
     from gwtf.node.config import NodeConfig
     from gwtf.node.node import NodeSettings
 
     try:
+        if args.id is not None:
+            check_name("--id", args.id)
         links, location = load_matrix(args.link_matrix, args.location)
-    except TopologyError as err:
+    except (TopologyError, InvalidMessage) as err:
         print(f"gwtf node: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:

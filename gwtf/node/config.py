@@ -88,9 +88,10 @@ class NodeConfig:
     cap_hysteresis: float = 1.0
     """The same for its capacity, as a factor: more than 1 + this, or less than 1 / (1 + this).
     Bandwidth estimates on a shared machine wander by tens of percent."""
-    change_persistence: int = 5
-    """...and only when the change is seen in this many consecutive probe periods: a burst of
-    load on the machine (a local swarm starting up) is not a slower link."""
+    change_persistence_s: float = 30.0
+    """...and only when the change has been seen continuously for this long (which spans the
+    next bandwidth probe): a burst of load on the machine, such as a local swarm starting up or
+    a neighbour's benchmark, is not a slower link."""
     retry_min_s: float = 0.05
     """First retry delay of a failed flow batch; doubles up to `retry_max_s`."""
     retry_max_s: float = 1.0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import json
 import os
 import queue
@@ -52,20 +53,16 @@ class NodePlan:
 
 
 def _locations(path: str) -> list[str]:
-    """The matrix's locations in the order they first appear in the file."""
-    links = load_link_matrix(path)  # validates; TopologyError if malformed
+    """The matrix's locations in the order they first appear in the file (TopologyError if the
+    file is malformed)."""
+    names = {name for pair in load_link_matrix(path) for name in pair}
     order: dict[str, None] = {}
-    for pair in links:
-        for name in sorted(pair):
-            order.setdefault(name, None)
-    with open(path, encoding="utf-8") as handle:
-        first: dict[str, None] = {}
-        for line in handle.readlines()[1:]:
-            for name in line.split(",")[:2]:
-                name = name.strip()
-                if name in order:
-                    first.setdefault(name, None)
-    return list(first) or list(order)
+    with open(path, encoding="utf-8", newline="") as handle:
+        for row in list(csv.reader(handle))[1:]:
+            for name in (cell.strip() for cell in row[:2]):
+                if name in names:
+                    order.setdefault(name, None)
+    return list(order)
 
 
 def plan_nodes(

@@ -400,6 +400,12 @@ class Node:
             swarm = swarm_from_pb(config_reply.swarm)
         except InvalidMessage as err:
             raise NodeError(f"the bootstrap node {via} sent an invalid swarm: {err}", 1) from None
+        if self.settings.num_stages not in (None, swarm.num_stages):
+            raise NodeError(
+                f"the swarm at {via} has {swarm.num_stages} stages, not {self.settings.num_stages}"
+                " (--stages only sets up a new swarm; leave it out to join)",
+                2,
+            )
         self._check_stage(swarm)
         compute_s = await self._compute_s(swarm)
         epoch = time.time_ns()
@@ -665,7 +671,7 @@ class Node:
         # estimate made while a local swarm starts up is corrected early, then left alone.
         gap = 2 * cfg.probe_s
         next_transfer = self._clock() + min(gap, cfg.bandwidth_probe_s)
-        persisted = 0
+        changed_since: float | None = None
         while True:
             await asyncio.sleep(cfg.probe_s)
             if not self.members.is_alive(member.id, member.epoch):
@@ -681,12 +687,14 @@ class Node:
             if owned is None or not self.members.is_alive(member.id, member.epoch):
                 continue
             new = self._params(member, estimate)
-            if changed(owned.params, new, cost_rel=cfg.cost_hysteresis, cap_rel=cfg.cap_hysteresis):
-                persisted += 1
-            else:
-                persisted = 0
-            if persisted >= cfg.change_persistence:
-                persisted = 0
+            if not changed(
+                owned.params, new, cost_rel=cfg.cost_hysteresis, cap_rel=cfg.cap_hysteresis
+            ):
+                changed_since = None
+            elif changed_since is None:
+                changed_since = self._clock()
+            elif self._clock() - changed_since >= cfg.change_persistence_s:
+                changed_since = None
                 self._create_arc(member, estimate, reason="re-measured")
                 self._after_change()
 
@@ -1008,6 +1016,12 @@ class Node:
                 grpc.StatusCode.ALREADY_EXISTS,
                 f"id {joiner.id!r} is taken by a live member at {current.address}; "
                 "choose another --id",
+            )
+        if current is not None and current.epoch >= joiner.epoch:
+            raise Refusal(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"an incarnation of {joiner.id!r} as recent as this one is known (is this "
+                "machine's clock behind?); choose another --id",
             )
         if joiner.id == self.node_id:
             raise Refusal(grpc.StatusCode.ALREADY_EXISTS, f"id {joiner.id!r} is this node's")
