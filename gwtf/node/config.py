@@ -92,6 +92,10 @@ class NodeConfig:
     """...and only when the change has been seen continuously for this long (which spans the
     next bandwidth probe): a burst of load on the machine, such as a local swarm starting up or
     a neighbour's benchmark, is not a slower link."""
+    max_inflight: int = 4
+    """`Exchange` calls in flight to one peer at a time: pipelining cuts the wait for a reply
+    out of every hop of the algorithm (up to a round trip on a WAN link); beyond it, new arc
+    states coalesce in the outbox."""
     retry_min_s: float = 0.05
     """First retry delay of a failed flow batch; doubles up to `retry_max_s`."""
     retry_max_s: float = 1.0
@@ -131,8 +135,8 @@ class NodeConfig:
                 f"the failure timeout ({self.failure_timeout_s:g} s) must be at least twice the "
                 f"heartbeat period ({self.heartbeat_s:g} s)"
             )
-        if self.gossip_fanout < 1 or self.initial_echoes < 2:
-            raise ValueError("gossip_fanout must be >= 1 and initial_echoes >= 2")
+        if self.gossip_fanout < 1 or self.initial_echoes < 2 or self.max_inflight < 1:
+            raise ValueError("gossip_fanout and max_inflight must be >= 1, initial_echoes >= 2")
         if not 0 < self.probe_bytes <= MAX_MESSAGE_BYTES // 2:
             raise ValueError(f"probe_bytes must be in 1..{MAX_MESSAGE_BYTES // 2}")
 

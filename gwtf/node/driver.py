@@ -9,11 +9,14 @@ It wraps a `FlowNode` and owns what the algorithm leaves to its driver:
   replaces the arc at both ends.
 - *Outboxes, one per peer, latest state per arc.* The state machine sends cumulative counters
   and rising prices, so the latest message on an arc supersedes every earlier one: the outbox
-  keeps one message per (peer, direction), and at most one `Exchange` call per peer is in flight.
-  Under load this coalesces a price war into a few calls.
+  keeps one message per (peer, direction). Up to `max_inflight` `Exchange` calls per peer may be
+  in flight (pipelining: a state need not wait for the previous call's reply, which on a WAN link
+  would add up to a round trip to every hop of the algorithm); beyond that, new states coalesce
+  in the outbox, which turns a price war into a few calls.
 - *Retransmission.* A unary call returns only after the receiver has merged the batch, so its
-  reply is the acknowledgement; a failed call puts the batch back (behind anything newer) and the
-  node retries with backoff until the call succeeds or the peer is declared dead. A batch whose
+  reply is the acknowledgement. A failed call puts back the states it carried unless a newer
+  state of the same arc was sent after it (that one is retransmitted if it fails in turn), and
+  the node retries with backoff until a call succeeds or the peer is declared dead. A batch whose
   arc announcement was refused (the head did not know the tail yet) is sent again whole.
 - *Phases.* The round (rescales) and phase (tightens) this node is in, commands from the
   coordinator, and the quiet/activity report of `gwtf.node.phases`.
@@ -62,6 +65,8 @@ class Outgoing:
     peer: str
     arcs: tuple[ArcAnnounce, ...]
     messages: tuple[FlowMessage, ...]
+    seq: int = 0
+    """Order of the call among this node's calls (newer states have larger ones)."""
 
 
 class FlowDriver:
@@ -80,8 +85,10 @@ class FlowDriver:
         warm: bool,
         round_: int = 0,
         tightens: int = 0,
+        max_inflight: int = 4,
     ) -> None:
         self.node_id = node_id
+        self.max_inflight = max_inflight
         self.stage = stage
         self.num_stages = num_stages
         self.epoch = epoch
@@ -97,7 +104,9 @@ class FlowDriver:
         self.incoming: dict[str, tuple[int, int]] = {}  # tail -> (its epoch, arc gen)
         self._outbox: dict[str, dict[bool, FlowMessage]] = {}
         self._announce: dict[str, ArcAnnounce] = {}
-        self._inflight: dict[str, Outgoing] = {}
+        self._inflight: dict[str, dict[int, Outgoing]] = {}
+        self._sent_seq: dict[tuple[str, bool], int] = {}  # the last call that carried each arc
+        self._seq = 0
         self._gen = 0
         self.activity = 0
         self.edits = 0
@@ -138,6 +147,7 @@ class FlowDriver:
         self.incoming.pop(peer, None)
         self._outbox.pop(peer, None)
         self._announce.pop(peer, None)
+        self._inflight.pop(peer, None)  # their replies no longer matter
         self._emit(self.node.remove_peer(peer))
         self.activity += 1
 
@@ -158,26 +168,45 @@ class FlowDriver:
             self.activity += 1
 
     def ready_peers(self) -> list[str]:
-        """Peers with something to send and no call in flight."""
+        """Peers with something to send and room for another call in flight."""
         peers = set(self._outbox) | set(self._announce)
-        return sorted(p for p in peers if p not in self._inflight)
+        return sorted(p for p in peers if self._room(p))
+
+    def _room(self, peer: str) -> bool:
+        calls = self._inflight.get(peer)
+        if not calls:
+            return True
+        if len(calls) >= self.max_inflight:
+            return False
+        # A pending announcement alone is not re-sent while a call carrying it is in flight.
+        return peer in self._outbox
 
     def take(self, peer: str) -> Outgoing | None:
         """What to send `peer` now (marked in flight), or None."""
-        if peer in self._inflight:
+        if not self._room(peer):
             return None
         ann = self._announce.get(peer)
         box = self._outbox.pop(peer, {})
         if ann is None and not box:
             return None
-        out = Outgoing(peer, (ann,) if ann is not None else (), tuple(box.values()))
-        self._inflight[peer] = out
+        self._seq += 1
+        out = Outgoing(peer, (ann,) if ann is not None else (), tuple(box.values()), self._seq)
+        for msg in out.messages:
+            self._sent_seq[(peer, msg.from_tail)] = out.seq
+        self._inflight.setdefault(peer, {})[out.seq] = out
         return out
+
+    def _landed(self, out: Outgoing) -> None:
+        calls = self._inflight.get(out.peer)
+        if calls is not None:
+            calls.pop(out.seq, None)
+            if not calls:
+                del self._inflight[out.peer]
 
     def delivered(self, out: Outgoing, *, accepted: bool) -> None:
         """The call returned: merged by the peer. `accepted` False: it refused the announced
         arc, so the batch is queued again (its messages on that arc were ignored)."""
-        self._inflight.pop(out.peer, None)
+        self._landed(out)
         self.messages_sent += len(out.messages)
         self.batches_sent += 1
         self.activity += 1
@@ -189,7 +218,7 @@ class FlowDriver:
 
     def failed(self, out: Outgoing) -> None:
         """The call failed: nothing is known to have arrived; send it again later."""
-        self._inflight.pop(out.peer, None)
+        self._landed(out)
         self._requeue(out)
 
     def _requeue(self, out: Outgoing) -> None:
@@ -197,6 +226,8 @@ class FlowDriver:
             return  # the peer is gone
         box = self._outbox.setdefault(out.peer, {})
         for msg in out.messages:
+            if self._sent_seq.get((out.peer, msg.from_tail), 0) > out.seq:
+                continue  # a newer state of this arc went out after it
             box.setdefault(msg.from_tail, msg)  # anything queued since is newer
         if not box:
             del self._outbox[out.peer]

@@ -59,8 +59,8 @@ from gwtf.node.config import (
     NodeConfig,
     SwarmSettings,
 )
-from gwtf.node.driver import ArcAnnounce, FlowDriver
-from gwtf.node.links import LinkEstimate, arc_params, changed, ring_params
+from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
+from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, changed, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
 from gwtf.node.phases import Command, PhaseDetector, PhaseReportData
 from gwtf.node.server import HealthServicer, Refusal, add_servicers
@@ -161,7 +161,7 @@ class Node:
         self._ready = False
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._senders: dict[str, asyncio.Task[Any]] = {}
+        self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (until, last delay)
         self._links: dict[str, asyncio.Task[Any]] = {}
         self._estimates: dict[str, LinkEstimate] = {}
         self._measuring: set[str] = set()
@@ -372,6 +372,7 @@ class Node:
             warm=warm,
             round_=round_,
             tightens=tightens if not warm else 0,
+            max_inflight=self.config.max_inflight,
         )
 
     async def _join(self) -> None:
@@ -562,9 +563,7 @@ class Node:
         self.log.warning("declared dead by the swarm; coming back as incarnation %d", epoch)
         for peer in list(self._links):
             self._stop_link(peer)
-        for task in list(self._senders.values()):
-            task.cancel()
-        self._senders.clear()
+        self._backoff.clear()
         self.members.reincarnate(epoch)
         previous = self.driver
         self._driver = self._new_driver(
@@ -693,12 +692,18 @@ class Node:
                 changed_since = None
             elif changed_since is None:
                 changed_since = self._clock()
-            elif self._clock() - changed_since >= cfg.change_persistence_s:
+            elif self._clock() - changed_since >= cfg.change_persistence_s and self._settled():
                 changed_since = None
                 self._create_arc(member, estimate, reason="re-measured")
                 self._after_change()
 
-    def _params(self, member: MemberInfo, estimate: LinkEstimate) -> Any:
+    def _settled(self) -> bool:
+        """Not in the middle of a scaling: a re-measured arc waits until the phases are over.
+        Re-created mid-scaling, it restarts the scaling (gwtf.node.phases); at the final
+        epsilon the state machines absorb it locally unless it moves the bottleneck."""
+        return self.driver.node.final and not self._swarm_scaling
+
+    def _params(self, member: MemberInfo, estimate: LinkEstimate) -> ArcParamsSpec:
         rtt_ms, bw = estimate.rtt_ms, estimate.bandwidth_gbps
         assert rtt_ms is not None and bw is not None
         me = self.members.me
@@ -730,9 +735,7 @@ class Node:
         if not self._ready or self._stopping:
             return
         driver = self.driver
-        for peer in driver.ready_peers():
-            if peer not in self._senders:
-                self._senders[peer] = self._spawn(self._send_loop(peer), f"send-{peer}")
+        self._send_ready()
         quiet = self._quiet()
         if quiet and not self._was_quiet and (self._swarm_scaling or not driver.node.final):
             self._nudge()
@@ -742,54 +745,60 @@ class Node:
         assert self._changed is not None
         self._changed.set()
 
-    async def _send_loop(self, peer: str) -> None:
+    def _send_ready(self) -> None:
+        """Start a call for every peer with something queued and room for another call in
+        flight (and not backing off after a failure)."""
+        driver = self.driver
+        now = self._clock()
+        for peer in driver.ready_peers():
+            backoff = self._backoff.get(peer)
+            if backoff is not None and backoff[0] > now:
+                continue
+            out = driver.take(peer)
+            if out is not None:
+                self._spawn(self._send(driver, out), "send")
+
+    def _back_off(self, peer: str) -> None:
         cfg = self.config
-        backoff = cfg.retry_min_s
+        _, delay = self._backoff.get(peer, (0.0, cfg.retry_min_s / 2))
+        delay = min(2 * delay, cfg.retry_max_s)
+        self._backoff[peer] = (self._clock() + delay, delay)
+        asyncio.get_running_loop().call_later(delay, self._after_change)
+
+    async def _send(self, driver: FlowDriver, out: Outgoing) -> None:
+        """One `Exchange` call; its reply is the acknowledgement (see gwtf.node.driver)."""
+        member = self.members.get(out.peer)
+        if member is None or not member.alive:
+            driver.failed(out)
+            return
+        request = flow_pb2.FlowBatch(
+            messages=[flow_message_to_pb(m) for m in out.messages],
+            arcs=[arc_to_pb(a) for a in out.arcs],
+            sender=self.node_id,
+            sender_epoch=driver.epoch,
+        )
         try:
-            while True:
-                driver = self.driver
-                member = self.members.get(peer)
-                out = driver.take(peer)
-                if out is None:
-                    return
-                if member is None or not member.alive:
-                    driver.failed(out)
-                    return
-                request = flow_pb2.FlowBatch(
-                    messages=[flow_message_to_pb(m) for m in out.messages],
-                    arcs=[arc_to_pb(a) for a in out.arcs],
-                    sender=self.node_id,
-                    sender_epoch=driver.epoch,
-                )
-                try:
-                    ack = await self._stubs(member).flow.Exchange(
-                        request, timeout=cfg.rpc_timeout_s
-                    )
-                except aio.AioRpcError as err:
-                    if driver is self._driver:
-                        driver.failed(out)
-                    if is_refused(err):
-                        self._refused(member)
-                    await asyncio.sleep(backoff)
-                    backoff = min(2 * backoff, cfg.retry_max_s)
-                    continue
-                if driver is not self._driver:
-                    return  # this node came back as a new incarnation meanwhile
-                driver.delivered(out, accepted=ack.ok)
-                if ack.ok:
-                    backoff = cfg.retry_min_s
-                else:
-                    self.log.debug("%s refused an arc: %s", peer, ack.error)
-                    await asyncio.sleep(backoff)
-                    backoff = min(2 * backoff, cfg.retry_max_s)
-                self._after_change()
-        finally:
-            if self._senders.get(peer) is asyncio.current_task():
-                del self._senders[peer]
-            # Anything queued while the last call was returning gets a new sender.
-            if self._ready and not self._stopping and self._driver is not None:
-                if peer in self._driver.ready_peers():
-                    asyncio.get_running_loop().call_soon(self._after_change)
+            ack = await self._stubs(member).flow.Exchange(
+                request, timeout=self.config.rpc_timeout_s
+            )
+        except aio.AioRpcError as err:
+            driver.failed(out)
+            if is_refused(err):
+                self._refused(member)
+            self._back_off(out.peer)
+            return
+        except asyncio.CancelledError:
+            driver.failed(out)
+            raise
+        if driver is not self._driver:
+            return  # this node came back as a new incarnation meanwhile
+        driver.delivered(out, accepted=ack.ok)
+        if ack.ok:
+            self._backoff.pop(out.peer, None)
+        else:
+            self.log.debug("%s refused an arc: %s", out.peer, ack.error)
+            self._back_off(out.peer)
+        self._after_change()
 
     def on_exchange(self, request: flow_pb2.FlowBatch) -> flow_pb2.FlowAck:
         self._require_ready()

@@ -114,9 +114,12 @@ class PhaseDetector:
             self._previous = None
             return Decision(self.command, True, False, "topology changed while scaling")
         quiet = all(r.quiet for r in reports.values())
+        told = self.command.scaling  # what the members were told in this wave
         self.command = cmd = Command(cmd.round, cmd.tightens, scaling)
         if not scaling:
-            return Decision(cmd, False, quiet, "final everywhere")
+            # One more wave tells the members that the scaling is over (they stop nudging, and
+            # re-measured arcs may then be re-created).
+            return Decision(cmd, told, quiet and not told, "final everywhere")
         if not self.coordinated:
             return Decision(cmd, False, False, "members tighten on their own")
         if not quiet:

@@ -18,7 +18,7 @@ from gwtf.flow.generate import geo10, random_layered
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.solution import make_result
 from gwtf.flow.topology import Topology
-from gwtf.node.driver import ArcAnnounce, FlowDriver
+from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
 from gwtf.node.links import ArcParamsSpec, ring_params
 from gwtf.node.phases import PhaseDetector
 
@@ -75,34 +75,41 @@ class Harness:
         return True
 
     def run(self, max_steps: int = 100_000) -> None:
-        for _ in range(max_steps):
+        """Calls take 1 to 3 steps, so several are in flight per peer (pipelining) and they
+        land out of order; a wave runs when nothing is queued or in flight."""
+        flight: list[tuple[int, FlowDriver, Outgoing]] = []
+        for step in range(max_steps):
             self.now += 1.0
-            ready = [(d, p) for d in self.drivers.values() for p in d.ready_peers()]
-            if not ready:
+            for driver in list(self.drivers.values()):
+                while ready := driver.ready_peers():
+                    for peer in ready:
+                        out = driver.take(peer)
+                        if out is not None:
+                            self.calls += 1
+                            flight.append((step + int(self.rng.integers(1, 4)), driver, out))
+            due = [f for f in flight if f[0] <= step]
+            flight = [f for f in flight if f[0] > step]
+            if not due and not flight:
                 if self.wave():
                     return
                 continue
-            for k in self.rng.permutation(len(ready)).tolist():
-                driver, peer = ready[k]
-                out = driver.take(peer)
-                if out is None:
-                    continue
-                self.calls += 1
-                draw = self.rng.random()
-                if draw < self.loss:  # the call is lost
-                    driver.failed(out)
-                    continue
-                receiver = self.drivers.get(peer)
-                if receiver is None:
-                    driver.failed(out)
-                    continue
-                ok = all(self.deliver(driver.node_id, a) for a in out.arcs)
-                receiver.receive(out.messages)
-                if draw < 2 * self.loss:  # merged, but the reply is lost: a duplicate follows
-                    driver.failed(out)
-                else:
-                    driver.delivered(out, accepted=ok)
+            for k in self.rng.permutation(len(due)).tolist():
+                _, driver, out = due[k]
+                self.land(driver, out)
         raise AssertionError("no quiescence")
+
+    def land(self, driver: FlowDriver, out: Outgoing) -> None:
+        draw = self.rng.random()
+        receiver = self.drivers.get(out.peer)
+        if draw < self.loss or receiver is None:  # the call is lost
+            driver.failed(out)
+            return
+        ok = all(self.deliver(driver.node_id, a) for a in out.arcs)
+        receiver.receive(list(out.messages))
+        if draw < 2 * self.loss:  # merged, but the reply is lost: a duplicate follows
+            driver.failed(out)
+        else:
+            driver.delivered(out, accepted=ok)
 
     def wave(self) -> bool:
         cmd = self.detector.command
@@ -169,10 +176,35 @@ def test_the_outbox_keeps_the_latest_state_of_each_arc() -> None:
     out = driver.take(peer)
     assert out is not None
     assert [(m.price, m.flow) for m in out.messages if m.from_tail] == [(20, 9)]
-    assert driver.take(peer) is None  # one call in flight per peer
+    assert driver.take(peer) is None  # nothing new: the announcement alone is not re-sent
     driver.failed(out)
     again = driver.take(peer)
     assert again is not None and again.messages == out.messages and again.arcs == out.arcs
+
+
+def test_pipelined_calls_retransmit_only_what_no_newer_call_carries() -> None:
+    h = Harness(random_layered(np.random.default_rng(3), 6, 2), 3, loss=0.0)
+    driver = next(iter(h.drivers.values()))
+    driver.max_inflight = 2
+    peer = next(iter(driver.owned))
+    base = FlowMessage(driver.node_id, peer, 1, 1, 1, True, 10, 5, 0, 100)
+    driver._emit([base])
+    first = driver.take(peer)
+    driver._emit([replace(base, price=20, flow=9)])
+    second = driver.take(peer)
+    assert first is not None and second is not None and second.seq > first.seq
+    driver._emit([replace(base, price=30, flow=12)])
+    assert driver.take(peer) is None  # two calls in flight: the third state waits
+    driver.failed(first)  # superseded by the second call: nothing to resend for it
+    third = driver.take(peer)
+    assert third is not None
+    assert [m.flow for m in third.messages if m.from_tail] == [12]
+    driver.failed(third)
+    driver.failed(second)  # older than the third, which is queued again
+    again = driver.take(peer)
+    assert again is not None and [m.flow for m in again.messages if m.from_tail] == [12]
+    driver.delivered(again, accepted=True)
+    assert driver.take(peer) is None  # nothing left for this peer: queued, announced or sent
 
 
 def test_announcements_are_idempotent_and_refusals_resend() -> None:

@@ -67,6 +67,8 @@ def test_members_changing_between_waves_restart_the_count() -> None:
 
 def test_final_everywhere_is_done_and_a_rescale_starts_a_new_round() -> None:
     d = PhaseDetector(2)
+    over = d.observe(wave(final=True), STAGES)
+    assert over.again and not over.done and not over.command.scaling  # one wave to tell them
     done = d.observe(wave(final=True), STAGES)
     assert done.done and not done.again and not done.command.scaling
     asked = wave(final=True)
@@ -106,5 +108,6 @@ def test_a_topology_change_in_the_middle_of_the_scaling_restarts_it() -> None:
     fresh.observe(wave(), STAGES)
     assert fresh.observe(wave(edits=3, activity=9), STAGES).reason == "activity between waves"
     final = PhaseDetector(2)
+    final.observe(wave(final=True), STAGES)
     final.observe(wave(final=True), STAGES)
     assert final.observe(wave(final=True, edits=2), STAGES).reason == "final everywhere"
