@@ -119,6 +119,7 @@ def status_json(reply: Any) -> dict[str, Any]:
                 "wan_stack_rtt_ms": node.wan_stack_rtt_ms,
                 "busy": list(node.busy),
                 "flow_messages_received": node.flow_messages_received,
+                "flow_messages_emitted": node.flow_messages_emitted,
             }
         )
     arcs.sort(key=lambda a: (stage_of.get(a["src"], 0), a["src"], a["dst"]))

@@ -110,6 +110,8 @@ class FlowDriver:
         self._gen = 0
         self.activity = 0
         self.edits = 0
+        self.messages_emitted = 0
+        """Messages the state machine produced; fewer are sent (see the outbox)."""
         self.messages_sent = 0
         self.messages_received = 0
         self.batches_sent = 0
@@ -159,6 +161,7 @@ class FlowDriver:
         self.activity += 1
 
     def _emit(self, messages: list[FlowMessage]) -> None:
+        self.messages_emitted += len(messages)
         for msg in messages:
             box = self._outbox.get(msg.receiver)
             if box is None:

@@ -1081,6 +1081,7 @@ class Node:
             busy=driver.busy_reasons()
             + (["measuring " + ",".join(sorted(self._measuring))] if self._measuring else []),
             flow_messages_received=driver.messages_received,
+            flow_messages_emitted=driver.messages_emitted,
         )
         for peer, arc in sorted(driver.owned.items()):
             estimate = self._estimates.get(peer)
