@@ -160,8 +160,18 @@ def churn(geo: bool) -> dict[str, Any]:
         with swarm:
             log(f"churn geo={geo}: 16 nodes settled {cold_s:.1f} s after the last started")
             rows = []
+            plans = {p.id: p for p in plan_nodes(
+                16, 4, locations=_locations(GEO10) if geo else [], base_compute_s=0.1, seed=0
+            )}  # fmt: skip
+            # Three crashes, then the first victim comes back and leaves gracefully: the same
+            # change of topology as its crash.
             for victim, how in (("s1n0", "crash"), ("s2n1", "crash"), ("s3n2", "crash"),
-                                ("s1n1", "leave")):  # fmt: skip
+                                ("s1n0", "rejoin"), ("s1n0", "leave")):  # fmt: skip
+                if how == "rejoin":
+                    plan = plans[victim]
+                    wan = ("--location", plan.location, "--link-matrix", GEO10) if geo else ()
+                    swarm.join(victim, plan.stage, plan.compute_s, *wan)
+                    continue
                 try:
                     settle(swarm, 4)
                 except AssertionError as err:

@@ -12,13 +12,14 @@ from it, between awaits, so they need no locks. Tasks, each bounded by deadlines
 
 - heartbeat: every `heartbeat_s`, increment the heartbeat, gossip with `gossip_fanout` members,
   apply the failure detector, and call silent members directly (gwtf.node.membership);
-- links: one task per arc this node owns (as tail): measure, create, re-measure, re-create on
-  material change (gwtf.node.links);
-- senders: one task per peer with something queued, one `Exchange` call in flight at a time,
-  retried with backoff (gwtf.node.driver);
-- phases: the coordinator (the live member with the smallest id) runs waves (gwtf.node.phases);
-  every member nudges it when it becomes quiet while the swarm is still scaling;
+- links: one task per arc this node owns as its tail (gwtf.node.prober);
+- sends: one task per `Exchange` call, up to `max_inflight` per peer, retried with backoff
+  (gwtf.node.driver);
+- phases: the coordinator's waves and the members' nudges (gwtf.node.coordinator);
 - ticks: only in the uncoordinated `quiet_s` mode.
+
+The Node is the host of the prober and the coordinator: it knows how to reach a member (one
+channel per peer, gwtf.node.transport) and what membership changes mean for the arcs.
 """
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ from gwtf.node.config import (
     NodeConfig,
     SwarmSettings,
 )
+from gwtf.node.coordinator import PhaseCoordinator
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
-from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, changed, ring_params
+from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
-from gwtf.node.phases import Command, PhaseDetector, PhaseReportData
+from gwtf.node.phases import Command, PhaseReportData
+from gwtf.node.prober import LinkProber
 from gwtf.node.server import HealthServicer, Refusal, add_servicers
 from gwtf.node.transport import (
     UNDELAYED,
@@ -162,13 +165,10 @@ class Node:
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (until, last delay)
-        self._links: dict[str, asyncio.Task[Any]] = {}
-        self._estimates: dict[str, LinkEstimate] = {}
-        self._measuring: set[str] = set()
+        self.prober = LinkProber(self, config, clock, self._spawn)
         self._was_quiet = False
         self._swarm_scaling = True
-        self._wave_wanted: asyncio.Event | None = None
-        self._nudge_wanted: asyncio.Event | None = None
+        self._phases: PhaseCoordinator | None = None
         self._changed: asyncio.Event | None = None
         self._stats = _Stats()
         self._rng: np.random.Generator | None = None
@@ -207,8 +207,6 @@ class Node:
         if seed is None:
             seed = zlib.crc32(self.node_id.encode())
         self._rng = np.random.default_rng(seed)
-        self._wave_wanted = asyncio.Event()
-        self._nudge_wanted = asyncio.Event()
         self._changed = asyncio.Event()
         return port
 
@@ -225,8 +223,15 @@ class Node:
             [MemberEvent("alive", m, "known at start") for m in self._members.alive()]
         )
         self._spawn(self._heartbeat_loop(), "heartbeat")
-        self._spawn(self._coordinator_loop(), "phases")
-        self._spawn(self._nudge_loop(), "nudges")
+        self._phases = PhaseCoordinator(
+            self,
+            num_stages=self.swarm.num_stages,
+            coordinated=self.swarm.flow.quiet_s is None,
+            config=self.config,
+            clock=self._clock,
+            log=self.log,
+        )
+        self._spawn(self._phases.run(), "phases")
         if self.swarm.flow.quiet_s is not None:
             self._spawn(self._tick_loop(), "ticks")
         self._after_change()
@@ -498,7 +503,7 @@ class Node:
             else:
                 verb = "left" if event.kind == "left" else "declared dead"
                 self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
-                self._stop_link(m.id)
+                self.prober.stop(m.id)
                 self.driver.drop_peer(m.id)
                 if self._wan is not None:
                     self._wan.forget(m.id)
@@ -529,7 +534,7 @@ class Node:
 
     async def _calibrate(self, member: MemberInfo) -> None:
         assert self._wan is not None
-        rtt = await self._echo(member, undelayed=True)
+        rtt = await self.echo(member, undelayed=True)
         if rtt is not None:
             self._wan.calibrate(rtt)
 
@@ -561,8 +566,7 @@ class Node:
         old = self.members.me
         epoch = max(time.time_ns(), old.epoch + 1)
         self.log.warning("declared dead by the swarm; coming back as incarnation %d", epoch)
-        for peer in list(self._links):
-            self._stop_link(peer)
+        self.prober.stop_all()
         self._backoff.clear()
         self.members.reincarnate(epoch)
         previous = self.driver
@@ -577,8 +581,6 @@ class Node:
     # ================================================================== links
 
     def _start_link(self, member: MemberInfo) -> None:
-        if member.id in self._links:
-            self._stop_link(member.id)
         if self._wan is not None and self._wan.link_to(member.location) is None:
             self.log.warning(
                 "no link from %s to %s in the matrix: no arc to %s",
@@ -587,17 +589,9 @@ class Node:
                 member.id,
             )
             return
-        self._measuring.add(member.id)
-        self._links[member.id] = self._spawn(self._own_link(member), f"link-{member.id}")
+        self.prober.start(member)
 
-    def _stop_link(self, peer: str) -> None:
-        task = self._links.pop(peer, None)
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-        self._measuring.discard(peer)
-        self._estimates.pop(peer, None)
-
-    async def _echo(
+    async def echo(
         self, member: MemberInfo, payload: bytes = b"", *, undelayed: bool = False
     ) -> float | None:
         """One probe's round trip in seconds, None if it failed. `undelayed`: through the
@@ -618,99 +612,27 @@ class Node:
             return None
         return time.perf_counter() - start
 
-    async def _transfer(self, member: MemberInfo, estimate: LinkEstimate, payload: bytes) -> bool:
-        """A bandwidth probe pair (an empty echo, then `payload`); True if it gave a sample."""
-        empty = await self._echo(member)
-        if empty is None:
-            return False
-        full = await self._echo(member, payload)
-        if full is None:
-            return False
-        estimate.add_rtt(empty)
-        return estimate.add_transfer(len(payload), full, empty)
+    def is_alive(self, member: MemberInfo) -> bool:
+        return self.members.is_alive(member.id, member.epoch)
 
-    async def _own_link(self, member: MemberInfo) -> None:
-        """Measure the link to `member`, create the arc, keep it measured (this node's task
-        for as long as the arc exists)."""
-        try:
-            await self._measure_link(member)
-        finally:
-            if self._links.get(member.id) is asyncio.current_task():
-                del self._links[member.id]
-                self._measuring.discard(member.id)
+    def announced(self, peer: str) -> ArcParamsSpec | None:
+        owned = self.driver.owned.get(peer)
+        return owned.params if owned is not None else None
 
-    async def _measure_link(self, member: MemberInfo) -> None:
-        cfg = self.config
-        estimate = LinkEstimate(cfg.rtt_window, cfg.bandwidth_window)
-        self._estimates[member.id] = estimate
-        payload = bytes(cfg.probe_bytes)
-        backoff = cfg.retry_min_s
-        echoes = 0
-        while estimate.samples[1] < cfg.initial_transfers:
-            if not self.members.is_alive(member.id, member.epoch):
-                return
-            if echoes < cfg.initial_echoes:
-                rtt = await self._echo(member)
-                ok = rtt is not None
-                if rtt is not None:
-                    echoes += 1
-                    if echoes > 1:  # the first one pays for the connection
-                        estimate.add_rtt(rtt)
-            else:
-                ok = await self._transfer(member, estimate, payload)
-            if not ok:
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, cfg.retry_max_s)
-        if not self.members.is_alive(member.id, member.epoch):
-            return
-        self._create_arc(member, estimate, reason="measured")
-        self._measuring.discard(member.id)
-        self._after_change()
-        # Bandwidth probes at 2, 4, 8... probe periods, then every bandwidth_probe_s: a first
-        # estimate made while a local swarm starts up is corrected early, then left alone.
-        gap = 2 * cfg.probe_s
-        next_transfer = self._clock() + min(gap, cfg.bandwidth_probe_s)
-        changed_since: float | None = None
-        while True:
-            await asyncio.sleep(cfg.probe_s)
-            if not self.members.is_alive(member.id, member.epoch):
-                return
-            rtt = await self._echo(member)
-            if rtt is not None:
-                estimate.add_rtt(rtt)
-            if self._clock() >= next_transfer:
-                gap = min(2 * gap, cfg.bandwidth_probe_s)
-                next_transfer = self._clock() + gap
-                await self._transfer(member, estimate, payload)
-            owned = self.driver.owned.get(member.id)
-            if owned is None or not self.members.is_alive(member.id, member.epoch):
-                continue
-            new = self._params(member, estimate)
-            if not changed(
-                owned.params, new, cost_rel=cfg.cost_hysteresis, cap_rel=cfg.cap_hysteresis
-            ):
-                changed_since = None
-            elif changed_since is None:
-                changed_since = self._clock()
-            elif self._clock() - changed_since >= cfg.change_persistence_s and self._settled():
-                changed_since = None
-                self._create_arc(member, estimate, reason="re-measured")
-                self._after_change()
-
-    def _settled(self) -> bool:
+    def settled(self) -> bool:
         """Not in the middle of a scaling: a re-measured arc waits until the phases are over.
         Re-created mid-scaling, it restarts the scaling (gwtf.node.phases); at the final
         epsilon the state machines absorb it locally unless it moves the bottleneck."""
         return self.driver.node.final and not self._swarm_scaling
 
-    def _params(self, member: MemberInfo, estimate: LinkEstimate) -> ArcParamsSpec:
+    def params(self, member: MemberInfo, estimate: LinkEstimate) -> ArcParamsSpec:
         rtt_ms, bw = estimate.rtt_ms, estimate.bandwidth_gbps
         assert rtt_ms is not None and bw is not None
         me = self.members.me
         return arc_params(me.compute_s, member.compute_s, rtt_ms, bw, self.swarm.activation_bytes)
 
-    def _create_arc(self, member: MemberInfo, estimate: LinkEstimate, *, reason: str) -> None:
-        params = self._params(member, estimate)
+    def create_arc(self, member: MemberInfo, estimate: LinkEstimate, reason: str) -> None:
+        params = self.params(member, estimate)
         self.driver.own_arc(member.id, member.epoch, params, ring=False)
         self.log.info(
             "arc %s->%s %s: rtt %.2f ms, %.3f Gbit/s, cap %d, cost %d (gen %d)",
@@ -723,11 +645,16 @@ class Node:
             params.cost,
             self.driver.owned[member.id].gen,
         )
+        self._after_change()
 
     # ================================================================== flow messages
 
+    def _nudge(self) -> None:
+        if self._phases is not None:
+            self._phases.nudge()
+
     def _quiet(self) -> bool:
-        return self.driver.quiet() and not self._measuring
+        return self.driver.quiet() and not self.prober.measuring
 
     def _after_change(self) -> None:
         """After anything touched the driver: start senders, and nudge the coordinator when
@@ -829,49 +756,55 @@ class Node:
 
     # ================================================================== phases
 
-    def _coordinator(self) -> str:
-        alive = self.members.alive()
-        return min([self.node_id, *(m.id for m in alive)])
+    def live_members(self) -> list[MemberInfo]:
+        return self.members.alive()
 
-    def _nudge(self) -> None:
-        assert self._nudge_wanted is not None
-        self._nudge_wanted.set()
+    def own_stage(self) -> int:
+        return self.settings.stage
 
-    async def _nudge_loop(self) -> None:
-        assert self._nudge_wanted is not None and self._wave_wanted is not None
-        while True:
-            await self._nudge_wanted.wait()
-            self._nudge_wanted.clear()
-            coordinator = self._coordinator()
-            if coordinator == self.node_id:
-                self._wave_wanted.set()
-            else:
-                member = self.members.get(coordinator)
-                if member is not None:
-                    request = flow_pb2.NudgeRequest(
-                        sender=self.node_id, wants_rescale=self.driver.node.wants_rescale()
-                    )
-                    with contextlib.suppress(aio.AioRpcError):
-                        await self._stubs(member).flow.Nudge(
-                            request, timeout=self.config.rpc_timeout_s
-                        )
-            await asyncio.sleep(self.config.phase_gap_s)
-            if self.driver.node.wants_rescale():
-                # Asked and not applied yet: ask again later (a nudge may be lost).
-                await asyncio.sleep(self.config.phase_poll_s)
-                if self.driver.node.wants_rescale():
-                    self._nudge_wanted.set()
+    def wants_rescale(self) -> bool:
+        return self.driver.node.wants_rescale()
+
+    def phase_state(self) -> tuple[int, int]:
+        return self.driver.round, self.driver.tightens
+
+    async def nudge_coordinator(self, coordinator: MemberInfo) -> None:
+        request = flow_pb2.NudgeRequest(sender=self.node_id, wants_rescale=self.wants_rescale())
+        with contextlib.suppress(aio.AioRpcError):
+            await self._stubs(coordinator).flow.Nudge(request, timeout=self.config.rpc_timeout_s)
+
+    async def call_phase(self, member: MemberInfo, command: Command) -> PhaseReportData | None:
+        request = flow_pb2.PhaseCommand(
+            coordinator=self.node_id,
+            round=command.round,
+            tightens=command.tightens,
+            scaling=command.scaling,
+        )
+        try:
+            reply = await self._stubs(member).flow.Phase(
+                request, timeout=self.config.rpc_timeout_s
+            )
+            report = report_from_pb(reply)
+        except aio.AioRpcError as err:
+            if is_refused(err):
+                self._refused(member)
+            return None
+        except InvalidMessage:
+            return None
+        if report.id != member.id or report.epoch != member.epoch:
+            return None
+        return report
 
     def on_nudge(self, request: flow_pb2.NudgeRequest) -> None:
-        if self._ready and not self._stopping and self._wave_wanted is not None:
-            self._wave_wanted.set()
+        if self._ready and not self._stopping and self._phases is not None:
+            self._phases.nudged()
 
     def on_phase(self, request: flow_pb2.PhaseCommand) -> flow_pb2.PhaseReport:
         self._require_ready()
-        return report_to_pb(self._apply_command(Command(request.round, request.tightens,
-                                                        request.scaling)))
+        command = Command(request.round, request.tightens, request.scaling)
+        return report_to_pb(self.apply_command(command))
 
-    def _apply_command(self, command: Command) -> PhaseReportData:
+    def apply_command(self, command: Command) -> PhaseReportData:
         driver = self.driver
         before = (driver.round, driver.tightens)
         driver.apply(command.round, command.tightens)
@@ -882,101 +815,7 @@ class Node:
             self.log.debug("phase %d of round %d (eps %d)", after[1], after[0], driver.node.eps)
         self._swarm_scaling = command.scaling
         self._after_change()
-        return driver.report(measuring=bool(self._measuring), view=self.members.view_hash())
-
-    async def _coordinator_loop(self) -> None:
-        assert self._wave_wanted is not None
-        cfg = self.config
-        detector: PhaseDetector | None = None
-        timer = True
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wave_wanted.wait(), cfg.phase_poll_s if timer else None
-                )
-            self._wave_wanted.clear()
-            if self._coordinator() != self.node_id:
-                detector = None
-                timer = True
-                continue
-            if detector is None:
-                detector = PhaseDetector(
-                    self.swarm.num_stages, coordinated=self.swarm.flow.quiet_s is None
-                )
-                detector.adopt(self.driver.round, self.driver.tightens)
-                self.log.info("coordinating the scaling phases")
-            while True:
-                began = self._clock()
-                wave = await self._wave(detector.command)
-                elapsed = self._clock() - began
-                if wave is None:
-                    self.log.debug("wave incomplete: a member did not answer")
-                    detector.forget()
-                    timer = True
-                    break
-                reports, stages = wave
-                decision = detector.observe(reports, stages)
-                if self.log.isEnabledFor(logging.DEBUG):
-                    busy = sorted(i for i, r in reports.items() if not r.quiet)
-                    self.log.debug("wave %d: %s; busy: %s", detector.waves, decision.reason,
-                                   ", ".join(busy) or "none")
-                if decision.reason in (
-                    "phase over", "rescale asked", "topology changed while scaling"
-                ):
-                    self.log.info(
-                        "%s: round %d, phase %d",
-                        decision.reason,
-                        decision.command.round,
-                        decision.command.tightens,
-                    )
-                timer = not decision.done
-                if not decision.again:
-                    if not decision.done:
-                        # Busy members will nudge again; a wave costs a call per member, so
-                        # the next one waits at least as long as this one took.
-                        await asyncio.sleep(max(cfg.phase_gap_s, elapsed))
-                    break
-                await asyncio.sleep(cfg.phase_gap_s)
-
-    async def _wave(
-        self, command: Command
-    ) -> tuple[dict[str, PhaseReportData], dict[str, int]] | None:
-        """One wave: the command to every live member (this node first), their reports; None
-        if a member did not answer (the wave is no evidence then)."""
-        members = self.members.alive()
-        stages = {m.id: m.stage for m in members}
-        stages[self.node_id] = self.settings.stage
-        reports = {self.node_id: self._apply_command(command)}
-        request = flow_pb2.PhaseCommand(
-            coordinator=self.node_id,
-            round=command.round,
-            tightens=command.tightens,
-            scaling=command.scaling,
-        )
-        results = await asyncio.gather(
-            *(self._stubs(m).flow.Phase(request, timeout=self.config.rpc_timeout_s)
-              for m in members),
-            return_exceptions=True,
-        )
-        complete = True
-        for member, result in zip(members, results, strict=True):
-            if isinstance(result, aio.AioRpcError):
-                if is_refused(result):
-                    self._refused(member)
-                complete = False
-                continue
-            if isinstance(result, BaseException):
-                raise result
-            try:
-                report = report_from_pb(result)
-            except InvalidMessage:
-                complete = False
-                continue
-            if report.id != member.id or report.epoch != member.epoch:
-                complete = False
-                continue
-            reports[member.id] = report
-        return (reports, stages) if complete else None
+        return driver.report(measuring=bool(self.prober.measuring), view=self.members.view_hash())
 
     async def _tick_loop(self) -> None:
         """`quiet_s` mode: each node tightens on its own after a quiet spell."""
@@ -1079,12 +918,16 @@ class Node:
             departed=[m.id for m in self.members.departed()],
             wan_stack_rtt_ms=self._wan.stack_rtt_s * 1000 if self._wan is not None else 0.0,
             busy=driver.busy_reasons()
-            + (["measuring " + ",".join(sorted(self._measuring))] if self._measuring else []),
+            + (
+                ["measuring " + ",".join(sorted(self.prober.measuring))]
+                if self.prober.measuring
+                else []
+            ),
             flow_messages_received=driver.messages_received,
             flow_messages_emitted=driver.messages_emitted,
         )
         for peer, arc in sorted(driver.owned.items()):
-            estimate = self._estimates.get(peer)
+            estimate = self.prober.estimates.get(peer)
             measured = (
                 (estimate.rtt_ms or 0.0, estimate.bandwidth_gbps or 0.0, estimate.probes)
                 if estimate is not None
@@ -1152,8 +995,3 @@ def measure_compute(job_spec: str, stage: int, num_stages: int) -> float:
     job = resolve_job(job_spec)
     module = build_stage_of(job.model, job.seed, stage, num_stages)
     return measure_stage_compute(module, job)
-
-
-def members_of(reply: node_pb2.StatusReply) -> list[MemberInfo]:
-    """The members listed in a status reply (for clients and tests)."""
-    return [member_from_pb(m, None) for m in reply.members]

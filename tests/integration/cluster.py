@@ -96,6 +96,10 @@ class LocalSwarm:
         if self.bootstrap and "--bootstrap" not in args:
             argv += ["--bootstrap", self.bootstrap]
         log = self.log_dir / f"{node_id}.log"
+        incarnation = 1
+        while log.exists():  # the same id started again: keep the earlier log
+            incarnation += 1
+            log = self.log_dir / f"{node_id}.{incarnation}.log"
         handle = open(log, "w", encoding="utf-8")  # noqa: SIM115
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         popen = subprocess.Popen(
@@ -200,7 +204,8 @@ class LocalSwarm:
         """The swarm view once every expected member reports final and quiet, every node sees
         exactly `expect_members` alive, all `expect_arcs` pipeline arcs exist, and the flow value
         equals the oracle's for the topology the nodes measured; else None."""
-        view = self.status()
+        asked = next((p.id for p in self.live() if p.id in expect_members), None)
+        view = self.status(asked) if asked is not None else None
         if view is None or not view["converged"]:
             return None
         alive = {m["id"] for m in view["members"] if m["alive"]}
@@ -209,6 +214,8 @@ class LocalSwarm:
         if len(view["arcs"]) != expect_arcs:
             return None
         for node in self.live():
+            if node.id not in expect_members:
+                continue  # leaving
             local = self.status(node.id, swarm=False)
             if local is None:
                 return None

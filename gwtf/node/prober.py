@@ -1,0 +1,165 @@
+"""The links a node owns: one task per head, measuring the link and keeping its arc up to date.
+
+The tail of an arc owns its parameters (gwtf.node.links): it measures the link before the arc
+exists (a few latency echoes, the first discarded because it pays for the connection, then
+`initial_transfers` bandwidth probe pairs), creates the arc, and keeps probing: an echo every
+`probe_s`, a bandwidth pair at 2, 4, 8... probe periods and then every `bandwidth_probe_s`. It
+re-creates the arc only when the parameters have moved beyond the hysteresis for
+`change_persistence_s`, and only once the swarm is not scaling (a change in the middle of the
+scaling would restart it).
+
+The prober knows when and what to measure; its host (the Node) knows how to call a peer and
+what an arc is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
+
+from gwtf.node.config import NodeConfig
+from gwtf.node.links import ArcParamsSpec, LinkEstimate, changed
+from gwtf.node.membership import MemberInfo
+
+__all__ = ["LinkProber", "ProberHost"]
+
+
+class ProberHost(Protocol):
+    def echo(self, member: MemberInfo, payload: bytes = b"") -> Awaitable[float | None]:
+        """One probe's round trip in seconds (None if the call failed)."""
+        ...
+
+    def is_alive(self, member: MemberInfo) -> bool:
+        """This incarnation of `member` is still a live member."""
+        ...
+
+    def announced(self, peer: str) -> ArcParamsSpec | None:
+        """The parameters of the arc to `peer` as last announced (None: no arc)."""
+        ...
+
+    def params(self, member: MemberInfo, estimate: LinkEstimate) -> ArcParamsSpec:
+        """The arc parameters these estimates give."""
+        ...
+
+    def create_arc(self, member: MemberInfo, estimate: LinkEstimate, reason: str) -> None:
+        """Create (or re-create, as a new generation) the arc to `member`."""
+        ...
+
+    def settled(self) -> bool:
+        """The swarm is not in the middle of a scaling."""
+        ...
+
+
+Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
+
+
+class LinkProber:
+    """One measuring task per head this node owns an arc to."""
+
+    def __init__(
+        self, host: ProberHost, config: NodeConfig, clock: Callable[[], float], spawn: Spawn
+    ) -> None:
+        self._host = host
+        self._config = config
+        self._clock = clock
+        self._spawn = spawn
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self.estimates: dict[str, LinkEstimate] = {}
+        self.measuring: set[str] = set()
+        """Heads whose first measurement is under way (this node is not quiet meanwhile)."""
+
+    def start(self, member: MemberInfo) -> None:
+        self.stop(member.id)
+        self.measuring.add(member.id)
+        self._tasks[member.id] = self._spawn(self._run(member), f"link-{member.id}")
+
+    def stop(self, peer: str) -> None:
+        task = self._tasks.pop(peer, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        self.measuring.discard(peer)
+        self.estimates.pop(peer, None)
+
+    def stop_all(self) -> None:
+        for peer in list(self._tasks):
+            self.stop(peer)
+
+    async def _run(self, member: MemberInfo) -> None:
+        try:
+            if await self._first_measurement(member):
+                await self._keep_measuring(member)
+        finally:
+            if self._tasks.get(member.id) is asyncio.current_task():
+                del self._tasks[member.id]
+                self.measuring.discard(member.id)
+
+    async def _transfer(self, member: MemberInfo, estimate: LinkEstimate) -> bool:
+        """A bandwidth probe pair (an empty echo, then the payload); True if it gave a sample."""
+        empty = await self._host.echo(member)
+        if empty is None:
+            return False
+        payload = bytes(self._config.probe_bytes)
+        full = await self._host.echo(member, payload)
+        if full is None:
+            return False
+        estimate.add_rtt(empty)
+        return estimate.add_transfer(len(payload), full, empty)
+
+    async def _first_measurement(self, member: MemberInfo) -> bool:
+        cfg = self._config
+        estimate = LinkEstimate(cfg.rtt_window, cfg.bandwidth_window)
+        self.estimates[member.id] = estimate
+        backoff = cfg.retry_min_s
+        echoes = 0
+        while estimate.samples[1] < cfg.initial_transfers:
+            if not self._host.is_alive(member):
+                return False
+            if echoes < cfg.initial_echoes:
+                rtt = await self._host.echo(member)
+                ok = rtt is not None
+                if rtt is not None:
+                    echoes += 1
+                    if echoes > 1:  # the first one pays for the connection
+                        estimate.add_rtt(rtt)
+            else:
+                ok = await self._transfer(member, estimate)
+            if not ok:
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, cfg.retry_max_s)
+        if not self._host.is_alive(member):
+            return False
+        self.measuring.discard(member.id)
+        self._host.create_arc(member, estimate, "measured")
+        return True
+
+    async def _keep_measuring(self, member: MemberInfo) -> None:
+        cfg = self._config
+        estimate = self.estimates[member.id]
+        gap = 2 * cfg.probe_s
+        next_transfer = self._clock() + min(gap, cfg.bandwidth_probe_s)
+        changed_since: float | None = None
+        while True:
+            await asyncio.sleep(cfg.probe_s)
+            if not self._host.is_alive(member):
+                return
+            rtt = await self._host.echo(member)
+            if rtt is not None:
+                estimate.add_rtt(rtt)
+            if self._clock() >= next_transfer:
+                gap = min(2 * gap, cfg.bandwidth_probe_s)
+                next_transfer = self._clock() + gap
+                await self._transfer(member, estimate)
+            announced = self._host.announced(member.id)
+            if announced is None or not self._host.is_alive(member):
+                continue
+            new = self._host.params(member, estimate)
+            if not changed(
+                announced, new, cost_rel=cfg.cost_hysteresis, cap_rel=cfg.cap_hysteresis
+            ):
+                changed_since = None
+            elif changed_since is None:
+                changed_since = self._clock()
+            elif self._clock() - changed_since >= cfg.change_persistence_s and self._host.settled():
+                changed_since = None
+                self._host.create_arc(member, estimate, "re-measured")
