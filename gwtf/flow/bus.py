@@ -85,15 +85,12 @@ class MessageBus:
     def remove(self, node_id: str) -> None:
         """`node_id` vanishes (a crash): its peers drop their arcs to it at once."""
         node = self.nodes.pop(node_id)
+        self._note_change()
         for peer in node.peers():
             other = self.nodes.get(peer)
             if other is not None:
                 self.send(other.remove_peer(node_id))
                 self._schedule_tick(other)
-
-    def _rescale(self) -> None:
-        for node in self.nodes.values():
-            node.rescale()
 
     def join(self, view: NodeView, config: FlowConfig | None = None, *, epoch: int = 0) -> None:
         """A node joins a running swarm (warm); its peers learn of the new arcs at once, as a
@@ -109,6 +106,7 @@ class MessageBus:
             )
 
         view = replace(view, upstream=known(view.upstream), downstream=known(view.downstream))
+        self._note_change()
         node = FlowNode(view, config, self.clock, epoch=epoch, warm=True)
         self.nodes[view.node_id] = node
         for peer_id, arc, peer_sees_upstream in peer_edits(view):
@@ -119,8 +117,13 @@ class MessageBus:
         self.send(node.start())
         self._schedule_tick(node)
 
+    def _note_change(self) -> None:
+        for node in self.nodes.values():
+            node.note_change()
+
     def cut(self, src: str, dst: str) -> None:
         """The arc `src -> dst` fails (both ends notice at once)."""
+        self._note_change()
         for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
             node = self.nodes.get(node_id)
             if node is not None:
@@ -131,6 +134,7 @@ class MessageBus:
         gets a new generation, so that messages of an earlier arc between the two still in
         flight are not counted on it."""
         self._gen += 1
+        self._note_change()
         for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
             node = self.nodes.get(node_id)
             if node is not None:
@@ -141,6 +145,7 @@ class MessageBus:
     def reset_counts(self) -> None:
         """Start counting messages and rounds afresh (to measure a warm restart alone)."""
         self.messages = 0
+        self.rescales = 0
         self._round0 = self.now
 
     def send(self, msgs: Iterable[FlowMessage]) -> None:
@@ -224,7 +229,8 @@ class MessageBus:
                     rescale = rescale or node.wants_rescale()
             if rescale:
                 self.rescales += 1
-                self._rescale()
+                for node in self.nodes.values():
+                    node.rescale()
 
     def _end_phase(self) -> bool:
         """Nothing is in flight: tighten every node not yet at the final epsilon. False when all
@@ -296,7 +302,7 @@ def flow_config(topology: Topology, *, quiet_s: float | None = None) -> FlowConf
     )
 
 
-def config_for(topology: Topology, bus: MessageBus) -> FlowConfig:
+def config_for(topology: Topology, bus: MessageBus | None = None) -> FlowConfig:
     return flow_config(topology)
 
 

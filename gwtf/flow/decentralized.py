@@ -89,6 +89,10 @@ __all__ = [
 ]
 
 MAX_STEPS = 10_000_000
+
+RESCALES_PER_CHANGE = 1
+"""How many times a node may ask for a rescale after one change of topology (see
+`FlowNode.wants_rescale`): each one re-runs the whole scaling, and asking again could loop."""
 """Bound on the local steps of one `FlowNode` call: a guard against a bug, never reached."""
 
 
@@ -293,10 +297,10 @@ class FlowNode:
         self._check: dict[_Arc, None] = {}  # arcs whose own condition must be re-checked
         self._check_all = True
         self._last_active = clock()
-        self._final_relabels = 0
-        # A cold start is a full scaling already; a rescale is asked for at most once after each
-        # change of topology, so that the phases always come to an end.
-        self._may_rescale = warm
+        self._relabels_here = 0  # relabels at the current epsilon
+        # A cold start is a full scaling already; after a change of topology a node may ask for
+        # a few rescales (each widening further), never more, so the phases always end.
+        self._rescales_left = RESCALES_PER_CHANGE if warm else 0
         self._started = False
         for arc in view.upstream:
             self.add_peer(arc, upstream=True, peer_epoch=arc.epoch)
@@ -344,8 +348,14 @@ class FlowNode:
 
     def _changed(self) -> None:
         if self._started:
-            self._final_relabels = 0
-            self._may_rescale = True
+            self.note_change()
+
+    def note_change(self) -> None:
+        """The topology changed somewhere in the swarm (the driver calls this on every node,
+        not only on the ends of the change): the price moves it calls for may happen anywhere,
+        and this node may now ask for a rescale (`wants_rescale`)."""
+        self._relabels_here = 0
+        self._rescales_left = RESCALES_PER_CHANGE
 
     def _drop(self, arcs: dict[str, _Arc], peer: str) -> None:
         self._changed()
@@ -383,28 +393,36 @@ class FlowNode:
         if self.eps <= self.config.eps_final:
             return []
         self.eps = max(self.config.eps_final, self.eps // self.config.eps_factor)
+        self._relabels_here = 0
         self._check_all = True
         return self._work()
 
     def rescale(self) -> None:
-        """Widen epsilon back to `eps_start`: the swarm re-runs the scaling from the current
-        flows and prices. A wider epsilon breaks no condition, so this sends nothing."""
-        self.eps = max(self.eps, self.config.eps_start)
-        self._final_relabels = 0
-        self._may_rescale = False
+        """Widen epsilon to `eps_start`: the swarm re-runs the scaling from the current flows and
+        prices. A wider epsilon breaks no condition, so this sends nothing."""
+        self.eps = self.config.eps_start
+        self._relabels_here = 0
+        self._rescales_left = max(0, self._rescales_left - 1)
 
     def wants_rescale(self) -> bool:
-        """This node has relabelled more than `rescale_after` times at the final epsilon.
+        """After a change of topology, this node has relabelled more than `rescale_after` times
+        at its current epsilon, which is not yet `eps_start`.
 
-        After a change of topology the swarm stays at the final epsilon, and rerouting the flow
-        of a lost node is a few local moves. But when the change moves the minimum cut (a
-        bottleneck lost, or gained), the prices between the old and the new cut must all move by
-        about `M`, which at the final epsilon takes `M / eps` small steps; a long run of relabels
-        is the sign, and re-running the scaling (every node widens, then the phases) is then far
-        cheaper. The driver decides: it rescales every node at once. A node asks at most once
-        after each change of topology it sees (a cold start asks never).
+        After a change the swarm stays at the final epsilon, and rerouting the flow of a lost
+        node is usually a few local moves. But the prices may have to move far: by the cost
+        difference of a detour, or, when the change moves the minimum cut, by about `M` between
+        the old cut and the new one. At the final epsilon that takes thousands of small steps;
+        a long run of relabels is the sign, and re-running the scaling (every node widens, then
+        the phases again) costs about a cold start, which is then far cheaper. The driver
+        decides, and rescales every node at once. A node asks at most `RESCALES_PER_CHANGE`
+        times after each change it sees (a cold start never). Widening less than all the way,
+        in steps, was tried: each step adds its own phases and the total came out higher.
         """
-        return self._may_rescale and self._final_relabels > self.config.rescale_after
+        return (
+            self._rescales_left > 0
+            and self._relabels_here > self.config.rescale_after
+            and self.eps < self.config.eps_start
+        )
 
     def on_tick(self, now: float) -> list[FlowMessage]:
         """With `quiet_s` set, tighten epsilon after a quiet period (no coordination)."""
@@ -588,8 +606,7 @@ class FlowNode:
         every other price, hence what makes the algorithm terminate).
         """
         eps = self.eps
-        if eps <= self.config.eps_final:
-            self._final_relabels += 1
+        self._relabels_here += 1
         own = None if best is None else best + eps
         via = None if internal is None else internal + eps
         price = self.p_out if out_side else self.p_in
