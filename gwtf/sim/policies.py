@@ -113,8 +113,9 @@ class Policy:
         pass
 
     def activate_now(self, node: SimNode) -> bool:
-        """May a ready joiner enter now, rather than at the next commit?"""
-        return not self.sim.active_nodes(node.stage)
+        """May a ready joiner enter now, rather than at the next commit? (Its state is that of
+        the last commit, which is what every peer of its stage computes with until the next.)"""
+        return True
 
     def on_link_change(self, loc_a: str, loc_b: str) -> None:
         pass
@@ -187,6 +188,8 @@ class GwtfPolicy(_FlowPolicy):
         super().__init__(sim)
         self.flow: dict[str, FlowNode] = {}
         self.tick_at: dict[str, float] = {}
+        self.inbox: dict[str, tuple[float, list[FlowMessage]]] = {}
+        self.batch_s = sim.sc.control_batch_s
         self.config = self._config()
 
     def _config(self) -> FlowConfig:
@@ -223,13 +226,32 @@ class GwtfPolicy(_FlowPolicy):
             if a is None or b is None:
                 continue
             sim.control_messages += 1
-            sim.engine.schedule(now + sim.one_way(a, b, size), Kind.CONTROL, self._deliver, msg)
+            at = now + sim.one_way(a, b, size)
+            # A node handles its inbox in batches: messages landing within `batch_s` of the
+            # first one waiting are handed over together (one `on_messages` call).
+            inbox = self.inbox.get(msg.receiver)
+            if inbox is not None and inbox[0] <= at <= inbox[0] + self.batch_s:
+                inbox[1].append(msg)
+                continue
+            if inbox is not None and at < inbox[0]:
+                # An earlier arrival than the pending batch: deliver it on its own.
+                sim.engine.schedule(at, Kind.CONTROL, self._deliver, (msg.receiver, [msg], None))
+                continue
+            batch: list[FlowMessage] = [msg]
+            entry = (at, batch)
+            if inbox is None or at > inbox[0] + self.batch_s:
+                self.inbox[msg.receiver] = entry
+            sim.engine.schedule(at + self.batch_s, Kind.CONTROL, self._deliver,
+                                (msg.receiver, batch, entry))
 
-    def _deliver(self, msg: FlowMessage) -> None:
-        node = self.flow.get(msg.receiver)
+    def _deliver(self, payload: tuple[str, list[FlowMessage], object]) -> None:
+        receiver, batch, entry = payload
+        if entry is not None and self.inbox.get(receiver) is entry:
+            del self.inbox[receiver]
+        node = self.flow.get(receiver)
         if node is None:
             return
-        self._send(node.on_messages((msg,)))
+        self._send(node.on_messages(batch))
         self._tick(node)
 
     def _tick(self, node: FlowNode) -> None:

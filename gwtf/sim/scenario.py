@@ -46,6 +46,7 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     [control]
     quiet_s = 0.0                       # gwtf flow epsilon-scaling quiet period; 0: 4 x max delay
     message_bytes = 100
+    batch_s = 0.0                       # control messages landing within batch_s are handled together
 
     [policies]
     names = ["gwtf", "swarm", "swarm-rebalance", "dtfm", "oracle"]
@@ -137,6 +138,7 @@ class Scenario:
     restart_delay_s: float
     quiet_s: float
     message_bytes: int
+    control_batch_s: float
     policies: tuple[str, ...]
     swarm_rebalance_period_s: float
     swarm_ema_alpha: float
@@ -184,7 +186,7 @@ _SECTIONS = {
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
               "session_distribution", "leave_fraction", "link_trace", "detection_timeout_s",
               "restart_delay_s"),
-    "control": ("quiet_s", "message_bytes"),
+    "control": ("quiet_s", "message_bytes", "batch_s"),
     "policies": ("names", "swarm_rebalance_period_s", "swarm_ema_alpha", "swarm_refresh_s",
                  "dtfm_search_evaluations"),
 }
@@ -452,6 +454,7 @@ def parse_scenario(doc: Mapping[str, Any], where: str, *, base: Path) -> Scenari
     control = _section(where, doc, "control")
     quiet = control.number("quiet_s", 0.0)
     message_bytes = control.integer("message_bytes", 100, minimum=1)
+    batch_s = control.number("batch_s", 0.0)
     if quiet == 0:
         used = {info.location for info in infos.values()}
         worst = max(
@@ -495,6 +498,7 @@ def parse_scenario(doc: Mapping[str, Any], where: str, *, base: Path) -> Scenari
         restart_delay_s=restart,
         quiet_s=quiet,
         message_bytes=message_bytes,
+        control_batch_s=batch_s,
         policies=names,
         swarm_rebalance_period_s=pol.number("swarm_rebalance_period_s", 300.0, positive=True),
         swarm_ema_alpha=pol.number("swarm_ema_alpha", 0.1, positive=True),

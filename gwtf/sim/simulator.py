@@ -14,8 +14,9 @@ What is simulated (DESIGN.md 5):
   is free, which is how they work); when every one is finished
   or dropped and every stage covers every finished one exactly once (`check_commit`), each stage
   all-reduces its gradients (ring: `2 (n-1)/n * bytes / slowest bandwidth + 2 (n-1) * latency`)
-  and the iteration commits. Joiners download their stage's state, then enter at the next commit
-  (or at once if their stage is empty).
+  and the iteration commits. Joiners download their stage's state (weights and optimizer state
+  only change at a commit, so a download is good until the next commit; one that spans a commit
+  starts again), then enter at once (dtfm: at its next restart).
 - Churn: joins, graceful leaves (noticed at once), crashes (noticed `detection_timeout_s` later;
   the `oracle` notices at once), link changes.
 - Crash recovery: the rules of DESIGN.md 4 from `gwtf.recovery`, driven by each node's `Ledger`.
@@ -434,9 +435,11 @@ class Simulation:
         if it.injected < it.target or it.to_inject > 0:
             return
         if self.policy.exact_commit:
+            # What the swarm knows: a crash not yet noticed still counts as a live node (the
+            # all-reduce then waits for it and fails when the crash is noticed).
             contributions = {
                 s: [n.ledger.contributions() for n in self.nodes.values()
-                    if n.alive and n.stage == s]
+                    if n.active and not n.detected and n.stage == s]
                 for s in range(self.S)
             }
             verdict = check_commit(self.S, it.finished, contributions)
@@ -456,6 +459,8 @@ class Simulation:
         it, token = payload
         if self.iteration is not it or not it.aggregating or it.agg_token != token:
             return
+        if any(not n.alive and n.active for n in self.nodes.values()):
+            return  # a participant died: the all-reduce hangs until the crash is noticed
         self.committed += 1
         self.committed_mbs += len(it.finished)
         self.commit_times.append(self.engine.now)
@@ -651,11 +656,17 @@ class Simulation:
         if source is None:
             return
         grad_source = None
+        replay_now = rule == Rule.REPLAY
         if rule == Rule.REPLAY and s < self.S - 1:
             down = mb.node[s + 1]
-            if down is None or not down.alive or mb.st[s + 1] != DONE:
+            if down is not None and down.alive and mb.st[s + 1] == DONE:
+                grad_source = down
+            elif down is None or not down.alive:
+                # The next stage's gradient died too and is itself being rebuilt, which needs
+                # this stage's output first: redo the forward now, the backward when it comes.
+                replay_now = False
+            else:
                 return
-            grad_source = down
         target = self.policy.pick(source, s, mb)
         if target is None:
             mb.waiting = True
@@ -685,7 +696,7 @@ class Simulation:
             arrive = max(arrive, self.transfer(grad_source, target, act))
         if rule == Rule.RESEND:
             job = J_FUSED if s == self.S - 1 else J_FWD
-        elif rule == Rule.RECOMPUTE:
+        elif rule == Rule.RECOMPUTE or not replay_now:
             job = J_RFWD
         else:
             job = J_FUSED
@@ -754,11 +765,16 @@ class Simulation:
         else:
             link = self.sc.intra  # from the stage's checkpoint, stored near the joiner
         ready_at = self.engine.now + link.rtt_ms / 1000 + nbytes * 8 / (link.bandwidth_gbps * 1e9)
-        self.engine.schedule(ready_at, Kind.JOIN, self._on_ready, (node, node.epoch))
+        self.engine.schedule(ready_at, Kind.JOIN, self._on_ready,
+                             (node, node.epoch, self.committed))
 
-    def _on_ready(self, payload: tuple[SimNode, int]) -> None:
-        node, epoch = payload
+    def _on_ready(self, payload: tuple[SimNode, int, int]) -> None:
+        node, epoch, snapshot = payload
         if not node.alive or node.epoch != epoch:
+            return
+        if snapshot != self.committed and self.active_nodes(node.stage):
+            # The stage took an optimizer step during the download: fetch the new state.
+            self.schedule_ready(node)
             return
         node.ready = True
         if self.policy.activate_now(node):
@@ -832,6 +848,8 @@ class Simulation:
             mb = it.mbs.get(mb_id)
             if mb is None or mb.dead:
                 continue
+            if self._held_downstream(mb):
+                continue  # its stage-1 node died unnoticed but it got further: see below
             self.recoveries["drop"] += 1
             if swarm:
                 self._abandon(mb, lost=True)
@@ -864,14 +882,19 @@ class Simulation:
 
     def _apply(self, mb: MB, s: int, rule: Rule, swarm: bool) -> None:
         self.recoveries[rule.name.lower()] += 1
-        if swarm and (rule == Rule.REPLAY or s == 0):
-            # SWARM keeps no ledger: a dead peer's accumulated gradient is simply gone, and a
-            # dead trainer's microbatches with it.
+        if swarm and (rule == Rule.REPLAY or s == 0 or mb.finished):
+            # SWARM keeps no ledger: a dead peer's accumulated gradient is simply gone (and a
+            # finished microbatch is never revisited), and a dead trainer's microbatches with it.
             if s == 0 and not mb.finished:
                 self._abandon(mb, lost=True)
                 return
             self.lost.add(mb.id)
             mb.node[s] = None
+            if mb.st[s] != DONE:
+                mb.st[s] = DONE
+                mb.done_count += 1
+                if mb.done_count == self.S and self.iteration is not None:
+                    self.iteration.incomplete -= 1
             return
         if mb.st[s] == DONE:
             mb.done_count -= 1
@@ -883,12 +906,22 @@ class Simulation:
         mb.g_inflight[s] = False
         self._pump(mb)
 
+    def _held_downstream(self, mb: MB) -> bool:
+        """Does a live node past stage 0 hold `mb` (so its token ids survive)?"""
+        for t in range(1, self.S):
+            n = mb.node[t]
+            if n is not None and n.alive and mb.st[t] > INFLIGHT:
+                return True
+        return False
+
     def _drop(self, mb: MB) -> None:
         it = self.iteration
         assert it is not None
-        for t in range(1, self.S):
-            if mb.node[t] is not None and mb.st[t] != NONE:
-                raise SimulationError(f"dropped microbatch {mb.id} has state at stage {t}")
+        # An activation still on the wire when the crash is noticed (the oracle notices at
+        # once) is discarded when it lands; state at a node that died unnoticed died with it;
+        # anything else would mean the rules were broken.
+        if self._held_downstream(mb):
+            raise SimulationError(f"dropped microbatch {mb.id} is held past stage 0")
         mb.dead = True
         self.dropped += 1
         self.audit["dropped"] += 1
@@ -914,6 +947,9 @@ class Simulation:
                 it.incomplete -= 1
             it.to_inject += 1
         self._release(mb)
+        if it is not None and it.to_inject > 0:
+            for holder in self.active_nodes(0):
+                self._try_inject(holder)
 
     def _release(self, mb: MB) -> None:
         for t in range(self.S):
