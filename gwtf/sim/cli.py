@@ -53,16 +53,16 @@ def run_scenario(
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    if args.seed is not None and args.seed < 0:
+        print("gwtf simulate: --seed must be >= 0", file=sys.stderr)
+        return 2
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = load_scenario(args.scenario, seed=args.seed)
         policies = parse_policies(args.policy, scenario)
     except ScenarioError as err:
         print(f"gwtf simulate: {err}", file=sys.stderr)
         return 2
-    seed = scenario.seed if args.seed is None else args.seed
-    if args.seed is not None and args.seed < 0:
-        print("gwtf simulate: --seed must be >= 0", file=sys.stderr)
-        return 2
+    seed = scenario.seed
     results = run_scenario(scenario, policies, seed, progress=sys.stderr.isatty())
     if args.out:
         from gwtf.sim.report import write_outputs

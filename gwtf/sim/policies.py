@@ -148,6 +148,8 @@ class OraclePolicy(_FlowPolicy):
         super().__init__(sim)
         self.flows: dict[str, dict[str, int]] = {}
         self.solves = 0
+        self.max_flow_value = 0.0
+        """The largest maximum flow (microbatches/s) of any swarm seen in the run."""
 
     def detection_delay(self) -> float:
         return 0.0
@@ -159,6 +161,7 @@ class OraclePolicy(_FlowPolicy):
             return
         self.solves += 1
         result = solve_oracle(topo)
+        self.max_flow_value = max(self.max_flow_value, result.flow_value)
         for (src, dst), units in result.flows.items():
             self.flows.setdefault(src, {})[dst] = units
 
@@ -190,6 +193,8 @@ class GwtfPolicy(_FlowPolicy):
         self.tick_at: dict[str, float] = {}
         self.inbox: dict[str, tuple[float, list[FlowMessage]]] = {}
         self.batch_s = sim.sc.control_batch_s
+        self.jitter = sim.sc.control_jitter
+        self.rng = np.random.default_rng([sim.seed, 11])
         self.config = self._config()
 
     def _config(self) -> FlowConfig:
@@ -226,7 +231,9 @@ class GwtfPolicy(_FlowPolicy):
             if a is None or b is None:
                 continue
             sim.control_messages += 1
-            at = now + sim.one_way(a, b, size)
+            # Real links jitter; without it equal delays make the machines run in lockstep,
+            # and a synchronous epsilon-relaxation can cycle (seen on one-region swarms).
+            at = now + sim.one_way(a, b, size) * (1.0 + self.jitter * float(self.rng.random()))
             # A node handles its inbox in batches: messages landing within `batch_s` of the
             # first one waiting are handed over together (one `on_messages` call).
             inbox = self.inbox.get(msg.receiver)

@@ -44,9 +44,10 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     restart_delay_s = 120.0             # dtfm: from noticing a crash to running again
 
     [control]
-    quiet_s = 0.0                       # gwtf flow epsilon-scaling quiet period; 0: 4 x max delay
+    quiet_s = 0.0                       # gwtf flow epsilon-scaling quiet period; 0: 8 x max delay + 1 ms
     message_bytes = 100
     batch_s = 0.0                       # control messages landing within batch_s are handled together
+    jitter = 0.1                        # each control message's delay x (1 + jitter * U(0, 1))
 
     [policies]
     names = ["gwtf", "swarm", "swarm-rebalance", "dtfm", "oracle"]
@@ -139,6 +140,7 @@ class Scenario:
     quiet_s: float
     message_bytes: int
     control_batch_s: float
+    control_jitter: float
     policies: tuple[str, ...]
     swarm_rebalance_period_s: float
     swarm_ema_alpha: float
@@ -186,7 +188,7 @@ _SECTIONS = {
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
               "session_distribution", "leave_fraction", "link_trace", "detection_timeout_s",
               "restart_delay_s"),
-    "control": ("quiet_s", "message_bytes", "batch_s"),
+    "control": ("quiet_s", "message_bytes", "batch_s", "jitter"),
     "policies": ("names", "swarm_rebalance_period_s", "swarm_ema_alpha", "swarm_refresh_s",
                  "dtfm_search_evaluations"),
 }
@@ -252,8 +254,11 @@ def _section(where: str, doc: Mapping[str, Any], name: str) -> _Reader:
     return _Reader(f"{where} [{name}]", table, _SECTIONS[name])
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file; every problem is a one-line ScenarioError."""
+def load_scenario(path: str | Path, *, seed: int | None = None) -> Scenario:
+    """Read and validate a scenario file; every problem is a one-line ScenarioError.
+
+    `seed` replaces the file's seed (it draws the generated churn, the nodes' regions and GPUs,
+    and every policy's randomness)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -264,15 +269,17 @@ def load_scenario(path: str | Path) -> Scenario:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ScenarioError(f"scenario {str(path)!r} is not valid TOML: {err}") from None
-    return parse_scenario(doc, str(path), base=p.resolve().parent)
+    return parse_scenario(doc, str(path), base=p.resolve().parent, seed=seed)
 
 
-def parse_scenario(doc: Mapping[str, Any], where: str, *, base: Path) -> Scenario:
+def parse_scenario(
+    doc: Mapping[str, Any], where: str, *, base: Path, seed: int | None = None
+) -> Scenario:
     where = f"scenario {where!r}"
     top = _Reader(where, doc, _TOP)
     name = top.text("name", required=True)
     description = top.text("description")
-    seed = top.integer("seed", 0)
+    seed = top.integer("seed", 0) if seed is None else seed
     rng = np.random.default_rng(seed)
 
     model = _section(where, doc, "model")
@@ -455,6 +462,7 @@ def parse_scenario(doc: Mapping[str, Any], where: str, *, base: Path) -> Scenari
     quiet = control.number("quiet_s", 0.0)
     message_bytes = control.integer("message_bytes", 100, minimum=1)
     batch_s = control.number("batch_s", 0.0)
+    jitter = control.number("jitter", 0.1)
     if quiet == 0:
         used = {info.location for info in infos.values()}
         worst = max(
@@ -463,7 +471,10 @@ def parse_scenario(doc: Mapping[str, Any], where: str, *, base: Path) -> Scenari
              if (link := (intra if a == b else links.get(frozenset((a, b))))) is not None),
             default=intra.rtt_ms / 2000,
         )
-        quiet = 4 * worst
+        # Four round trips of the slowest control message, and a millisecond of processing:
+        # with exactly one round trip's worth of margin the flow machines can keep tightening
+        # epsilon under answers still in flight and never settle (seen on one-region swarms).
+        quiet = 8 * worst + 0.001
 
     pol = _section(where, doc, "policies")
     names = pol.strings("names", POLICIES)
@@ -499,6 +510,7 @@ def parse_scenario(doc: Mapping[str, Any], where: str, *, base: Path) -> Scenari
         quiet_s=quiet,
         message_bytes=message_bytes,
         control_batch_s=batch_s,
+        control_jitter=jitter,
         policies=names,
         swarm_rebalance_period_s=pol.number("swarm_rebalance_period_s", 300.0, positive=True),
         swarm_ema_alpha=pol.number("swarm_ema_alpha", 0.1, positive=True),

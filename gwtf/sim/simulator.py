@@ -244,7 +244,7 @@ class Simulation:
         self.series: list[tuple[float, float, int, int, int]] = []
         self._last_sample = (0.0, 0)
         self.audit = {"injected": 0, "finished": 0, "dropped": 0, "abandoned": 0,
-                      "commit_checks": 0}
+                      "commit_checks": 0, "conserved_iterations": 0}
         self.hop_estimate = self._hop_estimate()
         self._caps: dict[tuple[str, int], float] = {}
         self.policy = make_policy(policy_name, self)
@@ -461,6 +461,15 @@ class Simulation:
             return
         if any(not n.alive and n.active for n in self.nodes.values()):
             return  # a participant died: the all-reduce hangs until the crash is noticed
+        if self.policy.exact_commit:
+            # Conservation: every injected microbatch finished or dropped, never both.
+            injected = set(it.mbs)
+            if it.finished & it.dropped or it.finished | it.dropped != injected:
+                raise SimulationError(
+                    f"{self.policy_name}: iteration {it.index}: {len(injected)} injected, "
+                    f"{len(it.finished)} finished, {len(it.dropped)} dropped"
+                )
+            self.audit["conserved_iterations"] += 1
         self.committed += 1
         self.committed_mbs += len(it.finished)
         self.commit_times.append(self.engine.now)
