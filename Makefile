@@ -23,7 +23,7 @@ LINT_PATHS = $(wildcard gwtf tests benchmarks)
 help:
 	@echo "make setup   create $(VENV), install gwtf[dev] into it, generate the protobuf code"
 	@echo "make proto   regenerate gwtf/v1/*_pb2*.py(i) from protos/"
-	@echo "make lint    ruff on gwtf tests benchmarks; mypy on gwtf/flow"
+	@echo "make lint    ruff on gwtf tests benchmarks; mypy on gwtf/flow, gwtf/recovery, gwtf/sim"
 	@echo "make test    setup, lint, then the whole pytest suite"
 	@echo "make bench   setup, then python -m benchmarks"
 	@echo "make demo    setup, then gwtf demo"
@@ -49,7 +49,8 @@ proto: $(SETUP_STAMP)
 lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	@if [ -d gwtf/flow ]; then \
-		echo "$(VENV)/bin/mypy gwtf/flow"; $(VENV)/bin/mypy gwtf/flow; \
+		echo "$(VENV)/bin/mypy gwtf/flow gwtf/recovery gwtf/sim"; \
+		$(VENV)/bin/mypy gwtf/flow gwtf/recovery gwtf/sim; \
 	else echo "lint: gwtf/flow does not exist yet, mypy skipped"; fi
 
 test: setup lint

@@ -21,7 +21,9 @@ def parse_policies(text: str | None, scenario: Scenario) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     for name in names:
         if name not in POLICIES:
-            raise ScenarioError(f"unknown policy {name!r}; use one or more of {', '.join(POLICIES)}")
+            raise ScenarioError(
+                f"unknown policy {name!r}; use one or more of {', '.join(POLICIES)}"
+            )
     if not names:
         raise ScenarioError("--policy is empty; give one or more of " + ", ".join(POLICIES))
     return names
@@ -36,18 +38,21 @@ def run_scenario(
         for name in policies:
             results.append(Simulation(scenario, name, seed).run())
         return results
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-               TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         for name in policies:
             task = bar.add_task(f"{scenario.name} {name:<15}", total=scenario.duration_s)
             sim = Simulation(scenario, name, seed)
-            results.append(sim.run(progress=lambda now, t=task: bar.update(t, completed=now)))
+
+            def advance(now: float, task: TaskID = task) -> None:
+                bar.update(task, completed=now)
+
+            results.append(sim.run(progress=advance))
             bar.update(task, completed=scenario.duration_s)
     return results
 
@@ -86,7 +91,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         s = r.summary()
         ttt = s["time_to_train_s"]
         print(
-            f"  {r.policy:<16} {r.throughput_mean:8.3f} mb/s  iterations {r.iterations_completed:5d}"
+            f"  {r.policy:<16} {r.throughput_mean:8.3f} mb/s"
+            f"  iterations {r.iterations_completed:5d}"
             f"  time to train {'-' if ttt is None else f'{ttt:.0f} s':>9}"
             f"  wasted {100 * r.wasted_compute_fraction:5.2f}%  dropped {r.dropped_microbatches}"
             f"  lost {r.lost_microbatches}  msgs {r.control_messages}"

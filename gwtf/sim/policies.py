@@ -274,8 +274,8 @@ class GwtfPolicy(_FlowPolicy):
         del self.tick_at[node.node_id]
         now = self.sim.engine.now
         self._send(node.on_tick(now))
-        at = node.next_tick()
-        if at is not None and at <= now:
+        following = node.next_tick()
+        if following is not None and following <= now:
             # Not idle yet (waiting for answers): the next message it gets reschedules it.
             return
         self._tick(node)

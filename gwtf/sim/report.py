@@ -27,7 +27,9 @@ def summary_document(scenario: Scenario, seed: int, results: Sequence[SimResult]
     }
 
 
-def write_outputs(out: Path, scenario: Scenario, seed: int, results: Sequence[SimResult]) -> list[Path]:
+def write_outputs(
+    out: Path, scenario: Scenario, seed: int, results: Sequence[SimResult]
+) -> list[Path]:
     """Write summary.json, timeseries.csv, iterations.csv and the PNG plots into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     written = []

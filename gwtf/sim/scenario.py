@@ -44,9 +44,9 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     restart_delay_s = 120.0             # dtfm: from noticing a crash to running again
 
     [control]
-    quiet_s = 0.0                       # gwtf flow epsilon-scaling quiet period; 0: 8 x max delay + 1 ms
+    quiet_s = 0.0                       # flow epsilon-scaling quiet period; 0: 8 x max delay + 1 ms
     message_bytes = 100
-    batch_s = 0.0                       # control messages landing within batch_s are handled together
+    batch_s = 0.0                       # messages landing within batch_s are handled together
     jitter = 0.1                        # each control message's delay x (1 + jitter * U(0, 1))
 
     [policies]
@@ -402,7 +402,9 @@ def parse_scenario(
                         f"{where}: link event at {event.time_s:g} s names unknown location {loc!r}"
                     )
     if not initial_ids:
-        raise ScenarioError(f"{where}: no initial node; set [nodes] count or a trace with joins at 0")
+        raise ScenarioError(
+            f"{where}: no initial node; set [nodes] count or a trace with joins at 0"
+        )
     if not duration_given:
         if not events:
             raise ScenarioError(f"{where}: set 'duration_s' (there is no trace to take it from)")

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, TopologyError
-from gwtf.recovery import Ledger, Mode, Rule, check_commit, plan_crash
+from gwtf.recovery import Ledger, Rule, check_commit, plan_crash
 from gwtf.sim.engine import Engine, Kind, NewEvent
 from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.traces import TraceEvent
@@ -92,7 +92,7 @@ class SimNode:
         self.quota = 0
         self.dtfm_next: SimNode | None = None
         self.balancer: Any = None
-        self.pending_resp: list[tuple[float, str, float]] = []
+        self.pending_resp: list[tuple[float, str, float, int]] = []
         self.move_to: int | None = None
         self.set_compute(compute_s)
 

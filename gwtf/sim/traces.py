@@ -141,7 +141,9 @@ def read_bamboo_trace(path: str | PathLike[str]) -> list[TraceEvent]:
         if cells[0] == "time_ms":
             continue
         if len(cells) != 3:
-            raise TraceError(f"{where}: expected 3 fields time_ms,add|remove,node, got {len(cells)}")
+            raise TraceError(
+                f"{where}: expected 3 fields time_ms,add|remove,node, got {len(cells)}"
+            )
         time_ms = _number(where, "time_ms", cells[0])
         kind = {"add": "join", "remove": "crash"}.get(cells[1].lower())
         if kind is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gwtf.sim.scenario import POLICIES, Scenario, load_scenario
-from gwtf.sim.simulator import Simulation, SimResult
+from gwtf.sim.simulator import SimResult, Simulation
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"

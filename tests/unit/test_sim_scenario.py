@@ -62,7 +62,7 @@ def test_compute_comes_from_the_measured_gpu_speeds() -> None:
 
 
 def test_generated_churn_depends_on_the_seed_only(tmp_path: Path) -> None:
-    text = MINIMAL + "[churn]\ngenerator = \"poisson\"\njoin_rate_per_h = 60\nsession_mean_s = 300\n"
+    text = MINIMAL + '[churn]\ngenerator = "poisson"\njoin_rate_per_h = 60\nsession_mean_s = 300\n'
     first = load_scenario(write(tmp_path, text))
     again = load_scenario(write(tmp_path, text))
     other = load_scenario(write(tmp_path, text.replace('name = "tiny"', 'name = "tiny"\nseed = 5')))
