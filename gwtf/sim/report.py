@@ -67,13 +67,19 @@ def _plots(out: Path, scenario: Scenario, results: Sequence[SimResult]) -> list[
 
     written = []
     fig, ax = plt.subplots(figsize=(9, 4.5))
+    window_s = max(600.0, scenario.duration_s / 60)
     for r in results:
-        if r.series:
-            ax.plot([p[0] / 3600 for p in r.series], [p[1] for p in r.series], label=r.policy,
-                    linewidth=1)
+        if len(r.series) < 2:
+            continue
+        step = r.series[1][0] - r.series[0][0]
+        k = max(1, round(window_s / step))
+        rates = [p[1] for p in r.series]
+        smooth = [sum(rates[max(0, i - k + 1): i + 1]) / len(rates[max(0, i - k + 1): i + 1])
+                  for i in range(len(rates))]
+        ax.plot([p[0] / 3600 for p in r.series], smooth, label=r.policy, linewidth=1.2)
     ax.set_xlabel("time (h)")
     ax.set_ylabel("finished microbatches / s")
-    ax.set_title(f"{scenario.name}: throughput over time")
+    ax.set_title(f"{scenario.name}: throughput over time ({window_s / 60:.0f} min moving average)")
     ax.legend()
     fig.tight_layout()
     path = out / "throughput.png"
