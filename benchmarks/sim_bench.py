@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{platform.machine()}, Python {sys.version.split()[0]}, one core per run. "
         "Throughput = committed microbatches / simulated time (barriers and aggregation "
-        "included); time to train = commit of the scenario's `iterations`-th iteration "
+        "included); progress = the same plus the microbatches finished in the iteration still "
+        "open at the end (the ratios use it: committed throughput moves in steps of one "
+        "iteration, too coarse for short runs); time to train = commit of the scenario's `iterations`-th iteration "
         "(in parentheses: projected from the rate when the run ended first); wasted = compute "
         "thrown away or redone / all compute; lost = microbatches whose work was lost without "
         "being accounted for (swarm: a dead peer's accumulated gradients, a dead trainer's "

@@ -129,18 +129,24 @@ def markdown_table(scenario: Scenario, results: Sequence[SimResult]) -> list[str
     by = {r.policy: r for r in results}
     oracle = by.get("oracle")
     swarm = by.get("swarm")
+
+    def progress(r: SimResult | None) -> float:
+        return float(r.summary()["progress_throughput"]) if r is not None else 0.0
+
     rows = []
     for r in results:
         s = r.summary()
-        vs_oracle = (f"{r.throughput_mean / oracle.throughput_mean:.3f}"
-                     if oracle and oracle.throughput_mean else "")
-        vs_swarm = (f"{r.throughput_mean / swarm.throughput_mean:.3f}"
-                    if swarm and swarm.throughput_mean else "")
+        # Ratios of progress (committed + finished in the last, unfinished iteration), which
+        # short runs need: committed throughput moves in steps of one iteration.
+        vs_oracle = f"{progress(r) / progress(oracle):.3f}" if progress(oracle) else ""
+        vs_swarm = f"{progress(r) / progress(swarm):.3f}" if progress(swarm) else ""
         ttt = s["time_to_train_s"]
         ttt_text = f"{ttt:.0f}" if ttt is not None else (
             f"({s['projected_time_to_train_s']:.0f})" if s["projected_time_to_train_s"] else "-")
         rows.append(
-            f"| {scenario.name} | {r.policy} | {r.throughput_mean:.3f} | {vs_oracle} | "
+            f"| {scenario.name} | {r.policy} | {r.throughput_mean:.3f} | "
+            f"{s['progress_throughput']:.3f} | "
+            f"{vs_oracle} | "
             f"{vs_swarm} | {r.iterations_completed} | {ttt_text} | "
             f"{100 * r.wasted_compute_fraction:.2f}% | {r.dropped_microbatches} | "
             f"{r.lost_microbatches} | {r.control_messages} | {r.events} | "
@@ -150,8 +156,9 @@ def markdown_table(scenario: Scenario, results: Sequence[SimResult]) -> list[str
 
 
 TABLE_HEADER = [
-    "| scenario | policy | throughput (mb/s) | / oracle | / swarm | iterations | "
+    "| scenario | policy | throughput (mb/s) | progress (mb/s) | / oracle | / swarm | "
+    "iterations | "
     "time to train (s) | wasted | dropped | lost | control msgs | events | wall (s) | "
     "events/s |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
 ]

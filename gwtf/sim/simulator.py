@@ -149,6 +149,7 @@ class SimResult:
     time_to_train_s: float | None
     committed_microbatches: int
     throughput_mean: float
+    progress_microbatches: int
     wasted_compute_s: float
     total_compute_s: float
     dropped_microbatches: int
@@ -191,6 +192,8 @@ class SimResult:
             "events_per_s": round(self.events / self.sim_wall_s) if self.sim_wall_s else 0,
             "sim_time_s": round(self.sim_time_s, 3),
             "committed_microbatches": self.committed_microbatches,
+            "progress_throughput": round(self.progress_microbatches / self.sim_time_s, 6)
+            if self.sim_time_s else 0.0,
             "mean_iteration_s": round(statistics.fmean(iters), 3) if iters else None,
             "total_compute_s": round(self.total_compute_s, 3),
             "recoveries": dict(self.recoveries),
@@ -378,6 +381,8 @@ class Simulation:
             time_to_train_s=self.time_to_train,
             committed_microbatches=self.committed_mbs,
             throughput_mean=self.committed_mbs / sim_time if sim_time else 0.0,
+            progress_microbatches=self.committed_mbs + (
+                len(self.iteration.finished) if self.iteration is not None else 0),
             wasted_compute_s=self.wasted,
             total_compute_s=self.total_compute,
             dropped_microbatches=self.dropped,
