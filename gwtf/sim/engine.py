@@ -3,7 +3,9 @@
 An event is `(time, kind, id, handler, payload)`: ties are broken by kind (a fixed priority,
 below) and then by id, the order in which events were scheduled, so a run is a pure function of
 its inputs. A handler gets the payload and returns the new events to schedule as
-`(time, kind, handler, payload)` tuples (or None).
+`(time, kind, handler, payload)` tuples (or None). The simulator's handlers are methods marked
+`@returns_events`: the helpers they call `emit` into an `EventSink`, and the handler returns
+what was emitted, in order.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable, Iterable
 from enum import IntEnum
 from typing import Any
 
-__all__ = ["Engine", "Kind", "NewEvent"]
+__all__ = ["Engine", "EventSink", "Kind", "NewEvent", "returns_events"]
 
 
 class Kind(IntEnum):
@@ -36,6 +38,36 @@ class Kind(IntEnum):
 
 Handler = Callable[[Any], "Iterable[NewEvent] | None"]
 NewEvent = tuple[float, Kind, Handler, Any]
+
+
+class EventSink:
+    """Collects the events a handler's helpers create, for the handler to return."""
+
+    def __init__(self) -> None:
+        self._out: list[NewEvent] = []
+
+    def emit(self, time: float, kind: Kind, handler: Handler, payload: Any = None) -> None:
+        self._out.append((time, kind, handler, payload))
+
+    def take(self) -> list[NewEvent]:
+        out, self._out = self._out, []
+        return out
+
+
+def returns_events(
+    method: Callable[[Any, Any], None],
+) -> Callable[[Any, Any], list[NewEvent]]:
+    """Make a method (of an object with a `sink: EventSink`) an engine handler: it runs, and
+    returns the events it and its helpers emitted."""
+
+    def handler(self: Any, payload: Any) -> list[NewEvent]:
+        method(self, payload)
+        sink: EventSink = self.sink
+        return sink.take()
+
+    handler.__name__ = method.__name__
+    handler.__doc__ = method.__doc__
+    return handler
 
 
 class Engine:

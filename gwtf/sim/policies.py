@@ -34,7 +34,7 @@ from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
 from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
-from gwtf.sim.engine import Kind
+from gwtf.sim.engine import Kind, returns_events
 
 if TYPE_CHECKING:
     from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation
@@ -54,6 +54,7 @@ class Policy:
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
+        self.sink = sim.sink
 
     # -- lifecycle
     def start(self) -> None:
@@ -242,15 +243,16 @@ class GwtfPolicy(_FlowPolicy):
                 continue
             if inbox is not None and at < inbox[0]:
                 # An earlier arrival than the pending batch: deliver it on its own.
-                sim.engine.schedule(at, Kind.CONTROL, self._deliver, (msg.receiver, [msg], None))
+                sim.sink.emit(at, Kind.CONTROL, self._deliver, (msg.receiver, [msg], None))
                 continue
             batch: list[FlowMessage] = [msg]
             entry = (at, batch)
             if inbox is None or at > inbox[0] + self.batch_s:
                 self.inbox[msg.receiver] = entry
-            sim.engine.schedule(at + self.batch_s, Kind.CONTROL, self._deliver,
+            sim.sink.emit(at + self.batch_s, Kind.CONTROL, self._deliver,
                                 (msg.receiver, batch, entry))
 
+    @returns_events
     def _deliver(self, payload: tuple[str, list[FlowMessage], object]) -> None:
         receiver, batch, entry = payload
         if entry is not None and self.inbox.get(receiver) is entry:
@@ -265,8 +267,9 @@ class GwtfPolicy(_FlowPolicy):
         at = node.next_tick()
         if at is not None and self.tick_at.get(node.node_id) != at:
             self.tick_at[node.node_id] = at
-            self.sim.engine.schedule(at, Kind.TICK, self._on_tick, (node, at))
+            self.sim.sink.emit(at, Kind.TICK, self._on_tick, (node, at))
 
+    @returns_events
     def _on_tick(self, payload: tuple[FlowNode, float]) -> None:
         node, at = payload
         if self.flow.get(node.node_id) is not node or self.tick_at.get(node.node_id) != at:
@@ -354,8 +357,9 @@ class GwtfPolicy(_FlowPolicy):
             self._tick(fv)
             drain = max(drain, 2 * sim.one_way(u, v, sim.sc.message_bytes))
         if arcs:
-            sim.engine.schedule(sim.engine.now + drain + 1e-3, Kind.LINK, self._readd, arcs)
+            sim.sink.emit(sim.engine.now + drain + 1e-3, Kind.LINK, self._readd, arcs)
 
+    @returns_events
     def _readd(self, arcs: list[tuple[SimNode, SimNode]]) -> None:
         topo = self.sim.topology()
         if topo is None:
@@ -406,16 +410,17 @@ class SwarmPolicy(Policy):
 
     def start(self) -> None:
         sim = self.sim
-        sim.engine.schedule(sim.sc.swarm_refresh_s, Kind.PERIODIC, self._on_refresh, None)
+        sim.sink.emit(sim.sc.swarm_refresh_s, Kind.PERIODIC, self._on_refresh, None)
         if self.rebalance:
-            sim.engine.schedule(sim.sc.swarm_rebalance_period_s, Kind.PERIODIC,
+            sim.sink.emit(sim.sc.swarm_rebalance_period_s, Kind.PERIODIC,
                                 self._on_rebalance, None)
 
+    @returns_events
     def _on_refresh(self, _: object) -> None:
         for (_, stage), bal in sorted(self.balancers.items()):
             self._refresh(bal, stage)
         sim = self.sim
-        sim.engine.schedule(sim.engine.now + sim.sc.swarm_refresh_s, Kind.PERIODIC,
+        sim.sink.emit(sim.engine.now + sim.sc.swarm_refresh_s, Kind.PERIODIC,
                             self._on_refresh, None)
 
     def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None:
@@ -456,9 +461,10 @@ class SwarmPolicy(Policy):
         for bal in self.balancers.values():
             bal.ban(node.id)
 
+    @returns_events
     def _on_rebalance(self, _: object) -> None:
         sim = self.sim
-        sim.engine.schedule(sim.engine.now + sim.sc.swarm_rebalance_period_s, Kind.PERIODIC,
+        sim.sink.emit(sim.engine.now + sim.sc.swarm_rebalance_period_s, Kind.PERIODIC,
                             self._on_rebalance, None)
         stages = sim.S
         throughput = [sum(1 / n.compute_s for n in sim.active_nodes(s) if n.move_to is None)
@@ -571,7 +577,7 @@ class DtfmPolicy(Policy):
         if sim.iteration is None and not self.restarting:
             # Stalled for want of a stage: this joiner may be what the restart waits for.
             sim.pending_activation.append(node)
-            self._resume(None)
+            self._restart_now()
             return False
         return False
 
@@ -582,9 +588,13 @@ class DtfmPolicy(Policy):
         self.restarting = True
         sim.restart()
         sim.paused_until = sim.engine.now + sim.sc.restart_delay_s
-        sim.engine.schedule(sim.paused_until, Kind.ITERATION, self._resume, None)
+        sim.sink.emit(sim.paused_until, Kind.ITERATION, self._resume, None)
 
+    @returns_events
     def _resume(self, _: object) -> None:
+        self._restart_now()
+
+    def _restart_now(self) -> None:
         sim = self.sim
         self.restarting = False
         sim.activate_pending()

@@ -44,7 +44,7 @@ import numpy as np
 
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, TopologyError
 from gwtf.recovery import Ledger, Rule, check_commit, plan_crash
-from gwtf.sim.engine import Engine, Kind, NewEvent
+from gwtf.sim.engine import Engine, EventSink, Kind, returns_events
 from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.traces import TraceEvent
 
@@ -215,6 +215,7 @@ class Simulation:
         self.seed = scenario.seed if seed is None else seed
         self.rng = np.random.default_rng([self.seed, sum(map(ord, policy_name))])
         self.engine = Engine()
+        self.sink = EventSink()
         self.S = scenario.stages
         self.nodes: dict[str, SimNode] = {}
         self.links: dict[frozenset[str], LinkSpec] = dict(scenario.links)
@@ -358,11 +359,12 @@ class Simulation:
         for event in sc.events:
             kind = {"join": Kind.JOIN, "leave": Kind.LEAVE, "crash": Kind.CRASH,
                     "link": Kind.LINK}[event.kind]
-            self.engine.schedule(event.time_s, kind, self._on_trace, event)
+            self.sink.emit(event.time_s, kind, self._on_trace, event)
         self.sample_s = max(10.0, sc.duration_s / 400)
-        self.engine.schedule(self.sample_s, Kind.SAMPLE, self._on_sample, None)
+        self.sink.emit(self.sample_s, Kind.SAMPLE, self._on_sample, None)
         self.policy.start()
         self._start_iteration(0)
+        self.engine.schedule_all(self.sink.take())
         chunks = 200 if progress is not None else 1
         for i in range(1, chunks + 1):
             self.engine.run(sc.duration_s * i / chunks)
@@ -400,7 +402,8 @@ class Simulation:
             audit=self.audit,
         )
 
-    def _on_sample(self, _: Any) -> list[NewEvent]:
+    @returns_events
+    def _on_sample(self, _: Any) -> None:
         now = self.engine.now
         t0, count0 = self._last_sample
         rate = (self.finished_count - count0) / (now - t0) if now > t0 else 0.0
@@ -408,7 +411,7 @@ class Simulation:
         active = len(self.active_nodes())
         self.series.append((now, rate, alive, active, self.committed))
         self._last_sample = (now, self.finished_count)
-        return [(now + self.sample_s, Kind.SAMPLE, self._on_sample, None)]
+        self.sink.emit(now + self.sample_s, Kind.SAMPLE, self._on_sample, None)
 
     # ------------------------------------------------------------------ iterations
 
@@ -457,9 +460,10 @@ class Simulation:
         it.agg_token += 1
         duration = max((self.allreduce_s(self.policy.aggregation_members(s))
                         for s in range(self.S)), default=0.0)
-        self.engine.schedule(self.engine.now + duration, Kind.ITERATION, self._on_commit,
+        self.sink.emit(self.engine.now + duration, Kind.ITERATION, self._on_commit,
                              (it, it.agg_token))
 
+    @returns_events
     def _on_commit(self, payload: tuple[Iteration, int]) -> None:
         it, token = payload
         if self.iteration is not it or not it.aggregating or it.agg_token != token:
@@ -539,8 +543,9 @@ class Simulation:
         if holder.inject_at is not None and holder.inject_at <= at:
             return
         holder.inject_at = at
-        self.engine.schedule(at, Kind.INJECT, self._on_inject, (holder, at))
+        self.sink.emit(at, Kind.INJECT, self._on_inject, (holder, at))
 
+    @returns_events
     def _on_inject(self, payload: tuple[SimNode, float]) -> None:
         holder, at = payload
         if holder.inject_at != at:
@@ -573,10 +578,11 @@ class Simulation:
             node.busy = True
             node.job = job
             node.job_start = self.engine.now
-            self.engine.schedule(self.engine.now + duration, Kind.COMPUTE, self._on_compute,
+            self.sink.emit(self.engine.now + duration, Kind.COMPUTE, self._on_compute,
                                  (node, job, node.epoch, duration))
             return
 
+    @returns_events
     def _on_compute(self, payload: tuple[SimNode, tuple[int, MB, int], int, float]) -> None:
         node, job, epoch, duration = payload
         if not node.alive or node.epoch != epoch or node.job is not job:
@@ -645,7 +651,7 @@ class Simulation:
                     mb.g_inflight[s] = True
                     down.ledger.gradient_sent(mb.id, node.id)
                     arrive = self.transfer(down, node, self.sc.activation_bytes)
-                    self.engine.schedule(arrive, Kind.ARRIVE, self._on_gradient,
+                    self.sink.emit(arrive, Kind.ARRIVE, self._on_gradient,
                                          (mb, s, node, down.id))
 
     def _input_source(self, mb: MB, s: int) -> SimNode | None:
@@ -714,9 +720,10 @@ class Simulation:
             job = J_RFWD
         else:
             job = J_FUSED
-        self.engine.schedule(arrive, Kind.ARRIVE, self._on_activation,
+        self.sink.emit(arrive, Kind.ARRIVE, self._on_activation,
                              (mb, s, target, source.id, job, grad_source))
 
+    @returns_events
     def _on_activation(self, payload: tuple[MB, int, SimNode, str, int, SimNode | None]) -> None:
         mb, s, node, sender, job, grad_source = payload
         if mb.dead or mb.node[s] is not node or not node.alive:
@@ -732,6 +739,7 @@ class Simulation:
         node.fwd_q.append((job, mb, s))
         self._start_next(node)
 
+    @returns_events
     def _on_gradient(self, payload: tuple[MB, int, SimNode, str]) -> None:
         mb, s, node, sender = payload
         if mb.dead or mb.node[s] is not node or not node.alive or mb.st[s] != WAIT_G:
@@ -744,6 +752,7 @@ class Simulation:
 
     # ------------------------------------------------------------------ churn
 
+    @returns_events
     def _on_trace(self, event: TraceEvent) -> None:
         if event.kind == "join":
             self._join(event)
@@ -779,9 +788,10 @@ class Simulation:
         else:
             link = self.sc.intra  # from the stage's checkpoint, stored near the joiner
         ready_at = self.engine.now + link.rtt_ms / 1000 + nbytes * 8 / (link.bandwidth_gbps * 1e9)
-        self.engine.schedule(ready_at, Kind.JOIN, self._on_ready,
+        self.sink.emit(ready_at, Kind.JOIN, self._on_ready,
                              (node, node.epoch, self.committed))
 
+    @returns_events
     def _on_ready(self, payload: tuple[SimNode, int, int]) -> None:
         node, epoch, snapshot = payload
         if not node.alive or node.epoch != epoch:
@@ -835,8 +845,9 @@ class Simulation:
         node.slot_mbs.clear()
         self.pending_activation = [n for n in self.pending_activation if n is not node]
         delay = 0.0 if graceful else self.policy.detection_delay()
-        self.engine.schedule(self.engine.now + delay, Kind.DETECT, self._on_detect, node)
+        self.sink.emit(self.engine.now + delay, Kind.DETECT, self._on_detect, node)
 
+    @returns_events
     def _on_detect(self, node: SimNode) -> None:
         node.detected = True
         was_active = node.active
