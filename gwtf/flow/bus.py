@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
@@ -30,6 +30,7 @@ __all__ = [
     "flow_config",
     "node_views",
     "peer_edits",
+    "with_epochs",
     "solve_decentralized",
 ]
 
@@ -97,15 +98,7 @@ class MessageBus:
         membership service would tell them. `config` defaults to the swarm's: every node must
         use the same one (it is not recomputed from the grown topology)."""
         config = config or next(iter(self.nodes.values())).config
-
-        def known(arcs: tuple[LocalArc, ...]) -> tuple[LocalArc, ...]:
-            # The joiner's arcs lead to the peers' current incarnations.
-            return tuple(
-                replace(a, epoch=self.nodes[a.peer].epoch if a.peer in self.nodes else a.epoch)
-                for a in arcs
-            )
-
-        view = replace(view, upstream=known(view.upstream), downstream=known(view.downstream))
+        view = with_epochs(view, {node_id: node.epoch for node_id, node in self.nodes.items()})
         self._note_change()
         node = FlowNode(view, config, self.clock, epoch=epoch, warm=True)
         self.nodes[view.node_id] = node
@@ -274,6 +267,16 @@ def node_views(topology: Topology) -> dict[str, NodeView]:
             downstream=tuple(downstream),
         )
     return views
+
+
+def with_epochs(view: NodeView, epochs: Mapping[str, int]) -> NodeView:
+    """`view` with each arc leading to its peer's current incarnation (from `epochs`): what a
+    joiner must know, or its messages to peers that restarted since would be ignored."""
+
+    def current(arcs: tuple[LocalArc, ...]) -> tuple[LocalArc, ...]:
+        return tuple(replace(a, epoch=epochs.get(a.peer, a.epoch)) for a in arcs)
+
+    return replace(view, upstream=current(view.upstream), downstream=current(view.downstream))
 
 
 def peer_edits(view: NodeView) -> list[tuple[str, LocalArc, bool]]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gwtf.flow.bus import flow_config, node_views, peer_edits
+from gwtf.flow.bus import flow_config, node_views, peer_edits, with_epochs
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
@@ -197,6 +197,11 @@ class GwtfPolicy(_FlowPolicy):
         self.jitter = sim.sc.control_jitter
         self.rng = np.random.default_rng([sim.seed, 11])
         self.config = self._config()
+        # Scaling phases end swarm-wide: once no control message is in flight, and after the
+        # time a real swarm takes to learn it (`phase_end_s`), every machine tightens epsilon.
+        self.in_flight = 0
+        self.activity = 0  # bumped at every delivery and change: an older phase end is stale
+        self.gen = 0  # arc generations for links that come back
 
     def _config(self) -> FlowConfig:
         """One config for the whole run, from every node the scenario will ever have and the
@@ -218,7 +223,7 @@ class GwtfPolicy(_FlowPolicy):
                  for i in sc.nodes.values()]
         # A peer moved by nothing here keeps its stage; joiners of every stage are included.
         universe = Topology.build(sc.activation_bytes, nodes, links, sc.intra)
-        return flow_config(universe, quiet_s=sc.quiet_s)
+        return flow_config(universe)
 
     # -- the bus
     def _send(self, msgs: list[FlowMessage]) -> None:
@@ -232,6 +237,7 @@ class GwtfPolicy(_FlowPolicy):
             if a is None or b is None:
                 continue
             sim.control_messages += 1
+            self.in_flight += 1
             # Real links jitter; without it equal delays make the machines run in lockstep,
             # and a synchronous epsilon-relaxation can cycle (seen on one-region swarms).
             at = now + sim.one_way(a, b, size) * (1.0 + self.jitter * float(self.rng.random()))
@@ -257,11 +263,36 @@ class GwtfPolicy(_FlowPolicy):
         receiver, batch, entry = payload
         if entry is not None and self.inbox.get(receiver) is entry:
             del self.inbox[receiver]
+        self.in_flight -= len(batch)
+        self.activity += 1
         node = self.flow.get(receiver)
-        if node is None:
-            return
-        self._send(node.on_messages(batch))
-        self._tick(node)
+        if node is not None:
+            self._send(node.on_messages(batch))
+            self._tick(node)
+            if node.wants_rescale():
+                for machine in self.flow.values():
+                    machine.rescale()
+        self._maybe_end_phase()
+
+    def _changed(self) -> None:
+        """The topology changed: every machine may ask for a rescale again."""
+        self.activity += 1
+        for machine in self.flow.values():
+            machine.note_change()
+
+    def _maybe_end_phase(self) -> None:
+        if self.in_flight == 0 and any(not m.final for m in self.flow.values()):
+            at = self.sim.engine.now + self.sim.sc.phase_end_s
+            self.sim.sink.emit(at, Kind.TICK, self._end_phase, self.activity)
+
+    @returns_events
+    def _end_phase(self, activity: int) -> None:
+        if activity != self.activity or self.in_flight:
+            return  # something happened since: that later quiet moment decides
+        self.activity += 1
+        for node_id in sorted(self.flow):
+            self._send(self.flow[node_id].tighten())
+        self._maybe_end_phase()
 
     def _tick(self, node: FlowNode) -> None:
         at = node.next_tick()
@@ -294,23 +325,27 @@ class GwtfPolicy(_FlowPolicy):
             return
         views = node_views(topo)
         clock = self.sim.engine.clock
+        epochs = {node_id: self.sim.incarnation(node_id) for node_id in views}
         for node_id in sorted(views):
-            epoch = self.sim.incarnation(node_id)
-            self.flow[node_id] = FlowNode(views[node_id], self.config, clock, epoch=epoch)
+            view = with_epochs(views[node_id], epochs)
+            self.flow[node_id] = FlowNode(view, self.config, clock, epoch=epochs[node_id])
         for node_id in sorted(views):
             self._send(self.flow[node_id].start())
             self._tick(self.flow[node_id])
+        self._maybe_end_phase()
 
     def on_death(self, node: SimNode, was_active: bool) -> None:
         machine = self.flow.pop(node.id, None)
         self.tick_at.pop(node.id, None)
         if machine is None:
             return
+        self._changed()
         for peer in machine.peers():
             other = self.flow.get(peer)
             if other is not None:
                 self._send(other.remove_peer(node.id))
                 self._tick(other)
+        self._maybe_end_phase()
 
     def on_activate(self, node: SimNode) -> None:
         topo = self.sim.topology()
@@ -319,11 +354,14 @@ class GwtfPolicy(_FlowPolicy):
         views = node_views(topo)
         clock = self.sim.engine.clock
         # Usually just the joiner; after a stage was empty, every node that waited for it.
+        epochs = {node_id: self.sim.incarnation(node_id) for node_id in views}
         for node_id in sorted(views):
             if node_id in self.flow:
                 continue
-            epoch = self.sim.incarnation(node_id)
-            machine = FlowNode(views[node_id], self.config, clock, epoch=epoch, warm=True)
+            self._changed()
+            epoch = epochs[node_id]
+            view = with_epochs(views[node_id], epochs)
+            machine = FlowNode(view, self.config, clock, epoch=epoch, warm=True)
             self.flow[node_id] = machine
             for peer_id, arc, peer_sees_upstream in peer_edits(views[node_id]):
                 peer = self.flow.get(peer_id)
@@ -333,48 +371,37 @@ class GwtfPolicy(_FlowPolicy):
                     self._tick(peer)
             self._send(machine.start())
             self._tick(machine)
+        self._maybe_end_phase()
 
     def on_link_change(self, loc_a: str, loc_b: str) -> None:
-        """The arcs over the link are withdrawn at both ends at once and offered again, with the
-        new capacity and cost, once every message about the old arc has landed: the flow API has
-        no in-place arc update, and a fresh arc must not merge an old arc's cumulative counters."""
-        sim = self.sim
-        pair = {loc_a, loc_b}
-        arcs = []
-        for u in sim.active_nodes():
-            for v in sim.active_nodes(u.stage + 1):
-                if {u.location, v.location} == pair or (loc_a == loc_b == u.location ==
-                                                        v.location):
-                    arcs.append((u, v))
-        drain = 0.0
-        for u, v in arcs:
-            fu, fv = self.flow.get(u.id), self.flow.get(v.id)
-            if fu is None or fv is None:
-                continue
-            self._send(fu.remove_peer(v.id))
-            self._send(fv.remove_peer(u.id))
-            self._tick(fu)
-            self._tick(fv)
-            drain = max(drain, 2 * sim.one_way(u, v, sim.sc.message_bytes))
-        if arcs:
-            sim.sink.emit(sim.engine.now + drain + 1e-3, Kind.LINK, self._readd, arcs)
-
-    @returns_events
-    def _readd(self, arcs: list[tuple[SimNode, SimNode]]) -> None:
+        """The arcs over the link are re-created at both ends with the new capacity and cost, as
+        a new generation: whatever is still in flight about the old arcs is ignored."""
         topo = self.sim.topology()
         if topo is None:
             return
-        for u, v in arcs:
-            fu, fv = self.flow.get(u.id), self.flow.get(v.id)
-            if fu is None or fv is None or not topo.has_arc(u.id, v.id):
-                continue
-            spec = topo.arc(u.id, v.id)
-            self._send(fu.add_peer(LocalArc(v.id, spec.cap_units, spec.cost_units),
-                                   upstream=False, peer_epoch=self.sim.incarnation(v.id)))
-            self._send(fv.add_peer(LocalArc(u.id, spec.cap_units, spec.cost_units),
-                                   upstream=True, peer_epoch=self.sim.incarnation(u.id)))
-            self._tick(fu)
-            self._tick(fv)
+        self._changed()
+        self.gen += 1
+        pair = {loc_a, loc_b}
+        for u in self.sim.active_nodes():
+            for v in self.sim.active_nodes(u.stage + 1):
+                if {u.location, v.location} != pair:
+                    continue
+                fu, fv = self.flow.get(u.id), self.flow.get(v.id)
+                if fu is None or fv is None:
+                    continue
+                self._send(fu.remove_arc(v.id, upstream=False))
+                self._send(fv.remove_arc(u.id, upstream=True))
+                if topo.has_arc(u.id, v.id):
+                    spec = topo.arc(u.id, v.id)
+                    self._send(fu.add_peer(
+                        LocalArc(v.id, spec.cap_units, spec.cost_units, self.gen),
+                        upstream=False, peer_epoch=fv.epoch))
+                    self._send(fv.add_peer(
+                        LocalArc(u.id, spec.cap_units, spec.cost_units, self.gen),
+                        upstream=True, peer_epoch=fu.epoch))
+                self._tick(fu)
+                self._tick(fv)
+        self._maybe_end_phase()
 
 
 class SwarmPolicy(Policy):

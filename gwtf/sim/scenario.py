@@ -44,7 +44,7 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     restart_delay_s = 120.0             # dtfm: from noticing a crash to running again
 
     [control]
-    quiet_s = 0.0                       # flow epsilon-scaling quiet period; 0: 8 x max delay + 1 ms
+    phase_end_s = 0.0                   # time to learn a scaling phase is done everywhere; 0: auto
     message_bytes = 100
     batch_s = 0.0                       # messages landing within batch_s are handled together
     jitter = 0.1                        # each control message's delay x (1 + jitter * U(0, 1))
@@ -137,7 +137,7 @@ class Scenario:
     events: tuple[TraceEvent, ...]
     detection_timeout_s: float
     restart_delay_s: float
-    quiet_s: float
+    phase_end_s: float
     message_bytes: int
     control_batch_s: float
     control_jitter: float
@@ -188,7 +188,7 @@ _SECTIONS = {
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
               "session_distribution", "leave_fraction", "link_trace", "detection_timeout_s",
               "restart_delay_s"),
-    "control": ("quiet_s", "message_bytes", "batch_s", "jitter"),
+    "control": ("phase_end_s", "message_bytes", "batch_s", "jitter"),
     "policies": ("names", "swarm_rebalance_period_s", "swarm_ema_alpha", "swarm_refresh_s",
                  "dtfm_search_evaluations"),
 }
@@ -461,11 +461,11 @@ def parse_scenario(
             body.append(event)
 
     control = _section(where, doc, "control")
-    quiet = control.number("quiet_s", 0.0)
+    phase_end = control.number("phase_end_s", 0.0)
     message_bytes = control.integer("message_bytes", 100, minimum=1)
     batch_s = control.number("batch_s", 0.0)
     jitter = control.number("jitter", 0.1)
-    if quiet == 0:
+    if phase_end == 0:
         used = {info.location for info in infos.values()}
         worst = max(
             (link.rtt_ms / 2000 + message_bytes * 8 / (link.bandwidth_gbps * 1e9)
@@ -473,10 +473,11 @@ def parse_scenario(
              if (link := (intra if a == b else links.get(frozenset((a, b))))) is not None),
             default=intra.rtt_ms / 2000,
         )
-        # Four round trips of the slowest control message, and a millisecond of processing:
-        # with exactly one round trip's worth of margin the flow machines can keep tightening
-        # epsilon under answers still in flight and never settle (seen on one-region swarms).
-        quiet = 8 * worst + 0.001
+        # The flow machines' scaling phases are ended swarm-wide once no control message is in
+        # flight (gwtf.flow.bus does the same). A real swarm learns it by a termination-detection
+        # round over its heartbeats: two of the slowest one-way control delays, and a
+        # millisecond of processing.
+        phase_end = 2 * worst + 0.001
 
     pol = _section(where, doc, "policies")
     names = pol.strings("names", POLICIES)
@@ -509,7 +510,7 @@ def parse_scenario(
         events=tuple(body),
         detection_timeout_s=detection,
         restart_delay_s=restart,
-        quiet_s=quiet,
+        phase_end_s=phase_end,
         message_bytes=message_bytes,
         control_batch_s=batch_s,
         control_jitter=jitter,

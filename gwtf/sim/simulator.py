@@ -21,8 +21,10 @@ What is simulated (DESIGN.md 5):
   the `oracle` notices at once), link changes.
 - Crash recovery: the rules of DESIGN.md 4 from `gwtf.recovery`, driven by each node's `Ledger`.
   `swarm` retries in-flight work elsewhere like rules 1-2, but a dead peer's accumulated
-  gradients and a dead trainer's microbatches are lost (counted in `lost`); `dtfm` loses the
-  iteration and restarts after `restart_delay_s` with a schedule recomputed for the survivors.
+  gradients and a dead trainer's microbatches are lost (counted in `lost`, and not in the
+  throughput: only microbatches whose gradient reached every stage's optimizer count as
+  trained); `dtfm` loses the iteration and restarts after `restart_delay_s` with a schedule
+  recomputed for the survivors.
 
 A microbatch's progress at stage s is one of NONE, INFLIGHT (its activation travels to the node),
 FWD_Q, WAIT_G (forward done, activations kept, waiting for the gradient), BWD_Q, DONE
@@ -480,7 +482,11 @@ class Simulation:
                 )
             self.audit["conserved_iterations"] += 1
         self.committed += 1
-        self.committed_mbs += len(it.finished)
+        # A microbatch counts once its gradient is in every stage's commit. SWARM keeps no
+        # ledger, so a dead peer's accumulated gradients are gone and their microbatches are
+        # `lost`: the real SWARM would train on, to its per-stage batch target, without them,
+        # so they do not count as trained (counting them would credit work it threw away).
+        self.committed_mbs += len(it.finished - self.lost)
         self.commit_times.append(self.engine.now)
         if self.committed == self.sc.iterations and self.time_to_train is None:
             self.time_to_train = self.engine.now
