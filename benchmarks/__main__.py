@@ -12,6 +12,7 @@ import sys
 
 BENCHMARKS = {
     "flow": "benchmarks.flow",
+    "sim": "benchmarks.sim",
 }
 
 
