@@ -220,6 +220,18 @@ def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     launch.set_defaults(handler=_launch)
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    try:
+        from gwtf.sim.cli import run_simulate
+    except ModuleNotFoundError as missing:
+        if missing.name not in ("gwtf.sim", "gwtf.sim.cli"):
+            raise
+        print("gwtf simulate: not available in this installation (no gwtf.sim)", file=sys.stderr)
+        return EXIT_USAGE
+
+    return run_simulate(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     print(
         "gwtf demo: the demo is not available yet in this version; "
@@ -238,7 +250,6 @@ def _not_yet(command: str) -> Handler:
 
 _NOT_YET = {
     "submit": "submit a training job to a running gwtf network",
-    "simulate": "run a scenario in the discrete-event simulator",
 }
 
 
@@ -297,6 +308,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reference.add_argument("--json", action="store_true", help="print the result as JSON")
     reference.set_defaults(handler=_reference)
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="replay churn on a modelled swarm and compare routing policies",
+        description="Run the scenario in SCENARIO (TOML) in the discrete-event simulator, once "
+        "per policy, and print or write what each achieved.",
+    )
+    simulate.add_argument("scenario", metavar="SCENARIO", help="the scenario file (TOML)")
+    simulate.add_argument(
+        "--policy",
+        metavar="P[,P...]",
+        help="policies to run: gwtf, swarm, swarm-rebalance, dtfm, oracle "
+        "(default: the scenario's list)",
+    )
+    simulate.add_argument(
+        "--seed", type=int, default=None, metavar="N",
+        help="seed for all randomness (default: the scenario's)",
+    )
+    simulate.add_argument(
+        "--out", metavar="DIR",
+        help="write summary.json, timeseries.csv, iterations.csv and PNG plots into DIR",
+    )
+    simulate.add_argument("--json", action="store_true", help="print the summary as JSON")
+    simulate.set_defaults(handler=_simulate)
 
     _add_node_parser(commands)
     _add_status_parser(commands)

@@ -14,10 +14,10 @@ for the scaling to be re-run (`FlowNode.wants_rescale`), it widens every node's 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+import math
+import random
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-
-import numpy as np
 
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
 from gwtf.flow.solution import FlowResult, make_result
@@ -30,11 +30,9 @@ __all__ = [
     "flow_config",
     "node_views",
     "peer_edits",
+    "with_epochs",
     "solve_decentralized",
 ]
-
-_DRAWS = 4096  # random draws are made in blocks: one numpy call per message would dominate
-
 
 class NotConverged(RuntimeError):
     """The swarm did not reach quiescence within the round limit."""
@@ -54,7 +52,9 @@ class MessageBus:
             raise ValueError("max_delay must be at least 1 round")
         if not 0.0 <= duplicate_p < 1.0:
             raise ValueError("duplicate_p must be in [0, 1)")
-        self.rng = np.random.default_rng(seed)
+        # The standard library's generator: as seedable as numpy's, and far cheaper per draw,
+        # which matters at a draw or two per message.
+        self.rng = random.Random(seed)
         self.max_delay = max_delay
         self.duplicate_p = duplicate_p
         self.now = 0
@@ -68,8 +68,6 @@ class MessageBus:
         self._rounds: list[int] = []
         self._ticks: list[tuple[float, str]] = []
         self._tick_at: dict[str, float] = {}  # the one live heap entry per node
-        self._delays: list[int] = []
-        self._dups: list[bool] = []
 
     def clock(self) -> float:
         return float(self.now)
@@ -88,30 +86,20 @@ class MessageBus:
     def remove(self, node_id: str) -> None:
         """`node_id` vanishes (a crash): its peers drop their arcs to it at once."""
         node = self.nodes.pop(node_id)
+        self._note_change()
         for peer in node.peers():
             other = self.nodes.get(peer)
             if other is not None:
                 self.send(other.remove_peer(node_id))
                 self._schedule_tick(other)
 
-    def _rescale(self) -> None:
-        for node in self.nodes.values():
-            node.rescale()
-
     def join(self, view: NodeView, config: FlowConfig | None = None, *, epoch: int = 0) -> None:
         """A node joins a running swarm (warm); its peers learn of the new arcs at once, as a
         membership service would tell them. `config` defaults to the swarm's: every node must
         use the same one (it is not recomputed from the grown topology)."""
         config = config or next(iter(self.nodes.values())).config
-
-        def known(arcs: tuple[LocalArc, ...]) -> tuple[LocalArc, ...]:
-            # The joiner's arcs lead to the peers' current incarnations.
-            return tuple(
-                replace(a, epoch=self.nodes[a.peer].epoch if a.peer in self.nodes else a.epoch)
-                for a in arcs
-            )
-
-        view = replace(view, upstream=known(view.upstream), downstream=known(view.downstream))
+        view = with_epochs(view, {node_id: node.epoch for node_id, node in self.nodes.items()})
+        self._note_change()
         node = FlowNode(view, config, self.clock, epoch=epoch, warm=True)
         self.nodes[view.node_id] = node
         for peer_id, arc, peer_sees_upstream in peer_edits(view):
@@ -122,8 +110,13 @@ class MessageBus:
         self.send(node.start())
         self._schedule_tick(node)
 
+    def _note_change(self) -> None:
+        for node in self.nodes.values():
+            node.note_change()
+
     def cut(self, src: str, dst: str) -> None:
         """The arc `src -> dst` fails (both ends notice at once)."""
+        self._note_change()
         for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
             node = self.nodes.get(node_id)
             if node is not None:
@@ -134,6 +127,7 @@ class MessageBus:
         gets a new generation, so that messages of an earlier arc between the two still in
         flight are not counted on it."""
         self._gen += 1
+        self._note_change()
         for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
             node = self.nodes.get(node_id)
             if node is not None:
@@ -144,21 +138,17 @@ class MessageBus:
     def reset_counts(self) -> None:
         """Start counting messages and rounds afresh (to measure a warm restart alone)."""
         self.messages = 0
+        self.rescales = 0
         self._round0 = self.now
 
-    def _draw(self) -> None:
-        self._delays = self.rng.integers(1, self.max_delay + 1, size=_DRAWS).tolist()
-        self._dups = (self.rng.random(_DRAWS) < self.duplicate_p).tolist()
-
     def send(self, msgs: Iterable[FlowMessage]) -> None:
+        rand = self.rng.random
+        spread = self.max_delay
+        dup = self.duplicate_p
         for msg in msgs:
-            if not self._delays:
-                self._draw()
-            copies = 2 if self._dups.pop() else 1
+            copies = 2 if dup and rand() < dup else 1
             for _ in range(copies):
-                if not self._delays:
-                    self._draw()
-                at = self.now + self._delays.pop()
+                at = self.now + 1 + int(rand() * spread)
                 batch = self._inbox.get(at)
                 if batch is None:
                     self._inbox[at] = batch = []
@@ -192,7 +182,7 @@ class MessageBus:
                 if not self._end_phase():
                     return BusStats(self.messages, self.now - self._round0)
                 continue
-            self.now = max(self.now, int(np.ceil(nxt)))
+            self.now = max(self.now, math.ceil(nxt))
             if self.now - self._round0 > max_rounds:
                 raise NotConverged(f"no quiescence after {max_rounds} rounds")
             batches: dict[str, list[FlowMessage]] = {}
@@ -207,14 +197,14 @@ class MessageBus:
                     batch.append(msg)
             touched = set()
             receivers = sorted(batches)
-            for idx in self.rng.permutation(len(receivers)).tolist():
-                receiver = receivers[idx]
+            self.rng.shuffle(receivers)
+            for receiver in receivers:
                 node = self.nodes.get(receiver)
                 if node is None:
                     continue  # sent to a node that has gone
                 batch = batches[receiver]
                 if len(batch) > 1:
-                    batch = [batch[i] for i in self.rng.permutation(len(batch)).tolist()]
+                    self.rng.shuffle(batch)
                 self.send(node.on_messages(batch))
                 touched.add(receiver)
             while self._ticks and self._ticks[0][0] <= self.now:
@@ -232,7 +222,8 @@ class MessageBus:
                     rescale = rescale or node.wants_rescale()
             if rescale:
                 self.rescales += 1
-                self._rescale()
+                for node in self.nodes.values():
+                    node.rescale()
 
     def _end_phase(self) -> bool:
         """Nothing is in flight: tighten every node not yet at the final epsilon. False when all
@@ -278,6 +269,16 @@ def node_views(topology: Topology) -> dict[str, NodeView]:
     return views
 
 
+def with_epochs(view: NodeView, epochs: Mapping[str, int]) -> NodeView:
+    """`view` with each arc leading to its peer's current incarnation (from `epochs`): what a
+    joiner must know, or its messages to peers that restarted since would be ignored."""
+
+    def current(arcs: tuple[LocalArc, ...]) -> tuple[LocalArc, ...]:
+        return tuple(replace(a, epoch=epochs.get(a.peer, a.epoch)) for a in arcs)
+
+    return replace(view, upstream=current(view.upstream), downstream=current(view.downstream))
+
+
 def peer_edits(view: NodeView) -> list[tuple[str, LocalArc, bool]]:
     """What the peers of a joining node must add, as `(peer_id, arc, peer_sees_upstream)`:
     a peer upstream of the joiner sees the new arc as downstream, and the other way round."""
@@ -304,7 +305,7 @@ def flow_config(topology: Topology, *, quiet_s: float | None = None) -> FlowConf
     )
 
 
-def config_for(topology: Topology, bus: MessageBus) -> FlowConfig:
+def config_for(topology: Topology, bus: MessageBus | None = None) -> FlowConfig:
     return flow_config(topology)
 
 

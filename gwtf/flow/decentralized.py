@@ -78,6 +78,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "FlowConfig",
@@ -88,6 +89,10 @@ __all__ = [
 ]
 
 MAX_STEPS = 10_000_000
+
+RESCALES_PER_CHANGE = 1
+"""How many times a node may ask for a rescale after one change of topology (see
+`FlowNode.wants_rescale`): each one re-runs the whole scaling, and asking again could loop."""
 """Bound on the local steps of one `FlowNode` call: a guard against a bug, never reached."""
 
 
@@ -183,8 +188,7 @@ class NodeView:
     data holders."""
 
 
-@dataclass(frozen=True, slots=True)
-class FlowMessage:
+class FlowMessage(NamedTuple):
     """The state of the arc between `sender` and `receiver`, as the sender sees it.
 
     `from_tail` tells which end sent it. `flow` is the sender's cumulative counter on the arc:
@@ -293,10 +297,10 @@ class FlowNode:
         self._check: dict[_Arc, None] = {}  # arcs whose own condition must be re-checked
         self._check_all = True
         self._last_active = clock()
-        self._final_relabels = 0
-        # A cold start is a full scaling already; a rescale is asked for at most once after each
-        # change of topology, so that the phases always come to an end.
-        self._may_rescale = warm
+        self._relabels_here = 0  # relabels at the current epsilon
+        # A cold start is a full scaling already; after a change of topology a node may ask for
+        # a few rescales (each widening further), never more, so the phases always end.
+        self._rescales_left = RESCALES_PER_CHANGE if warm else 0
         self._started = False
         for arc in view.upstream:
             self.add_peer(arc, upstream=True, peer_epoch=arc.epoch)
@@ -344,8 +348,14 @@ class FlowNode:
 
     def _changed(self) -> None:
         if self._started:
-            self._final_relabels = 0
-            self._may_rescale = True
+            self.note_change()
+
+    def note_change(self) -> None:
+        """The topology changed somewhere in the swarm (the driver calls this on every node,
+        not only on the ends of the change): the price moves it calls for may happen anywhere,
+        and this node may now ask for a rescale (`wants_rescale`)."""
+        self._relabels_here = 0
+        self._rescales_left = RESCALES_PER_CHANGE
 
     def _drop(self, arcs: dict[str, _Arc], peer: str) -> None:
         self._changed()
@@ -383,28 +393,36 @@ class FlowNode:
         if self.eps <= self.config.eps_final:
             return []
         self.eps = max(self.config.eps_final, self.eps // self.config.eps_factor)
+        self._relabels_here = 0
         self._check_all = True
         return self._work()
 
     def rescale(self) -> None:
-        """Widen epsilon back to `eps_start`: the swarm re-runs the scaling from the current
-        flows and prices. A wider epsilon breaks no condition, so this sends nothing."""
-        self.eps = max(self.eps, self.config.eps_start)
-        self._final_relabels = 0
-        self._may_rescale = False
+        """Widen epsilon to `eps_start`: the swarm re-runs the scaling from the current flows and
+        prices. A wider epsilon breaks no condition, so this sends nothing."""
+        self.eps = self.config.eps_start
+        self._relabels_here = 0
+        self._rescales_left = max(0, self._rescales_left - 1)
 
     def wants_rescale(self) -> bool:
-        """This node has relabelled more than `rescale_after` times at the final epsilon.
+        """After a change of topology, this node has relabelled more than `rescale_after` times
+        at its current epsilon, which is not yet `eps_start`.
 
-        After a change of topology the swarm stays at the final epsilon, and rerouting the flow
-        of a lost node is a few local moves. But when the change moves the minimum cut (a
-        bottleneck lost, or gained), the prices between the old and the new cut must all move by
-        about `M`, which at the final epsilon takes `M / eps` small steps; a long run of relabels
-        is the sign, and re-running the scaling (every node widens, then the phases) is then far
-        cheaper. The driver decides: it rescales every node at once. A node asks at most once
-        after each change of topology it sees (a cold start asks never).
+        After a change the swarm stays at the final epsilon, and rerouting the flow of a lost
+        node is usually a few local moves. But the prices may have to move far: by the cost
+        difference of a detour, or, when the change moves the minimum cut, by about `M` between
+        the old cut and the new one. At the final epsilon that takes thousands of small steps;
+        a long run of relabels is the sign, and re-running the scaling (every node widens, then
+        the phases again) costs about a cold start, which is then far cheaper. The driver
+        decides, and rescales every node at once. A node asks at most `RESCALES_PER_CHANGE`
+        times after each change it sees (a cold start never). Widening less than all the way,
+        in steps, was tried: each step adds its own phases and the total came out higher.
         """
-        return self._may_rescale and self._final_relabels > self.config.rescale_after
+        return (
+            self._rescales_left > 0
+            and self._relabels_here > self.config.rescale_after
+            and self.eps < self.config.eps_start
+        )
 
     def on_tick(self, now: float) -> list[FlowMessage]:
         """With `quiet_s` set, tighten epsilon after a quiet period (no coordination)."""
@@ -509,64 +527,76 @@ class FlowNode:
         self.s_in -= amount
         self.s_out += amount
 
-    def _ways(self, out_side: bool) -> list[tuple[int, str, _Arc | None]]:
-        """The residual arcs out of one half, as (value, peer, arc): moving a unit along one
-        is admissible when its value is below the half's price; `arc` None is the internal arc.
-
-        Out half: downstream arcs with room (value cost + head price) and the internal arc
-        backwards if it carries flow (value p_in). In half: the internal arc if it has room
-        (value p_out) and upstream arcs backwards if they carry flow (value tail price - cost).
+    def _scan(self, out_side: bool) -> tuple[list[tuple[int, str, _Arc]], int | None]:
+        """The external residual arcs of one half: those admissible now, as (value, peer, arc),
+        and the least value among all of them. Moving a unit along an arc is admissible when its
+        value is below the half's price. Out half: downstream arcs with room, value head price
+        + cost. In half: upstream arcs backwards when they carry flow, value tail price - cost.
         """
-        ways: list[tuple[int, str, _Arc | None]] = []
+        admissible: list[tuple[int, str, _Arc]] = []
+        best: int | None = None
         if out_side:
+            price = self.p_out
             for arc in self._down.values():
                 if arc.known and arc.mine - arc.theirs < arc.cap:
-                    ways.append((arc.cost + arc.peer_price, arc.peer, arc))
-            if self.internal > 0:
-                ways.append((self.p_in, "", None))
+                    value = arc.cost + arc.peer_price
+                    if value < price:
+                        admissible.append((value, arc.peer, arc))
+                    if best is None or value < best:
+                        best = value
         else:
+            price = self.p_in
             for arc in self._up.values():
                 if arc.known and arc.theirs > arc.mine:
-                    ways.append((arc.peer_price - arc.cost, arc.peer, arc))
-            if self.internal < self.cap:
-                ways.append((self.p_out, "", None))
-        return ways
+                    value = arc.peer_price - arc.cost
+                    if value < price:
+                        admissible.append((value, arc.peer, arc))
+                    if best is None or value < best:
+                        best = value
+        return admissible, best
+
+    def _internal_value(self, out_side: bool) -> int | None:
+        """Value of the internal arc as a way out of one half, None if it has no residual."""
+        if out_side:
+            return self.p_in if self.internal > 0 else None
+        return self.p_out if self.internal < self.cap else None
 
     def _forward(self, *, out_side: bool) -> bool:
         """Forward iteration at the half with surplus: move it along admissible arcs, the most
         favourable first; when none is admissible, raise the price as far as eps-CS allows.
         False when the surplus has no residual arc at all (it waits for the topology)."""
-        ways = self._ways(out_side)
-        if not ways:
-            return False
+        admissible, best = self._scan(out_side)
+        internal = self._internal_value(out_side)
         price = self.p_out if out_side else self.p_in
-        admissible = sorted(w for w in ways if w[0] < price)
-        for _, _, arc in admissible:
+        if internal is not None and internal < price:
+            # The internal arc first: moving surplus between the halves costs no message.
             surplus = self.s_out if out_side else self.s_in
-            if surplus <= 0:
-                return True
-            if arc is None:
-                if out_side:
-                    self._move_internal(-min(self.internal, surplus))
-                else:
-                    self._move_internal(min(self.cap - self.internal, surplus))
-            elif out_side:
-                self._push(arc, min(arc.cap - arc.flow, surplus))
+            if out_side:
+                self._move_internal(-min(self.internal, surplus))
             else:
-                self._return(arc, min(arc.flow, surplus))
-        if admissible:
+                self._move_internal(min(self.cap - self.internal, surplus))
             return True
-        self._relabel(out_side, ways)
+        if admissible:
+            admissible.sort(key=lambda w: (w[0], w[1]))
+            for _, _, arc in admissible:
+                if out_side:
+                    if self.s_out <= 0:
+                        break
+                    self._push(arc, min(arc.cap - arc.flow, self.s_out))
+                else:
+                    if self.s_in <= 0:
+                        break
+                    self._return(arc, min(arc.flow, self.s_in))
+            return True
+        if best is None and internal is None:
+            return False
+        self._relabel(out_side, best, internal)
         return True
 
-    def _exit(self, ways: list[tuple[int, str, _Arc | None]]) -> int | None:
-        """The highest price at which every residual external arc in `ways` keeps eps-CS."""
-        values = [v for v, _, arc in ways if arc is not None]
-        return min(values) + self.eps if values else None
-
-    def _relabel(self, out_side: bool, ways: list[tuple[int, str, _Arc | None]]) -> None:
+    def _relabel(self, out_side: bool, best: int | None, internal: int | None) -> None:
         """Raise the price of the half with surplus to the highest level at which every residual
-        arc out of it still satisfies eps-CS, so that at least one becomes admissible.
+        arc out of it still satisfies eps-CS (`best` and `internal` are the values of its
+        external and internal ways out), so that at least one becomes admissible.
 
         When its cheapest way on is through the other half, and the other half has no deficit,
         both rise together (a set relaxation: the internal arc keeps its reduced cost) until an
@@ -576,15 +606,15 @@ class FlowNode:
         every other price, hence what makes the algorithm terminate).
         """
         eps = self.eps
-        if eps <= self.config.eps_final:
-            self._final_relabels += 1
-        own = self._exit(ways)
-        via = next((v + eps for v, _, arc in ways if arc is None), None)
+        self._relabels_here += 1
+        own = None if best is None else best + eps
+        via = None if internal is None else internal + eps
         price = self.p_out if out_side else self.p_in
         other_surplus = self.s_in if out_side else self.s_out
         if via is not None and (own is None or via < own) and other_surplus >= 0:
             other_price = self.p_in if out_side else self.p_out
-            other = self._exit(self._ways(not out_side))
+            _, other_best = self._scan(not out_side)
+            other = None if other_best is None else other_best + eps
             rises = [x - y for x, y in ((own, price), (other, other_price)) if x is not None]
             rise = min(rises) if rises else 0
             if rise > 0:

@@ -22,7 +22,7 @@ def run_gwtf(*args: str) -> subprocess.CompletedProcess[str]:
 def test_help_lists_every_command() -> None:
     result = run_gwtf("--help")
     assert result.returncode == 0, result.stderr
-    for command in ("route", "node", "submit", "status", "launch", "simulate", "demo"):
+    for command in ("route", "node", "submit", "status", "launch", "simulate", "reference", "demo"):
         assert command in result.stdout
 
 

@@ -1,0 +1,38 @@
+"""Writing benchmark figures into benchmarks/RESULTS.md, one section per benchmark.
+
+Each benchmark owns a section delimited by HTML comments, so that running one benchmark
+rewrites its own figures and leaves the others' alone.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+HEADER = "# Benchmark results\n\nEach section says the command that produced it and when.\n"
+
+
+def machine() -> str:
+    """One line about where the figures were measured."""
+    cpu = platform.processor() or platform.machine()
+    return (
+        f"{platform.machine()} ({cpu}), {os.cpu_count()} cores, "
+        f"Python {sys.version.split()[0]}, {platform.system()} {platform.release()}"
+    )
+
+
+def write_section(name: str, body: str, path: Path = RESULTS) -> None:
+    """Replace (or add) the section `name` of the results file with `body` (markdown)."""
+    start, end = f"<!-- section:{name} -->", f"<!-- end:{name} -->"
+    text = path.read_text(encoding="utf-8") if path.exists() else HEADER
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        _, after = rest.split(end, 1)
+        text = before + block + after
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text, encoding="utf-8")

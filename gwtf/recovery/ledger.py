@@ -1,0 +1,201 @@
+"""The per-iteration ledger of one node (DESIGN.md 4), and what it tells about a dead neighbour.
+
+Every node keeps, for the iteration in progress and until it commits:
+
+- for each microbatch whose activation it sent downstream: the receiver and the *mode* of the
+  send (a plain forward, or a recovery send: "recompute" or "replay", see `Mode`); the
+  activation itself is kept by the node next to this record (the ledger holds no tensors);
+- for each microbatch whose gradient it sent upstream: the receiver;
+- the node each microbatch's gradient must go to (its *gradient target*: the sender of the
+  activation, or the replacement a recovery named), and whether the gradient came back;
+- the ids of the microbatches whose gradient it has accumulated.
+
+When a neighbour dies, `report_about(dead)` turns these records into *evidence* of how far the
+dead node got with each microbatch: a downstream node that received the microbatch's activation
+from it proves the dead node finished its forward; an upstream node that got its gradient back
+proves it finished its backward (and accumulated). Recovery sends raise the floor: a node that
+was sent a microbatch to *replay* holds (or was about to hold) an accumulated contribution, one
+sent a microbatch to *recompute* holds its forward state. `gwtf.recovery.rules.plan_crash`
+merges the evidence of all live neighbours and applies the rules.
+
+Stage 0 (the data holders) has no upstream: its input is the microbatch's token ids, which travel
+with the activation (like the labels, DESIGN 1), so a stage-1 node can start a recovery at
+another data holder; it records that with `gradient_target(mb, holder, mode)`.
+
+A replacement that recomputes or replays a stage becomes the keeper of the activation the
+downstream node already holds: it records `activation_sent(mb, downstream)` for it (the
+microbatch's path, carried with it, names that node), so that a later death downstream is
+covered by its reports too.
+
+Microbatch ids are ints unique within a job (a real node can pack holder and sequence number).
+Nothing here does I/O or reads a clock; every method is O(1) but `report_about`, which is linear
+in the iteration's records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+__all__ = ["Evidence", "Ledger", "MicrobatchId", "Mode", "NeighbourReport"]
+
+MicrobatchId = int
+
+
+class Mode(IntEnum):
+    """Why an activation (or, towards stage 0, a gradient with the token ids) was sent."""
+
+    FORWARD = 0
+    """Ordinary forward; also rule 1 (resend of an activation whose forward was lost)."""
+    RECOMPUTE = 1
+    """Rule 2: redo this stage's forward only and wait for the gradient; send nothing down."""
+    REPLAY = 2
+    """Rule 3: redo forward and backward, accumulate, send nothing up or down."""
+
+
+class Evidence(IntEnum):
+    """How far a node is known to have got with one microbatch at its stage."""
+
+    SENT = 0
+    """It was sent the microbatch; nothing proves it finished the forward."""
+    FORWARD_DONE = 1
+    """Its forward is done: it holds the stored activations, and its output went downstream."""
+    BACKWARD_DONE = 2
+    """Its backward is done: it accumulated the microbatch's gradient."""
+
+
+@dataclass(frozen=True, slots=True)
+class NeighbourReport:
+    """What one live neighbour of a dead node knows about the dead node's microbatches.
+
+    `evidence[mb]` is this neighbour's evidence for `mb` at the dead node's stage. A neighbour
+    one stage *above* the dead node (upstream, stage - 1) is where a recovery takes the
+    activation from; one stage *below* (downstream, stage + 1) is where it takes the gradient
+    from (and, for a dead data holder, the token ids).
+    """
+
+    node: str
+    stage: int
+    evidence: tuple[tuple[MicrobatchId, Evidence], ...]
+
+    def as_dict(self) -> dict[MicrobatchId, Evidence]:
+        return dict(self.evidence)
+
+
+class Ledger:
+    """The records of one node for one iteration (see the module doc). Reset at each commit."""
+
+    __slots__ = (
+        "node",
+        "stage",
+        "iteration",
+        "_act_to",
+        "_act_mode",
+        "_grad_target",
+        "_grad_back",
+        "_target_mode",
+        "_accumulated",
+    )
+
+    def __init__(self, node: str, stage: int, iteration: int = 0) -> None:
+        self.node = node
+        self.stage = stage
+        self.iteration = iteration
+        self._act_to: dict[MicrobatchId, str] = {}
+        self._act_mode: dict[MicrobatchId, Mode] = {}
+        self._grad_target: dict[MicrobatchId, str] = {}
+        self._grad_back: dict[MicrobatchId, str] = {}
+        self._target_mode: dict[MicrobatchId, Mode] = {}
+        self._accumulated: set[MicrobatchId] = set()
+
+    # -- recording -------------------------------------------------------------------------
+
+    def activation_sent(
+        self, mb: MicrobatchId, receiver: str, mode: Mode = Mode.FORWARD
+    ) -> None:
+        """This node sent `mb`'s activation (its output) to `receiver` of the next stage."""
+        self._act_to[mb] = receiver
+        self._act_mode[mb] = mode
+        self._grad_back.pop(mb, None)
+
+    def activation_received(self, mb: MicrobatchId, sender: str) -> None:
+        """`mb`'s activation came from `sender`: unless a recovery says otherwise, the gradient
+        goes back to it."""
+        self._grad_target[mb] = sender
+        self._target_mode[mb] = Mode.FORWARD
+
+    def gradient_target(self, mb: MicrobatchId, target: str, mode: Mode = Mode.FORWARD) -> None:
+        """A recovery moved `mb`'s stage above this one to `target` (with the recovery's mode):
+        the gradient now goes there. A stage-1 node that starts a recovery at a data holder
+        (sending it the token ids) records it here too."""
+        self._grad_target[mb] = target
+        self._target_mode[mb] = mode
+
+    def gradient_sent(self, mb: MicrobatchId, receiver: str) -> None:
+        """This node sent `mb`'s gradient upstream to `receiver`."""
+        if self._grad_target.get(mb) != receiver:
+            self._grad_target[mb] = receiver
+            self._target_mode[mb] = Mode.FORWARD
+
+    def gradient_received(self, mb: MicrobatchId, sender: str) -> None:
+        """`mb`'s gradient came back from `sender` (the next stage finished its backward)."""
+        self._grad_back[mb] = sender
+
+    def accumulated(self, mb: MicrobatchId) -> None:
+        """This node added `mb`'s gradient to its accumulator."""
+        self._accumulated.add(mb)
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def contributions(self) -> frozenset[MicrobatchId]:
+        """Microbatches whose gradient this node accumulated in this iteration."""
+        return frozenset(self._accumulated)
+
+    def activation_receiver(self, mb: MicrobatchId) -> str | None:
+        return self._act_to.get(mb)
+
+    def gradient_receiver(self, mb: MicrobatchId) -> str | None:
+        """Where `mb`'s gradient goes (or went) upstream."""
+        return self._grad_target.get(mb)
+
+    def has_gradient_back(self, mb: MicrobatchId) -> bool:
+        return mb in self._grad_back
+
+    def report_about(self, dead: str) -> NeighbourReport:
+        """This node's evidence about each microbatch `dead` held (see the module doc).
+
+        As the dead node's upstream: every microbatch whose activation went to it, with
+        BACKWARD_DONE if its gradient came back from it or the send was a replay, FORWARD_DONE if
+        the send was a recompute, else SENT. As its downstream: every microbatch whose gradient
+        target is the dead node, FORWARD_DONE (its output reached this node) or, for a recovery
+        this node started at a dead data holder, the floor of that recovery's mode.
+        """
+        evidence: dict[MicrobatchId, Evidence] = {}
+        for mb, receiver in self._act_to.items():
+            if receiver != dead:
+                continue
+            mode = self._act_mode.get(mb, Mode.FORWARD)
+            if self._grad_back.get(mb) == dead or mode == Mode.REPLAY:
+                evidence[mb] = Evidence.BACKWARD_DONE
+            elif mode == Mode.RECOMPUTE:
+                evidence[mb] = Evidence.FORWARD_DONE
+            else:
+                evidence[mb] = Evidence.SENT
+        for mb, target in self._grad_target.items():
+            if target != dead:
+                continue
+            mode = self._target_mode.get(mb, Mode.FORWARD)
+            floor = Evidence.BACKWARD_DONE if mode == Mode.REPLAY else Evidence.FORWARD_DONE
+            if evidence.get(mb, Evidence.SENT) < floor:
+                evidence[mb] = floor
+        return NeighbourReport(self.node, self.stage, tuple(sorted(evidence.items())))
+
+    def reset(self, iteration: int) -> None:
+        """The iteration committed: forget everything (the kept tensors may be freed too)."""
+        self.iteration = iteration
+        self._act_to.clear()
+        self._act_mode.clear()
+        self._grad_target.clear()
+        self._grad_back.clear()
+        self._target_mode.clear()
+        self._accumulated.clear()

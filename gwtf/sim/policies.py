@@ -1,0 +1,646 @@
+"""The routing policies the simulator compares: gwtf, oracle, swarm, swarm-rebalance, dtfm.
+
+Each policy answers the simulator's questions (where does a sender's next microbatch go, may a
+data holder inject, when is a crash noticed, what happens then) and keeps its own state.
+
+- `gwtf`: the real decentralized flow state machines of `gwtf.flow` run inside the simulation;
+  every control message takes the simulated link delay, so routing after a change takes the time
+  it really takes. A node routes with its *current* `routes()` (smooth weighted round-robin over
+  its out-rates, so during convergence the split follows whatever flow it has now; with no flow
+  yet, the cheapest live arc). A data holder injects at its current out-rate.
+- `oracle`: the networkx optimum, recomputed at once at every change, crashes noticed at once;
+  otherwise like gwtf (same recovery rules). The upper bound.
+- `swarm` / `swarm-rebalance`: see `gwtf.sim.baselines`; no pacing (each trainer keeps its
+  memory slots full), peers discovered every `swarm_refresh_s`, dead peers banned when a call to
+  them fails (after the detection timeout); rebalancing every `swarm_rebalance_period_s` moves a
+  peer from the stage with the most throughput to the one with the least when that raises the
+  minimum (the move takes effect at the next iteration boundary, after the state download).
+- `dtfm`: a schedule computed once (`gwtf.sim.baselines.dtfm_schedule`); pipeline heads inject
+  equal shares; a crash of a scheduled node loses the iteration, and the job restarts after
+  `restart_delay_s` with a schedule recomputed for the live nodes (joiners wait for a restart).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gwtf.flow.bus import flow_config, node_views, peer_edits, with_epochs
+from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
+from gwtf.flow.oracle import solve_oracle
+from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
+from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
+from gwtf.sim.engine import Kind, returns_events
+
+if TYPE_CHECKING:
+    from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation
+
+__all__ = ["Policy", "make_policy"]
+
+
+class Policy:
+    """Defaults shared by every policy (the gwtf recovery rules, no pacing)."""
+
+    name = ""
+    exact_commit = True
+    """Aggregation commits only when every stage covers every finished microbatch once."""
+    recovers = True
+    """Crashes are handled by the recovery rules (not by restarting the iteration)."""
+    activate_at_commit = True
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.sink = sim.sink
+
+    # -- lifecycle
+    def start(self) -> None:
+        pass
+
+    def on_iteration_start(self, it: Iteration) -> None:
+        pass
+
+    def on_commit(self, it: Iteration) -> None:
+        pass
+
+    # -- injection
+    def may_inject(self, holder: SimNode, it: Iteration) -> bool:
+        return it.to_inject > 0
+
+    def inject_rate(self, holder: SimNode) -> float | None:
+        return None
+
+    def injected(self, holder: SimNode, it: Iteration) -> None:
+        it.to_inject -= 1
+
+    # -- routing
+    def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None:
+        """The node of `stage` that `source` sends `mb` to (for stage 0: the data holder a
+        stage-1 node restarts a microbatch at)."""
+        if stage == 0:
+            return self._cheapest(source, 0, upstream=True)
+        return self._cheapest(source, stage, upstream=False)
+
+    def _cheapest(self, source: SimNode, stage: int, *, upstream: bool) -> SimNode | None:
+        sim = self.sim
+        act = sim.sc.activation_bytes
+        best = None
+        best_cost = math.inf
+        for node in sim.active_nodes(stage):
+            if node.detected or sim.link(source, node) is None:
+                continue
+            cost = sim.one_way(source, node, act) + node.compute_s
+            if cost < best_cost or (cost == best_cost and best is not None and node.id < best.id):
+                best, best_cost = node, cost
+        return best
+
+    def forward_done(self, node: SimNode, mb: MB, stage: int) -> None:
+        pass
+
+    def aggregation_members(self, stage: int) -> list[SimNode]:
+        return self.sim.active_nodes(stage)
+
+    # -- churn
+    def detection_delay(self) -> float:
+        return self.sim.sc.detection_timeout_s
+
+    def on_death(self, node: SimNode, was_active: bool) -> None:
+        pass
+
+    def on_activate(self, node: SimNode) -> None:
+        pass
+
+    def activate_now(self, node: SimNode) -> bool:
+        """May a ready joiner enter now, rather than at the next commit? (Its state is that of
+        the last commit, which is what every peer of its stage computes with until the next.)"""
+        return True
+
+    def on_link_change(self, loc_a: str, loc_b: str) -> None:
+        pass
+
+
+class _FlowPolicy(Policy):
+    """Routing by rates: smooth weighted round-robin over a node's out-flows, pacing at holders."""
+
+    def routes(self, node: SimNode) -> dict[str, int]:
+        raise NotImplementedError
+
+    def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None:
+        if stage > 0 and stage == source.stage + 1:
+            nodes = self.sim.nodes
+            weights = {p: float(u) for p, u in self.routes(source).items()
+                       if p in nodes and nodes[p].active and not nodes[p].detected}
+            choice = smooth_wrr(source.wrr, weights)
+            if choice is not None:
+                return nodes[choice]
+        return super().pick(source, stage, mb)
+
+    def inject_rate(self, holder: SimNode) -> float | None:
+        return sum(self.routes(holder).values()) / CAP_SCALE
+
+
+class OraclePolicy(_FlowPolicy):
+    name = "oracle"
+
+    def __init__(self, sim: Simulation) -> None:
+        super().__init__(sim)
+        self.flows: dict[str, dict[str, int]] = {}
+        self.solves = 0
+        self.max_flow_value = 0.0
+        """The largest maximum flow (microbatches/s) of any swarm seen in the run."""
+
+    def detection_delay(self) -> float:
+        return 0.0
+
+    def solve(self) -> None:
+        topo = self.sim.topology()
+        self.flows = {}
+        if topo is None:
+            return
+        self.solves += 1
+        result = solve_oracle(topo)
+        self.max_flow_value = max(self.max_flow_value, result.flow_value)
+        for (src, dst), units in result.flows.items():
+            self.flows.setdefault(src, {})[dst] = units
+
+    def routes(self, node: SimNode) -> dict[str, int]:
+        return self.flows.get(node.id, {})
+
+    def start(self) -> None:
+        self.solve()
+
+    def on_death(self, node: SimNode, was_active: bool) -> None:
+        if was_active:
+            self.solve()
+
+    def on_activate(self, node: SimNode) -> None:
+        self.solve()
+
+    def on_link_change(self, loc_a: str, loc_b: str) -> None:
+        self.solve()
+
+
+class GwtfPolicy(_FlowPolicy):
+    """The decentralized flow machines, driven with simulated message delays."""
+
+    name = "gwtf"
+
+    def __init__(self, sim: Simulation) -> None:
+        super().__init__(sim)
+        self.flow: dict[str, FlowNode] = {}
+        self.tick_at: dict[str, float] = {}
+        self.inbox: dict[str, tuple[float, list[FlowMessage]]] = {}
+        self.batch_s = sim.sc.control_batch_s
+        self.jitter = sim.sc.control_jitter
+        self.rng = np.random.default_rng([sim.seed, 11])
+        self.config = self._config()
+        # Scaling phases end swarm-wide: once no control message is in flight, and after the
+        # time a real swarm takes to learn it (`phase_end_s`), every machine tightens epsilon.
+        self.in_flight = 0
+        self.activity = 0  # bumped at every delivery and change: an older phase end is stale
+        self.gen = 0  # arc generations for links that come back
+
+    def _config(self) -> FlowConfig:
+        """One config for the whole run, from every node the scenario will ever have and the
+        worst version of every link, so that `M` stays above any path cost."""
+        sim = self.sim
+        sc = sim.sc
+        links: dict[frozenset[str], LinkSpec] = dict(sc.links)
+        for event in sc.events:
+            if event.kind == "link":
+                assert event.rtt_ms is not None and event.bandwidth_gbps is not None
+                key = frozenset(event.link_pair)
+                old = links.get(key)
+                if old is None:
+                    links[key] = LinkSpec(event.rtt_ms, event.bandwidth_gbps)
+                else:
+                    links[key] = LinkSpec(max(old.rtt_ms, event.rtt_ms),
+                                          min(old.bandwidth_gbps, event.bandwidth_gbps))
+        nodes = [NodeSpec.make(i.id, i.stage, sc.compute_s(i), i.location)
+                 for i in sc.nodes.values()]
+        # A peer moved by nothing here keeps its stage; joiners of every stage are included.
+        universe = Topology.build(sc.activation_bytes, nodes, links, sc.intra)
+        return flow_config(universe)
+
+    # -- the bus
+    def _send(self, msgs: list[FlowMessage]) -> None:
+        sim = self.sim
+        nodes = sim.nodes
+        size = sim.sc.message_bytes
+        now = sim.engine.now
+        for msg in msgs:
+            a = nodes.get(msg.sender)
+            b = nodes.get(msg.receiver)
+            if a is None or b is None:
+                continue
+            sim.control_messages += 1
+            self.in_flight += 1
+            # Real links jitter; without it equal delays make the machines run in lockstep,
+            # and a synchronous epsilon-relaxation can cycle (seen on one-region swarms).
+            at = now + sim.one_way(a, b, size) * (1.0 + self.jitter * float(self.rng.random()))
+            # A node handles its inbox in batches: messages landing within `batch_s` of the
+            # first one waiting are handed over together (one `on_messages` call).
+            inbox = self.inbox.get(msg.receiver)
+            if inbox is not None and inbox[0] <= at <= inbox[0] + self.batch_s:
+                inbox[1].append(msg)
+                continue
+            if inbox is not None and at < inbox[0]:
+                # An earlier arrival than the pending batch: deliver it on its own.
+                sim.sink.emit(at, Kind.CONTROL, self._deliver, (msg.receiver, [msg], None))
+                continue
+            batch: list[FlowMessage] = [msg]
+            entry = (at, batch)
+            if inbox is None or at > inbox[0] + self.batch_s:
+                self.inbox[msg.receiver] = entry
+            sim.sink.emit(at + self.batch_s, Kind.CONTROL, self._deliver,
+                                (msg.receiver, batch, entry))
+
+    @returns_events
+    def _deliver(self, payload: tuple[str, list[FlowMessage], object]) -> None:
+        receiver, batch, entry = payload
+        if entry is not None and self.inbox.get(receiver) is entry:
+            del self.inbox[receiver]
+        self.in_flight -= len(batch)
+        self.activity += 1
+        node = self.flow.get(receiver)
+        if node is not None:
+            self._send(node.on_messages(batch))
+            self._tick(node)
+            if node.wants_rescale():
+                for machine in self.flow.values():
+                    machine.rescale()
+        self._maybe_end_phase()
+
+    def _changed(self) -> None:
+        """The topology changed: every machine may ask for a rescale again."""
+        self.activity += 1
+        for machine in self.flow.values():
+            machine.note_change()
+
+    def _maybe_end_phase(self) -> None:
+        if self.in_flight == 0 and any(not m.final for m in self.flow.values()):
+            at = self.sim.engine.now + self.sim.sc.phase_end_s
+            self.sim.sink.emit(at, Kind.TICK, self._end_phase, self.activity)
+
+    @returns_events
+    def _end_phase(self, activity: int) -> None:
+        if activity != self.activity or self.in_flight:
+            return  # something happened since: that later quiet moment decides
+        self.activity += 1
+        for node_id in sorted(self.flow):
+            self._send(self.flow[node_id].tighten())
+        self._maybe_end_phase()
+
+    def _tick(self, node: FlowNode) -> None:
+        at = node.next_tick()
+        if at is not None and self.tick_at.get(node.node_id) != at:
+            self.tick_at[node.node_id] = at
+            self.sim.sink.emit(at, Kind.TICK, self._on_tick, (node, at))
+
+    @returns_events
+    def _on_tick(self, payload: tuple[FlowNode, float]) -> None:
+        node, at = payload
+        if self.flow.get(node.node_id) is not node or self.tick_at.get(node.node_id) != at:
+            return
+        del self.tick_at[node.node_id]
+        now = self.sim.engine.now
+        self._send(node.on_tick(now))
+        following = node.next_tick()
+        if following is not None and following <= now:
+            # Not idle yet (waiting for answers): the next message it gets reschedules it.
+            return
+        self._tick(node)
+
+    # -- policy
+    def routes(self, node: SimNode) -> dict[str, int]:
+        machine = self.flow.get(node.id)
+        return machine.routes() if machine is not None else {}
+
+    def start(self) -> None:
+        topo = self.sim.topology()
+        if topo is None:
+            return
+        views = node_views(topo)
+        clock = self.sim.engine.clock
+        epochs = {node_id: self.sim.incarnation(node_id) for node_id in views}
+        for node_id in sorted(views):
+            view = with_epochs(views[node_id], epochs)
+            self.flow[node_id] = FlowNode(view, self.config, clock, epoch=epochs[node_id])
+        for node_id in sorted(views):
+            self._send(self.flow[node_id].start())
+            self._tick(self.flow[node_id])
+        self._maybe_end_phase()
+
+    def on_death(self, node: SimNode, was_active: bool) -> None:
+        machine = self.flow.pop(node.id, None)
+        self.tick_at.pop(node.id, None)
+        if machine is None:
+            return
+        self._changed()
+        for peer in machine.peers():
+            other = self.flow.get(peer)
+            if other is not None:
+                self._send(other.remove_peer(node.id))
+                self._tick(other)
+        self._maybe_end_phase()
+
+    def on_activate(self, node: SimNode) -> None:
+        topo = self.sim.topology()
+        if topo is None:
+            return
+        views = node_views(topo)
+        clock = self.sim.engine.clock
+        # Usually just the joiner; after a stage was empty, every node that waited for it.
+        epochs = {node_id: self.sim.incarnation(node_id) for node_id in views}
+        for node_id in sorted(views):
+            if node_id in self.flow:
+                continue
+            self._changed()
+            epoch = epochs[node_id]
+            view = with_epochs(views[node_id], epochs)
+            machine = FlowNode(view, self.config, clock, epoch=epoch, warm=True)
+            self.flow[node_id] = machine
+            for peer_id, arc, peer_sees_upstream in peer_edits(views[node_id]):
+                peer = self.flow.get(peer_id)
+                if peer is not None and peer is not machine:
+                    self._send(peer.add_peer(arc, upstream=peer_sees_upstream,
+                                             peer_epoch=epoch))
+                    self._tick(peer)
+            self._send(machine.start())
+            self._tick(machine)
+        self._maybe_end_phase()
+
+    def on_link_change(self, loc_a: str, loc_b: str) -> None:
+        """The arcs over the link are re-created at both ends with the new capacity and cost, as
+        a new generation: whatever is still in flight about the old arcs is ignored."""
+        topo = self.sim.topology()
+        if topo is None:
+            return
+        self._changed()
+        self.gen += 1
+        pair = {loc_a, loc_b}
+        for u in self.sim.active_nodes():
+            for v in self.sim.active_nodes(u.stage + 1):
+                if {u.location, v.location} != pair:
+                    continue
+                fu, fv = self.flow.get(u.id), self.flow.get(v.id)
+                if fu is None or fv is None:
+                    continue
+                self._send(fu.remove_arc(v.id, upstream=False))
+                self._send(fv.remove_arc(u.id, upstream=True))
+                if topo.has_arc(u.id, v.id):
+                    spec = topo.arc(u.id, v.id)
+                    self._send(fu.add_peer(
+                        LocalArc(v.id, spec.cap_units, spec.cost_units, self.gen),
+                        upstream=False, peer_epoch=fv.epoch))
+                    self._send(fv.add_peer(
+                        LocalArc(u.id, spec.cap_units, spec.cost_units, self.gen),
+                        upstream=True, peer_epoch=fu.epoch))
+                self._tick(fu)
+                self._tick(fv)
+        self._maybe_end_phase()
+
+
+class SwarmPolicy(Policy):
+    """SWARM parallelism's stochastic wiring (see `gwtf.sim.baselines`)."""
+
+    name = "swarm"
+    exact_commit = False
+
+    def __init__(self, sim: Simulation, rebalance: bool = False) -> None:
+        super().__init__(sim)
+        self.rebalance = rebalance
+        self.name = "swarm-rebalance" if rebalance else "swarm"
+        self.balancers: dict[tuple[str, int], SwarmBalancer] = {}
+        self.dead: set[str] = set()
+        self.moves = 0
+
+    def _balancer(self, node: SimNode, stage: int) -> SwarmBalancer:
+        key = (node.id, stage)
+        bal = self.balancers.get(key)
+        if bal is None:
+            sc = self.sim.sc
+            seed = [sc.seed, stage, *map(ord, node.id)]
+            bal = SwarmBalancer(np.random.default_rng(seed), sc.swarm_ema_alpha)
+            self.balancers[key] = bal
+            self._refresh(bal, stage)
+        return bal
+
+    def _refresh(self, bal: SwarmBalancer, stage: int) -> None:
+        now = self.sim.engine.now
+        for peer in self.sim.active_nodes(stage):
+            if peer.id not in self.dead:
+                bal.add(peer.id, now)
+
+    def start(self) -> None:
+        sim = self.sim
+        sim.sink.emit(sim.sc.swarm_refresh_s, Kind.PERIODIC, self._on_refresh, None)
+        if self.rebalance:
+            sim.sink.emit(sim.sc.swarm_rebalance_period_s, Kind.PERIODIC,
+                                self._on_rebalance, None)
+
+    @returns_events
+    def _on_refresh(self, _: object) -> None:
+        for (_, stage), bal in sorted(self.balancers.items()):
+            self._refresh(bal, stage)
+        sim = self.sim
+        sim.sink.emit(sim.engine.now + sim.sc.swarm_refresh_s, Kind.PERIODIC,
+                            self._on_refresh, None)
+
+    def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None:
+        if stage == 0:
+            return None  # a dead trainer's microbatches are gone with it
+        sim = self.sim
+        now = sim.engine.now
+        bal = self._balancer(source, stage)
+        pending = source.pending_resp
+        while pending and pending[0][0] <= now:
+            t, peer, started, st = heapq.heappop(pending)
+            self._balancer(source, st).measured(peer, started, t)
+        choice = bal.choose()
+        if choice is None:
+            self._refresh(bal, stage)  # SWARM refreshes at once when it has no expert left
+            choice = bal.choose()
+        if choice is None:
+            return None
+        node = sim.nodes[choice]
+        if not node.active and node.alive:
+            bal.ban(choice)  # it moved to another stage
+            bal.banned.discard(choice)
+            return self.pick(source, stage, mb)
+        return node
+
+    def forward_done(self, node: SimNode, mb: MB, stage: int) -> None:
+        """The sender's call to `node` returns (SWARM measures throughput from these)."""
+        if stage == 0:
+            return
+        sender = mb.node[stage - 1]
+        if sender is None or not sender.alive:
+            return
+        t = self.sim.engine.now + self.sim.one_way(node, sender, 0)
+        heapq.heappush(sender.pending_resp, (t, node.id, mb.sent_at[stage], stage))
+
+    def on_death(self, node: SimNode, was_active: bool) -> None:
+        self.dead.add(node.id)
+        for bal in self.balancers.values():
+            bal.ban(node.id)
+
+    @returns_events
+    def _on_rebalance(self, _: object) -> None:
+        sim = self.sim
+        sim.sink.emit(sim.engine.now + sim.sc.swarm_rebalance_period_s, Kind.PERIODIC,
+                            self._on_rebalance, None)
+        stages = sim.S
+        throughput = [sum(1 / n.compute_s for n in sim.active_nodes(s) if n.move_to is None)
+                      for s in range(stages)]
+        low = min(range(stages), key=lambda s: (throughput[s], s))
+        high = max(range(stages), key=lambda s: (throughput[s], -s))
+        donors = [n for n in sim.active_nodes(high) if n.move_to is None]
+        if low == high or len(donors) < 2:
+            return
+        best = None
+        best_min = min(throughput)
+        for peer in donors:
+            gain = 1 / sim.sc.compute_s(peer.info, low)
+            new_low = throughput[low] + gain
+            new_high = throughput[high] - 1 / peer.compute_s
+            others = [throughput[s] for s in range(stages) if s not in (low, high)]
+            new_min = min([new_low, new_high, *others])
+            if new_min > best_min + 1e-12:
+                best, best_min = peer, new_min
+        if best is not None:
+            best.move_to = low
+
+    def on_commit(self, it: Iteration) -> None:
+        sim = self.sim
+        for node in sorted(sim.active_nodes(), key=lambda n: n.id):
+            if node.move_to is None:
+                continue
+            stage = node.move_to
+            node.move_to = None
+            node.active = False
+            for bal in self.balancers.values():
+                bal.ban(node.id)
+                bal.banned.discard(node.id)
+            node.stage = stage
+            node.set_compute(sim.sc.compute_s(node.info, stage))
+            node.wrr.clear()
+            self.moves += 1
+            sim.schedule_ready(node)
+
+
+class DtfmPolicy(Policy):
+    """DT-FM: a static schedule, no fault tolerance (restart from the last commit)."""
+
+    name = "dtfm"
+    recovers = False
+    activate_at_commit = False
+
+    def __init__(self, sim: Simulation) -> None:
+        super().__init__(sim)
+        self.pipelines: list[list[SimNode]] = []
+        self.members: set[str] = set()
+        self.restarting = False
+        self.rng = np.random.default_rng([sim.sc.seed, 7])
+
+    def schedule(self) -> None:
+        sim = self.sim
+        sc = sim.sc
+        stage_nodes = [
+            [DtfmNode(n.id, n.stage, n.compute_s) for n in
+             sorted(sim.active_nodes(s), key=lambda n: n.id)]
+            for s in range(sim.S)
+        ]
+        nodes = sim.nodes
+
+        def hop(a: str, b: str) -> float:
+            return sim.one_way(nodes[a], nodes[b], sc.activation_bytes)
+
+        def allreduce(ids: Sequence[str]) -> float:
+            return sim.allreduce_s([nodes[i] for i in ids])
+
+        chains = dtfm_schedule(stage_nodes, hop, allreduce, sc.microbatches_per_iteration,
+                               self.rng, sc.dtfm_search_evaluations)
+        self.pipelines = [[nodes[n.id] for n in chain] for chain in chains]
+        self.members = {n.id for chain in self.pipelines for n in chain}
+        for node in nodes.values():
+            node.dtfm_next = None
+            node.quota = 0
+        for chain in self.pipelines:
+            for a, b in zip(chain, chain[1:], strict=False):
+                a.dtfm_next = b
+
+    def start(self) -> None:
+        self.schedule()
+
+    def on_iteration_start(self, it: Iteration) -> None:
+        d = len(self.pipelines)
+        if d == 0:
+            it.to_inject = 0
+            it.target = 0
+            return
+        share, extra = divmod(it.target, d)
+        for p, chain in enumerate(self.pipelines):
+            chain[0].quota = share + (1 if p < extra else 0)
+
+    def may_inject(self, holder: SimNode, it: Iteration) -> bool:
+        return holder.quota > 0 and it.to_inject > 0
+
+    def injected(self, holder: SimNode, it: Iteration) -> None:
+        holder.quota -= 1
+        it.to_inject -= 1
+
+    def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None:
+        return source.dtfm_next if stage == source.stage + 1 else None
+
+    def aggregation_members(self, stage: int) -> list[SimNode]:
+        return [chain[stage] for chain in self.pipelines if chain[stage].alive]
+
+    def activate_now(self, node: SimNode) -> bool:
+        sim = self.sim
+        if sim.iteration is None and not self.restarting:
+            # Stalled for want of a stage: this joiner may be what the restart waits for.
+            sim.pending_activation.append(node)
+            self._restart_now()
+            return False
+        return False
+
+    def on_death(self, node: SimNode, was_active: bool) -> None:
+        sim = self.sim
+        if node.id not in self.members or self.restarting:
+            return
+        self.restarting = True
+        sim.restart()
+        sim.paused_until = sim.engine.now + sim.sc.restart_delay_s
+        sim.sink.emit(sim.paused_until, Kind.ITERATION, self._resume, None)
+
+    @returns_events
+    def _resume(self, _: object) -> None:
+        self._restart_now()
+
+    def _restart_now(self) -> None:
+        sim = self.sim
+        self.restarting = False
+        sim.activate_pending()
+        if any(not sim.active_nodes(s) for s in range(sim.S)):
+            return  # wait for a joiner of the empty stage (activate_now)
+        self.schedule()
+        sim.resume()
+
+
+def make_policy(name: str, sim: Simulation) -> Policy:
+    if name == "gwtf":
+        return GwtfPolicy(sim)
+    if name == "oracle":
+        return OraclePolicy(sim)
+    if name == "swarm":
+        return SwarmPolicy(sim)
+    if name == "swarm-rebalance":
+        return SwarmPolicy(sim, rebalance=True)
+    if name == "dtfm":
+        return DtfmPolicy(sim)
+    raise ValueError(f"unknown policy {name!r}")
+

@@ -1,0 +1,523 @@
+"""Scenario files (TOML): the model, the nodes, the network, the churn, the training, the policies.
+
+Layout (every key but the ones marked required has a default; unknown keys are errors)::
+
+    name = "geo10_spot"                 # required
+    description = "..."
+    seed = 0
+    duration_s = 41000                  # simulated seconds; default: the trace's last event
+
+    [model]
+    stages = 4                          # required
+    params_per_stage = [3.0e8, ...]     # required: parameters of each stage (compute and state)
+    tokens_per_microbatch = 8192        # required
+    hidden_size = 2048                  # required
+    activation_dtype_bytes = 2          # bytes per activation value (fp16/bf16)
+    grad_bytes_per_param = 2            # bytes per parameter in the intra-stage all-reduce
+    state_bytes_per_param = 16          # what a joiner downloads (weights + optimizer state)
+
+    [training]
+    iterations = 100                    # required: time to train is measured to this iteration
+    microbatches_per_iteration = 512    # required: the global batch
+    memory_slots = 16                   # microbatches a node can hold in flight
+
+    [network]
+    matrix = "../gwtf/data/geo10_aws.csv"   # src,dst,rtt_ms,bandwidth_gbps (relative to this file)
+    intra_rtt_ms = 1.0
+    intra_bandwidth_gbps = 10.0
+
+    [nodes]
+    count = 24                          # initial nodes (ignored when the trace has joins at 0)
+    gpus = ["LambdaCloud V100 16GB"]    # names from gwtf/data/gpu_train_throughput.csv
+    locations = []                      # default: every location of the matrix
+
+    [churn]
+    trace = "traces/spot_p3_bamboo.csv" # or a generator below, or nothing (no churn)
+    format = "bamboo"                   # csv | bamboo
+    generator = "poisson"               # Poisson joins, sessions from a distribution
+    join_rate_per_h = 40.0
+    session_mean_s = 1800.0
+    session_distribution = "exponential"   # or lognormal
+    leave_fraction = 0.0
+    link_trace = "traces/links.csv"     # extra CSV trace with link rows
+    detection_timeout_s = 10.0          # how long a crash goes unnoticed (heartbeat timeout)
+    restart_delay_s = 120.0             # dtfm: from noticing a crash to running again
+
+    [control]
+    phase_end_s = 0.0                   # time to learn a scaling phase is done everywhere; 0: auto
+    message_bytes = 100
+    batch_s = 0.0                       # messages landing within batch_s are handled together
+    jitter = 0.1                        # each control message's delay x (1 + jitter * U(0, 1))
+
+    [policies]
+    names = ["gwtf", "swarm", "swarm-rebalance", "dtfm", "oracle"]
+    swarm_rebalance_period_s = 300.0
+    swarm_ema_alpha = 0.1
+    swarm_refresh_s = 30.0
+    dtfm_search_evaluations = 4000
+
+Compute per stage: a V100 trains Transformer-XL large (257 M parameters) at the measured
+`transformerxl_large_tok_per_s` of gwtf/data/gpu_train_throughput.csv, i.e. 6 * 257e6 * tok/s
+FLOP/s at 6 FLOP per parameter per token (forward + backward). A stage of P parameters and T tokens
+per microbatch therefore takes `6 P T / that` seconds on a V100, and `/ relative_to_v100` on
+another GPU. A microbatch's activation is `tokens * hidden * activation_dtype_bytes` bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gwtf.flow.generate import GPU_FILE, data_path
+from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
+from gwtf.sim.traces import TraceError, TraceEvent, generate_churn, read_trace
+
+__all__ = [
+    "POLICIES",
+    "TXL_LARGE_PARAMS",
+    "NodeInfo",
+    "Scenario",
+    "ScenarioError",
+    "gpu_table",
+    "load_scenario",
+    "parse_scenario",
+]
+
+POLICIES = ("gwtf", "swarm", "swarm-rebalance", "dtfm", "oracle")
+TXL_LARGE_PARAMS = 257e6
+"""Parameters of Transformer-XL large (WikiText-103), the model of the measured tokens/s."""
+_V100 = "LambdaCloud V100 16GB"
+
+
+class ScenarioError(ValueError):
+    """A scenario file is invalid; the message is one sentence saying what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node of the scenario's universe: where it is, what GPU it has, which stage it holds."""
+
+    id: str
+    stage: int
+    location: str
+    gpu: str
+    speed: float
+    """Training speed relative to a V100."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    path: str
+    seed: int
+    duration_s: float
+    stages: int
+    params_per_stage: tuple[float, ...]
+    tokens_per_microbatch: int
+    hidden_size: int
+    activation_bytes: int
+    grad_bytes_per_param: float
+    state_bytes_per_param: float
+    compute_s_v100: tuple[float, ...]
+    iterations: int
+    microbatches_per_iteration: int
+    memory_slots: int
+    links: Mapping[frozenset[str], LinkSpec]
+    intra: LinkSpec
+    nodes: Mapping[str, NodeInfo]
+    initial: tuple[str, ...]
+    events: tuple[TraceEvent, ...]
+    detection_timeout_s: float
+    restart_delay_s: float
+    phase_end_s: float
+    message_bytes: int
+    control_batch_s: float
+    control_jitter: float
+    policies: tuple[str, ...]
+    swarm_rebalance_period_s: float
+    swarm_ema_alpha: float
+    swarm_refresh_s: float
+    dtfm_search_evaluations: int
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def compute_s(self, node: NodeInfo, stage: int | None = None) -> float:
+        """Seconds of forward + backward per microbatch of `node` at `stage` (default: its own)."""
+        return self.compute_s_v100[node.stage if stage is None else stage] / node.speed
+
+    def link(self, loc_a: str, loc_b: str) -> LinkSpec | None:
+        if loc_a == loc_b:
+            return self.intra
+        return self.links.get(frozenset((loc_a, loc_b)))
+
+    def with_policies(self, names: Sequence[str]) -> Scenario:
+        from dataclasses import replace
+
+        return replace(self, policies=tuple(names))
+
+
+def gpu_table() -> dict[str, tuple[float, float]]:
+    """GPU name -> (relative_to_v100, transformerxl_large_tok_per_s) from the shipped CSV."""
+    table: dict[str, tuple[float, float]] = {}
+    with open(data_path(GPU_FILE), encoding="utf-8", newline="") as handle:
+        for row in csv.DictReader(handle):
+            table[row["gpu"]] = (
+                float(row["relative_to_v100"]),
+                float(row["transformerxl_large_tok_per_s"]),
+            )
+    return table
+
+
+# -- parsing helpers ------------------------------------------------------------------------
+
+_TOP = ("name", "description", "seed", "duration_s", "model", "training", "network", "nodes",
+        "churn", "control", "policies")
+_SECTIONS = {
+    "model": ("stages", "params_per_stage", "tokens_per_microbatch", "hidden_size",
+              "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param"),
+    "training": ("iterations", "microbatches_per_iteration", "memory_slots"),
+    "network": ("matrix", "intra_rtt_ms", "intra_bandwidth_gbps"),
+    "nodes": ("count", "gpus", "locations"),
+    "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
+              "session_distribution", "leave_fraction", "link_trace", "detection_timeout_s",
+              "restart_delay_s"),
+    "control": ("phase_end_s", "message_bytes", "batch_s", "jitter"),
+    "policies": ("names", "swarm_rebalance_period_s", "swarm_ema_alpha", "swarm_refresh_s",
+                 "dtfm_search_evaluations"),
+}
+
+
+class _Reader:
+    def __init__(self, where: str, table: Mapping[str, Any], allowed: Sequence[str]) -> None:
+        self.where = where
+        self.table = table
+        for key in table:
+            if key not in allowed:
+                raise ScenarioError(
+                    f"{where}: unknown key {key!r}; the allowed keys are {', '.join(allowed)}"
+                )
+
+    def _get(self, key: str, default: Any, required: bool) -> Any:
+        if key not in self.table:
+            if required:
+                raise ScenarioError(f"{self.where}: missing {key!r}")
+            return default
+        return self.table[key]
+
+    def number(
+        self, key: str, default: float = 0.0, *, required: bool = False, positive: bool = False
+    ) -> float:
+        value = self._get(key, default, required)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+            value
+        ):
+            raise ScenarioError(f"{self.where}: {key!r} must be a number, got {value!r}")
+        if value < 0 or (positive and value == 0):
+            need = "positive" if positive else ">= 0"
+            raise ScenarioError(f"{self.where}: {key!r} must be {need}, got {value!r}")
+        return float(value)
+
+    def integer(
+        self, key: str, default: int = 0, *, required: bool = False, minimum: int = 0
+    ) -> int:
+        value = self._get(key, default, required)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ScenarioError(
+                f"{self.where}: {key!r} must be an integer >= {minimum}, got {value!r}"
+            )
+        return value
+
+    def text(self, key: str, default: str = "", *, required: bool = False) -> str:
+        value = self._get(key, default, required)
+        if not isinstance(value, str):
+            raise ScenarioError(f"{self.where}: {key!r} must be a string, got {value!r}")
+        return value
+
+    def strings(self, key: str, default: Sequence[str] = ()) -> tuple[str, ...]:
+        value = self._get(key, list(default), False)
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ScenarioError(f"{self.where}: {key!r} must be a list of strings, got {value!r}")
+        return tuple(value)
+
+
+def _section(where: str, doc: Mapping[str, Any], name: str) -> _Reader:
+    table = doc.get(name, {})
+    if not isinstance(table, dict):
+        raise ScenarioError(f"{where}: [{name}] must be a table")
+    return _Reader(f"{where} [{name}]", table, _SECTIONS[name])
+
+
+def load_scenario(path: str | Path, *, seed: int | None = None) -> Scenario:
+    """Read and validate a scenario file; every problem is a one-line ScenarioError.
+
+    `seed` replaces the file's seed (it draws the generated churn, the nodes' regions and GPUs,
+    and every policy's randomness)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise ScenarioError(f"cannot read scenario {str(path)!r}: {reason}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ScenarioError(f"scenario {str(path)!r} is not valid TOML: {err}") from None
+    return parse_scenario(doc, str(path), base=p.resolve().parent, seed=seed)
+
+
+def parse_scenario(
+    doc: Mapping[str, Any], where: str, *, base: Path, seed: int | None = None
+) -> Scenario:
+    where = f"scenario {where!r}"
+    top = _Reader(where, doc, _TOP)
+    name = top.text("name", required=True)
+    description = top.text("description")
+    seed = top.integer("seed", 0) if seed is None else seed
+    rng = np.random.default_rng(seed)
+
+    model = _section(where, doc, "model")
+    stages = model.integer("stages", required=True, minimum=2)
+    raw_params = model._get("params_per_stage", None, True)
+    if (
+        not isinstance(raw_params, list)
+        or len(raw_params) != stages
+        or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in raw_params
+        )
+    ):
+        raise ScenarioError(
+            f"{where} [model]: 'params_per_stage' must be a list of {stages} positive numbers"
+        )
+    params = tuple(float(v) for v in raw_params)
+    tokens = model.integer("tokens_per_microbatch", required=True, minimum=1)
+    hidden = model.integer("hidden_size", required=True, minimum=1)
+    act_dtype = model.number("activation_dtype_bytes", 2, positive=True)
+    activation_bytes = int(tokens * hidden * act_dtype)
+    grad_bpp = model.number("grad_bytes_per_param", 2, positive=True)
+    state_bpp = model.number("state_bytes_per_param", 16, positive=True)
+
+    gpus = gpu_table()
+    v100_speed, v100_tok = gpus[_V100]
+    v100_flops = 6 * TXL_LARGE_PARAMS * v100_tok / v100_speed
+    compute_v100 = tuple(6 * p * tokens / v100_flops for p in params)
+
+    training = _section(where, doc, "training")
+    iterations = training.integer("iterations", required=True, minimum=1)
+    per_iter = training.integer("microbatches_per_iteration", required=True, minimum=1)
+    slots = training.integer("memory_slots", 16, minimum=1)
+
+    network = _section(where, doc, "network")
+    matrix = network.text("matrix", str(data_path("geo10_aws.csv")))
+    matrix_path = (base / matrix).resolve()
+    try:
+        links = load_link_matrix(matrix_path)
+    except TopologyError as err:
+        raise ScenarioError(f"{where} [network]: {err}") from None
+    intra = LinkSpec(
+        network.number("intra_rtt_ms", 1.0), network.number("intra_bandwidth_gbps", 10.0,
+                                                            positive=True)
+    )
+    all_locations = sorted({loc for pair in links for loc in pair})
+
+    nodes_sec = _section(where, doc, "nodes")
+    count = nodes_sec.integer("count", 0)
+    gpu_names = nodes_sec.strings("gpus", (_V100,))
+    for gpu in gpu_names:
+        if gpu not in gpus:
+            raise ScenarioError(
+                f"{where} [nodes]: unknown GPU {gpu!r}; use a name from {GPU_FILE}"
+            )
+    locations = nodes_sec.strings("locations", tuple(all_locations))
+    for loc in locations:
+        if loc not in all_locations and len(locations) > 1:
+            raise ScenarioError(
+                f"{where} [nodes]: location {loc!r} is not in the network matrix"
+            )
+    if not locations:
+        raise ScenarioError(f"{where} [nodes]: 'locations' is empty")
+
+    churn = _section(where, doc, "churn")
+    detection = churn.number("detection_timeout_s", 10.0)
+    restart = churn.number("restart_delay_s", 120.0)
+    trace_name = churn.text("trace")
+    generator = churn.text("generator")
+    if trace_name and generator:
+        raise ScenarioError(f"{where} [churn]: give either 'trace' or 'generator', not both")
+    events: list[TraceEvent] = []
+    sources = {"matrix": str(matrix_path)}
+    duration_given = "duration_s" in doc
+    duration = top.number("duration_s", 0.0, positive=duration_given)
+    if trace_name:
+        fmt = churn.text("format", "csv")
+        trace_path = (base / trace_name).resolve()
+        sources["trace"] = str(trace_path)
+        try:
+            events = read_trace(trace_path, fmt)
+        except TraceError as err:
+            raise ScenarioError(f"{where} [churn]: {err}") from None
+    initial_ids: list[str] = [e.node for e in events if e.kind == "join" and e.time_s <= 0]
+    if not initial_ids:
+        initial_ids = [f"n{i}" for i in range(count)]
+    if generator:
+        if generator != "poisson":
+            raise ScenarioError(f"{where} [churn]: unknown generator {generator!r}; use poisson")
+        if not duration_given:
+            raise ScenarioError(f"{where}: a generated churn needs 'duration_s'")
+        try:
+            events = generate_churn(
+                rng,
+                initial=initial_ids,
+                duration_s=duration,
+                join_rate_per_h=churn.number("join_rate_per_h", required=True),
+                session_mean_s=churn.number("session_mean_s", required=True, positive=True),
+                distribution=churn.text("session_distribution", "exponential"),
+                leave_fraction=churn.number("leave_fraction", 0.0),
+            )
+        except ValueError as err:
+            raise ScenarioError(f"{where} [churn]: {err}") from None
+    link_trace = churn.text("link_trace")
+    if link_trace:
+        link_path = (base / link_trace).resolve()
+        sources["link_trace"] = str(link_path)
+        try:
+            extra = read_trace(link_path, "csv")
+        except TraceError as err:
+            raise ScenarioError(f"{where} [churn]: {err}") from None
+        if any(e.kind != "link" for e in extra):
+            raise ScenarioError(f"{where} [churn]: 'link_trace' may only hold link rows")
+        events = sorted(events + extra, key=lambda e: e.time_s)
+    for event in events:
+        if event.kind == "link":
+            a, b = event.link_pair
+            for loc in (a, b):
+                if loc not in all_locations:
+                    raise ScenarioError(
+                        f"{where}: link event at {event.time_s:g} s names unknown location {loc!r}"
+                    )
+    if not initial_ids:
+        raise ScenarioError(
+            f"{where}: no initial node; set [nodes] count or a trace with joins at 0"
+        )
+    if not duration_given:
+        if not events:
+            raise ScenarioError(f"{where}: set 'duration_s' (there is no trace to take it from)")
+        duration = max(e.time_s for e in events)
+
+    # Each node's stage, location and GPU: seeded, and the same for every policy. A node without
+    # a stage goes to the stage with the fewest live nodes at that moment of the trace.
+    infos: dict[str, NodeInfo] = {}
+    alive_per_stage = [0] * stages
+    node_stage: dict[str, int] = {}
+
+    def make(node_id: str, stage: int | None, location: str | None) -> NodeInfo:
+        if stage is None:
+            stage = min(range(stages), key=lambda s: (alive_per_stage[s], s))
+        if stage >= stages:
+            raise ScenarioError(
+                f"{where}: node {node_id!r} joins stage {stage}, but the model has {stages}"
+            )
+        loc = location or locations[int(rng.integers(len(locations)))]
+        gpu = gpu_names[int(rng.integers(len(gpu_names)))]
+        return NodeInfo(node_id, stage, loc, gpu, gpus[gpu][0])
+
+    explicit = {e.node: e for e in events if e.kind == "join" and e.time_s <= 0}
+    for node_id in initial_ids:
+        join = explicit.get(node_id)
+        info = make(node_id, join.stage if join else None, join.location if join else None)
+        infos[node_id] = info
+        alive_per_stage[info.stage] += 1
+        node_stage[node_id] = info.stage
+    body: list[TraceEvent] = []
+    for event in events:
+        if event.kind == "join" and event.node in explicit and event.time_s <= 0:
+            continue
+        if event.kind == "join":
+            if event.node in infos and event.node in node_stage:
+                raise ScenarioError(f"{where}: node {event.node!r} joins twice while alive")
+            base_info = infos.get(event.node)
+            info = make(event.node, event.stage, event.location)
+            if base_info is not None:  # a rejoin keeps the machine, not the stage
+                info = NodeInfo(event.node, info.stage, base_info.location, base_info.gpu,
+                                base_info.speed)
+            infos[event.node] = info
+            alive_per_stage[info.stage] += 1
+            node_stage[event.node] = info.stage
+        elif event.kind in ("leave", "crash"):
+            stage = node_stage.pop(event.node, None)
+            if stage is None:
+                raise ScenarioError(
+                    f"{where}: node {event.node!r} {event.kind}es at {event.time_s:g} s "
+                    "but is not alive"
+                )
+            alive_per_stage[stage] -= 1
+        if event.time_s <= duration:
+            body.append(event)
+
+    control = _section(where, doc, "control")
+    phase_end = control.number("phase_end_s", 0.0)
+    message_bytes = control.integer("message_bytes", 100, minimum=1)
+    batch_s = control.number("batch_s", 0.0)
+    jitter = control.number("jitter", 0.1)
+    if phase_end == 0:
+        used = {info.location for info in infos.values()}
+        worst = max(
+            (link.rtt_ms / 2000 + message_bytes * 8 / (link.bandwidth_gbps * 1e9)
+             for a in used for b in used
+             if (link := (intra if a == b else links.get(frozenset((a, b))))) is not None),
+            default=intra.rtt_ms / 2000,
+        )
+        # The flow machines' scaling phases are ended swarm-wide once no control message is in
+        # flight (gwtf.flow.bus does the same). A real swarm learns it by a termination-detection
+        # round over its heartbeats: two of the slowest one-way control delays, and a
+        # millisecond of processing.
+        phase_end = 2 * worst + 0.001
+
+    pol = _section(where, doc, "policies")
+    names = pol.strings("names", POLICIES)
+    for policy in names:
+        if policy not in POLICIES:
+            raise ScenarioError(
+                f"{where} [policies]: unknown policy {policy!r}; use {', '.join(POLICIES)}"
+            )
+    return Scenario(
+        name=name,
+        description=description,
+        path=where,
+        seed=seed,
+        duration_s=duration,
+        stages=stages,
+        params_per_stage=params,
+        tokens_per_microbatch=tokens,
+        hidden_size=hidden,
+        activation_bytes=activation_bytes,
+        grad_bytes_per_param=grad_bpp,
+        state_bytes_per_param=state_bpp,
+        compute_s_v100=compute_v100,
+        iterations=iterations,
+        microbatches_per_iteration=per_iter,
+        memory_slots=slots,
+        links=links,
+        intra=intra,
+        nodes=infos,
+        initial=tuple(initial_ids),
+        events=tuple(body),
+        detection_timeout_s=detection,
+        restart_delay_s=restart,
+        phase_end_s=phase_end,
+        message_bytes=message_bytes,
+        control_batch_s=batch_s,
+        control_jitter=jitter,
+        policies=names,
+        swarm_rebalance_period_s=pol.number("swarm_rebalance_period_s", 300.0, positive=True),
+        swarm_ema_alpha=pol.number("swarm_ema_alpha", 0.1, positive=True),
+        swarm_refresh_s=pol.number("swarm_refresh_s", 30.0, positive=True),
+        dtfm_search_evaluations=pol.integer("dtfm_search_evaluations", 4000, minimum=1),
+        sources=sources,
+    )

@@ -1,0 +1,97 @@
+"""Scenario files: the shipped ones load with numbers from the real data; bad ones fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gwtf.sim.scenario import POLICIES, ScenarioError, load_scenario
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = ["geo10_spot", "geo10_hetero_links", "homogeneous", "high_churn"]
+
+MINIMAL = """
+name = "tiny"
+duration_s = 100
+[model]
+stages = 2
+params_per_stage = [1.0e8, 1.0e8]
+tokens_per_microbatch = 1024
+hidden_size = 1024
+[training]
+iterations = 2
+microbatches_per_iteration = 8
+[network]
+matrix = "{matrix}"
+[nodes]
+count = 4
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    matrix = REPO / "gwtf" / "data" / "geo10_aws.csv"
+    path = tmp_path / "s.toml"
+    path.write_text(text.replace("{matrix}", str(matrix)))
+    return path
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_shipped_scenarios_load(name: str) -> None:
+    sc = load_scenario(REPO / "simulations" / f"{name}.toml")
+    assert sc.name == name
+    assert sc.stages == 4 and sc.activation_bytes == 32 * 2**20
+    assert set(sc.policies) == set(POLICIES)
+    assert sc.description.strip()
+    assert len(sc.initial) >= 4
+    stages = {sc.nodes[n].stage for n in sc.initial}
+    assert stages == {0, 1, 2, 3}
+
+
+def test_compute_comes_from_the_measured_gpu_speeds() -> None:
+    sc = load_scenario(REPO / "simulations" / "geo10_spot.toml")
+    # 6 * 302e6 * 8192 FLOP at 6 * 257e6 * 6071 FLOP/s (a V100 on Transformer-XL large).
+    assert sc.compute_s_v100[0] == pytest.approx(6 * 3.02e8 * 8192 / (6 * 257e6 * 6071))
+    assert sc.compute_s_v100[0] == pytest.approx(1.586, abs=1e-3)
+    speeds = {info.gpu: info.speed for info in sc.nodes.values()}
+    assert speeds["H100 80GB SXM5"] == 5.281 and speeds["LambdaCloud V100 16GB"] == 1.0
+    assert len(sc.nodes) == 177  # every node of the p3 trace
+    assert sc.duration_s == pytest.approx(40920)
+    node = next(iter(sc.nodes.values()))
+    assert sc.compute_s(node) == pytest.approx(sc.compute_s_v100[node.stage] / node.speed)
+
+
+def test_generated_churn_depends_on_the_seed_only(tmp_path: Path) -> None:
+    text = MINIMAL + '[churn]\ngenerator = "poisson"\njoin_rate_per_h = 60\nsession_mean_s = 300\n'
+    first = load_scenario(write(tmp_path, text))
+    again = load_scenario(write(tmp_path, text))
+    other = load_scenario(write(tmp_path, text.replace('name = "tiny"', 'name = "tiny"\nseed = 5')))
+    assert first.events == again.events and first.nodes == again.nodes
+    assert first.events != other.events
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.replace('name = "tiny"\n', ""), "missing 'name'"),
+        (lambda t: t + "[training]\n", "not valid TOML"),
+        (lambda t: t.replace("count = 4", "count = 4\ncolour = 1"), "unknown key 'colour'"),
+        (lambda t: t.replace("count = 4", 'count = 4\ngpus = ["GTX 480"]'), "unknown GPU"),
+        (lambda t: t.replace("stages = 2", "stages = 3"), "'params_per_stage' must be a list of 3"),
+        (lambda t: t + '[policies]\nnames = ["petals"]\n', "unknown policy 'petals'"),
+        (lambda t: t + '[churn]\ntrace = "x.csv"\ngenerator = "poisson"\n', "not both"),
+        (lambda t: t + '[churn]\ntrace = "missing.csv"\n', "cannot read trace"),
+        (lambda t: t.replace("duration_s = 100", "duration_s = -1"), "must be positive"),
+    ],
+)
+def test_bad_scenarios_fail_with_one_line(tmp_path: Path, change: object, message: str) -> None:
+    assert callable(change)
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(write(tmp_path, change(MINIMAL)))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_scenario_file() -> None:
+    with pytest.raises(ScenarioError, match="cannot read scenario"):
+        load_scenario("/nonexistent/scenario.toml")
