@@ -13,6 +13,7 @@ import sys
 BENCHMARKS = {
     "flow": "benchmarks.flow",
     "sim": "benchmarks.sim",
+    "node": "benchmarks.node_control",
 }
 
 

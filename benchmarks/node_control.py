@@ -1,8 +1,8 @@
-"""`python -m benchmarks.node_control`: the node's control plane on a local swarm (issue 4).
+"""`python -m benchmarks node`: the node's control plane on a local swarm (issue 4).
 
-    .venv/bin/python -m benchmarks.node_control            # all parts, prints a markdown section
-    .venv/bin/python -m benchmarks.node_control --write    # ... and puts it in RESULTS.md
-    .venv/bin/python -m benchmarks.node_control --only rpc gossip
+    .venv/bin/python -m benchmarks node            # every part, section `node` of RESULTS.md
+    .venv/bin/python -m benchmarks.node_control --only rpc gossip   # some parts, printed only
+    .venv/bin/python -m benchmarks.node_control --write    # all parts, and into RESULTS.md
 
 Parts (real `gwtf node` processes on 127.0.0.1, as the integration tests start them):
 
@@ -16,8 +16,6 @@ Parts (real `gwtf node` processes on 127.0.0.1, as the integration tests start t
   state, as the swarm grows (4 to 32 nodes).
 - phases: ending the scaling phases by the coordinator's waves against the uncoordinated
   `--quiet-s` mode: flow messages and time to converge from a cold start, and after a crash.
-
-`make bench` rewrites RESULTS.md from the flow benchmark alone; run this with --write after it.
 """
 
 from __future__ import annotations
@@ -37,17 +35,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report import write_section
 from gwtf.flow.generate import data_path
 from gwtf.node.launch import _locations, plan_nodes
 from tests.integration.cluster import LocalSwarm, pipeline_arcs, wait_for
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 OUT = Path(__file__).with_name("out")
-SECTION = "## Node control plane (issue 4)"
+SECTION = "## Node control plane (`python -m benchmarks node`)"
 GEO10 = str(data_path("geo10_aws.csv"))
 SETTLE_S = 180.0
 HEARTBEAT_S = 0.5
 FAILURE_TIMEOUT_S = 5.0
+PARTS = ("rpc", "gossip", "phases", "churn")
 
 
 def log(message: str) -> None:
@@ -470,19 +469,40 @@ def report(results: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if SECTION in old:
-        head, _, tail = old.partition(SECTION)
-        rest = tail.split("\n## ", 1)
-        old = head.rstrip() + ("\n\n## " + rest[1] if len(rest) > 1 else "")
-    RESULTS.write_text(old.rstrip() + "\n\n" + text.rstrip() + "\n")
+def collect(
+    parts: Iterable[str], sizes: list[int], window_s: float, calls: int
+) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    if "rpc" in parts:
+        results["rpc"] = rpc(calls)
+    if "gossip" in parts:
+        results["gossip"] = gossip(sizes, window_s)
+    if "phases" in parts:
+        results["phases"] = phases()
+    if "churn" in parts:
+        results["churn"] = [churn(geo=False), churn(geo=True)]
+    OUT.mkdir(exist_ok=True)
+    (OUT / "node_control.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def run(quick: bool = False) -> str:
+    """Every part (`--quick`: round trips and gossip up to 8 nodes), into section `node`."""
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    if quick:
+        results = collect(["rpc", "gossip"], [4, 8], 5.0, 500)
+        command = "python -m benchmarks node --quick"
+    else:
+        results = collect(PARTS, [4, 8, 16, 32], 10.0, 2000)
+        command = "python -m benchmarks node"
+    text = report(results, command)
+    write_section("node", text)
+    return text
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.node_control")
-    parser.add_argument("--only", nargs="+", choices=("churn", "rpc", "gossip", "phases"),
-                        default=["churn", "rpc", "gossip", "phases"])  # fmt: skip
+    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32])
     parser.add_argument("--window-s", type=float, default=10.0)
     parser.add_argument("--calls", type=int, default=2000)
@@ -491,23 +511,13 @@ def main() -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     # SIGTERM (a `timeout`) unwinds like Ctrl-C, so that every swarm is closed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    results: dict[str, Any] = {}
-    if "rpc" in args.only:
-        results["rpc"] = rpc(args.calls)
-    if "gossip" in args.only:
-        results["gossip"] = gossip(args.sizes, args.window_s)
-    if "phases" in args.only:
-        results["phases"] = phases()
-    if "churn" in args.only:
-        results["churn"] = [churn(geo=False), churn(geo=True)]
+    results = collect(args.only, args.sizes, args.window_s, args.calls)
     command = "python -m benchmarks.node_control " + " ".join(sys.argv[1:])
     text = report(results, command.strip())
-    OUT.mkdir(exist_ok=True)
-    (OUT / "node_control.json").write_text(json.dumps(results, indent=1))
     print(text)
     if args.write:
-        write_section(text)
-        log(f"wrote the section to {RESULTS}")
+        write_section("node", text)
+        log("wrote section node of benchmarks/RESULTS.md")
     return 0
 
 

@@ -155,6 +155,10 @@ class FlowDriver:
 
     # ------------------------------------------------------------------ messages
 
+    def note_change(self) -> None:
+        """The swarm's topology changed somewhere (a member joined, left or died)."""
+        self.node.note_change()
+
     def receive(self, messages: list[FlowMessage]) -> None:
         self.messages_received += len(messages)
         self._emit(self.node.on_messages(messages))

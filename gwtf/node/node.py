@@ -484,6 +484,11 @@ class Node:
         """React to membership changes: arcs in and out of the flow state machine."""
         me = self.members.me
         last = self.swarm.num_stages - 1
+        events = list(events)
+        if events:
+            # Any change anywhere may call for price moves here, and lets this node ask for a
+            # rescale (FlowNode.note_change), as the in-process bus does on every node.
+            self.driver.note_change()
         for event in events:
             m = event.member
             if event.kind == "alive":

@@ -7,8 +7,6 @@ retry what was already merged (a duplicate), and the coordinator's waves end the
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -172,7 +170,7 @@ def test_the_outbox_keeps_the_latest_state_of_each_arc() -> None:
     driver = next(iter(h.drivers.values()))
     peer = next(iter(driver.owned))
     base = FlowMessage(driver.node_id, peer, 1, 1, 1, True, 10, 5, 0, 100)
-    driver._emit([base, replace(base, price=20, flow=9)])
+    driver._emit([base, base._replace(price=20, flow=9)])
     out = driver.take(peer)
     assert out is not None
     assert [(m.price, m.flow) for m in out.messages if m.from_tail] == [(20, 9)]
@@ -190,10 +188,10 @@ def test_pipelined_calls_retransmit_only_what_no_newer_call_carries() -> None:
     base = FlowMessage(driver.node_id, peer, 1, 1, 1, True, 10, 5, 0, 100)
     driver._emit([base])
     first = driver.take(peer)
-    driver._emit([replace(base, price=20, flow=9)])
+    driver._emit([base._replace(price=20, flow=9)])
     second = driver.take(peer)
     assert first is not None and second is not None and second.seq > first.seq
-    driver._emit([replace(base, price=30, flow=12)])
+    driver._emit([base._replace(price=30, flow=12)])
     assert driver.take(peer) is None  # two calls in flight: the third state waits
     driver.failed(first)  # superseded by the second call: nothing to resend for it
     third = driver.take(peer)
