@@ -216,7 +216,17 @@ def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     launch.add_argument("--log-dir", metavar="DIR",
                         help="write each node's log there (default: a new temporary folder)")
     launch.add_argument("--json", action="store_true",
-                        help="print the nodes as one JSON line once the swarm is formed")
+                        help="print the nodes as one JSON line once the swarm is formed (and "
+                        "with --churn, one JSON line per event)")
+    launch.add_argument("--churn", metavar="TRACE",
+                        help="replay this churn trace on the swarm: SIGKILL on crash, SIGTERM on "
+                        "leave, a new node process on join (CSV time_s,event,node[,stage]"
+                        "[,location] or Bamboo time_ms,add|remove,node)")
+    launch.add_argument("--churn-format", choices=("csv", "bamboo"),
+                        help="the trace's format (default: from its header)")
+    launch.add_argument("--time-scale", type=_positive_float, default=1.0, metavar="F",
+                        help="wall seconds per trace second (default 1; 0.01 replays 100x "
+                        "faster)")
     launch.set_defaults(handler=_launch)
 
 

@@ -6,6 +6,10 @@ link matrix's (none without one), and a compute time `--compute-s / speed` with 
 GPU drawn (seeded) from gwtf/data/gpu_train_throughput.csv, so that the swarm is heterogeneous
 as a volunteer one is. The first node creates the swarm; the others join through it.
 
+With `--churn TRACE` it then replays a churn trace on the swarm (`gwtf.node.churn`): SIGKILL on a
+crash, SIGTERM on a leave, a new node process on a join, at the trace's times scaled by
+`--time-scale`, each printed as it happens.
+
 Children run in their own session (Ctrl-C in the terminal reaches only this process, which then
 stops them by pid: SIGTERM, so they leave gracefully, then SIGKILL after a grace period) and, on
 Linux, die with it if it is killed (PR_SET_PDEATHSIG). Their logs go to one file each.
@@ -28,11 +32,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from gwtf.flow.topology import TopologyError, load_link_matrix
+
+if TYPE_CHECKING:
+    from gwtf.node.churn import ChurnAction
 
 __all__ = ["NodePlan", "die_with_parent", "plan_nodes", "run_launch"]
 
@@ -155,6 +162,29 @@ class _Cluster:
                 found[index] = match.group(1)
         return found
 
+    def poll_addresses(self) -> tuple[dict[int, str], list[int]]:
+        """Without waiting: the addresses printed since the last call, and the nodes whose
+        output ended (they exited)."""
+        found: dict[int, str] = {}
+        ended: list[int] = []
+        while True:
+            try:
+                index, line = self._lines.get_nowait()
+            except queue.Empty:
+                return found, ended
+            if line is None:
+                ended.append(index)
+                continue
+            match = _LISTENING.search(line)
+            if match:
+                found[index] = match.group(1)
+
+    def signal(self, index: int, signum: int) -> None:
+        proc = self.procs[index][1]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+
     def last_log(self, index: int) -> str:
         plan = self.procs[index][0]
         with contextlib.suppress(OSError):
@@ -209,6 +239,7 @@ def run_launch(args: argparse.Namespace) -> int:
             base_compute_s=args.compute_s,
             seed=args.seed,
         )
+        churn = _plan_churn(args, plans, locations)
     except (TopologyError, ValueError) as err:
         print(f"gwtf launch: {err}", file=sys.stderr)
         return 2
@@ -228,7 +259,7 @@ def run_launch(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     cluster = _Cluster(log_dir)
     try:
-        return _run(cluster, plans, args, stop)
+        return _run(cluster, plans, args, stop, churn)
     except RuntimeError as err:
         print(f"gwtf launch: {err} (logs in {log_dir})", file=sys.stderr)
         return 1
@@ -238,8 +269,33 @@ def run_launch(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
+def _plan_churn(
+    args: argparse.Namespace, plans: list[NodePlan], locations: list[str]
+) -> list[ChurnAction]:
+    """The churn trace's actions on this swarm (none without --churn); ChurnError if it
+    cannot be replayed."""
+    if not getattr(args, "churn", None):
+        return []
+    from gwtf.node.churn import load_churn, plan_churn
+
+    events = load_churn(args.churn, args.churn_format)
+    return plan_churn(
+        events,
+        plans,
+        num_stages=args.stages,
+        locations=locations,
+        base_compute_s=args.compute_s,
+        time_scale=args.time_scale,
+        seed=args.seed + 1,
+    )
+
+
 def _run(
-    cluster: _Cluster, plans: list[NodePlan], args: argparse.Namespace, stop: threading.Event
+    cluster: _Cluster,
+    plans: list[NodePlan],
+    args: argparse.Namespace,
+    stop: threading.Event,
+    churn: list[ChurnAction],
 ) -> int:
     def port(i: int) -> int:
         return args.base_port + i if args.base_port else 0
@@ -272,12 +328,96 @@ def _run(
             print(f"  {n['id']:<8} {n['address']:<22} stage {n['stage']:<3} "
                   f"{n['location'] or '-':<12} compute {n['compute_s']:.4f} s  pid {n['pid']}")
         print(f"  gwtf status --to {bootstrap}", flush=True)
+    replay = _Replay(cluster, addresses, churn, args)
     reported: set[int] = set()
-    while not stop.wait(0.5):
+    while not stop.wait(replay.wait_s()):
+        replay.step()
         for i, (plan, proc) in enumerate(cluster.procs):
-            if i not in reported and proc.poll() is not None:
+            if i not in reported and i not in replay.stopped and proc.poll() is not None:
                 reported.add(i)
                 print(f"gwtf launch: node {plan.id} exited with code {proc.returncode}",
                       file=sys.stderr, flush=True)
     print("gwtf launch: stopping the nodes", file=sys.stderr, flush=True)
+    if churn:
+        replay.summary()
     return 0
+
+
+class _Replay:
+    """Carries out a churn trace's actions at their times (`gwtf.node.churn`)."""
+
+    def __init__(
+        self,
+        cluster: _Cluster,
+        addresses: dict[int, str],
+        actions: list[ChurnAction],
+        args: argparse.Namespace,
+    ) -> None:
+        self.cluster = cluster
+        self.addresses = dict(addresses)
+        self.actions = actions
+        self.args = args
+        self.json_lines = bool(args.json)
+        self.next = 0
+        self.start = time.monotonic()
+        self.index = {plan.id: i for i, (plan, _) in enumerate(cluster.procs)}
+        self.stopped: set[int] = set()  # killed or terminated on purpose
+        self.counts = {"join": 0, "crash": 0, "leave": 0}
+
+    def wait_s(self) -> float:
+        if self.next >= len(self.actions):
+            return 0.5
+        due = self.start + self.actions[self.next].at_s - time.monotonic()
+        return min(0.5, max(0.0, due))
+
+    def step(self) -> None:
+        found, _ = self.cluster.poll_addresses()
+        for i, address in found.items():
+            self.addresses[i] = address
+            self._say("listening", self.cluster.procs[i][0].id, address=address)
+        now = time.monotonic() - self.start
+        while self.next < len(self.actions) and self.actions[self.next].at_s <= now:
+            self._do(self.actions[self.next])
+            self.next += 1
+
+    def _do(self, action: ChurnAction) -> None:
+        self.counts[action.kind] += 1
+        if action.kind == "join":
+            assert action.plan is not None
+            live = [
+                self.addresses[i]
+                for i in self.index.values()
+                if i in self.addresses and self.cluster.procs[i][1].poll() is None
+            ]
+            if not live:
+                self._say("skipped", action.node, reason="no live node to join through")
+                return
+            argv = _node_argv(action.plan, self.args, 0) + ["--bootstrap", *live[:3]]
+            i = self.cluster.start(action.plan, argv)
+            self.index[action.node] = i
+            self._say("join", action.node, stage=action.plan.stage, trace_s=action.trace_s)
+            return
+        i = self.index[action.node]
+        self.stopped.add(i)
+        self.addresses.pop(i, None)
+        self.cluster.signal(i, signal.SIGKILL if action.kind == "crash" else signal.SIGTERM)
+        self._say(action.kind, action.node, stage=self.cluster.procs[i][0].stage,
+                  trace_s=action.trace_s)
+
+    def _say(self, event: str, node: str, **fields: object) -> None:
+        t = time.monotonic() - self.start
+        if self.json_lines:
+            print(json.dumps({"event": event, "node": node, "t": round(t, 3), **fields}),
+                  flush=True)
+        else:
+            extra = " ".join(f"{k} {v}" for k, v in fields.items())
+            print(f"gwtf launch: {t:8.2f} s  {event:<9} {node} {extra}".rstrip(), flush=True)
+
+    def summary(self) -> None:
+        done = self.next == len(self.actions)
+        fields = {**self.counts, "trace_events": len(self.actions), "replayed_all": done}
+        if self.json_lines:
+            print(json.dumps({"churn": fields}), flush=True)
+        else:
+            print("gwtf launch: churn replayed: " + ", ".join(f"{k} {v}" for k, v in
+                                                              fields.items()), flush=True)

@@ -160,3 +160,73 @@ def _running(pid: int) -> bool:
             return stat.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_launch_replays_a_churn_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "churn.csv"
+    trace.write_text(
+        "time_s,event,node\n"
+        "1.0,crash,s1n0\n"
+        "1.5,join,late,1\n"
+        "2.0,leave,s0n1\n"
+    )
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "gwtf", "launch", "--nodes", "4", "--stages", "2", "--json",
+         "--heartbeat-s", "0.25", "--failure-timeout-s", "2", "--log-dir", str(tmp_path),
+         "--churn", str(trace), "--time-scale", "2"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: list[dict] = []
+
+    def read() -> None:
+        for text in launch.stdout:  # type: ignore[union-attr]
+            lines.append(json.loads(text))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: lines, TIMEOUT_S, "gwtf launch to print the nodes")
+        nodes = {n["id"]: n for n in lines[0]["nodes"]}
+        events = wait_for(
+            lambda: len(lines) >= 5 and lines[1:], TIMEOUT_S, "the churn events", interval_s=0.2
+        )
+        assert [(e["event"], e["node"]) for e in events[:3]] == [
+            ("crash", "s1n0"), ("join", "late"), ("leave", "s0n1"),
+        ]
+        # time_s scaled by 2: 2, 3 and 4 s after the swarm formed.
+        assert [round(e["t"]) for e in events[:3]] == [2, 3, 4]
+        late = wait_for(
+            lambda: next((e for e in lines[1:] if e == {**e, "event": "listening", "node": "late"}),
+                         None),
+            TIMEOUT_S,
+            "the joiner to listen",
+        )
+        address = nodes["s0n0"]["address"]
+        status = wait_for(
+            lambda: (r := gwtf("status", "--to", address, "--json")).returncode == 0
+            and (v := json.loads(r.stdout))["converged"]
+            and {m["id"] for m in v["members"] if m["alive"]} == {"s0n0", "s1n1", "late"}
+            and v,
+            TIMEOUT_S,
+            "the swarm to reconverge after the churn",
+            interval_s=0.5,
+        )
+        assert any(a["dst"] == "late" and a["flow"] > 0 for a in status["arcs"]), status["arcs"]
+        assert late["address"]
+        assert not _running(nodes["s1n0"]["pid"])
+        launch.send_signal(signal.SIGTERM)
+        assert launch.wait(timeout=TIMEOUT_S) == 0, launch.stderr.read()  # type: ignore[union-attr]
+        reader.join(10)
+        assert lines[-1] == {"churn": {"join": 1, "crash": 1, "leave": 1, "trace_events": 3,
+                                       "replayed_all": True}}
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+
+
+def test_launch_refuses_a_trace_it_cannot_replay(tmp_path: Path) -> None:
+    trace = tmp_path / "churn.csv"
+    trace.write_text("time_s,event,node\n1.0,crash,nobody\n")
+    result = gwtf("launch", "--nodes", "2", "--stages", "2", "--churn", str(trace))
+    one_line_error(result, 2, "nobody", "not alive")
