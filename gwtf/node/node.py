@@ -62,6 +62,7 @@ from gwtf.node.config import (
 )
 from gwtf.node.coordinator import PhaseCoordinator
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
+from gwtf.node.jobs import JobManager
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
 from gwtf.node.phases import Command, PhaseReportData
@@ -117,6 +118,11 @@ class NodeSettings:
     quiet_s: float | None = None
     seed: int | None = None
     """Seed of the gossip partner order; default: derived from the node id."""
+    memory_slots: int = 8
+    """Microbatches whose forward state this node keeps at once (training jobs)."""
+    emulate_compute: bool = False
+    """Pad each microbatch's stage work to `compute_s` (with sleep), as the emulated WAN pads
+    messages: a local swarm then runs at the speeds its flows were computed for."""
 
 
 @dataclass
@@ -170,8 +176,10 @@ class Node:
         self._swarm_scaling = True
         self._phases: PhaseCoordinator | None = None
         self._changed: asyncio.Event | None = None
+        self._joined_via = ""
         self._stats = _Stats()
         self._rng: np.random.Generator | None = None
+        self.jobs = JobManager(self)
 
     # ================================================================== lifecycle
 
@@ -234,6 +242,8 @@ class Node:
         self._spawn(self._phases.run(), "phases")
         if self.swarm.flow.quiet_s is not None:
             self._spawn(self._tick_loop(), "ticks")
+        if self._joined_via:
+            self._spawn(self.jobs.catch_up(self._joined_via), "jobs catch-up")
         self._after_change()
 
     async def leave(self) -> None:
@@ -261,6 +271,7 @@ class Node:
     async def close(self) -> None:
         self._stopping = True
         await self._cancel_tasks()
+        await self.jobs.close()
         if self._server is not None:
             await self._server.stop(self.config.shutdown_grace_s)
         if self._pool is not None:
@@ -427,6 +438,7 @@ class Node:
             members = members_from_pb(reply.members, swarm.num_stages)
         except InvalidMessage as err:
             raise NodeError(f"the bootstrap node {via} sent invalid members: {err}", 1) from None
+        self._joined_via = via
         # A joiner enters at the swarm's phase: at the final epsilon if the swarm is there.
         self._setup(swarm, me, warm=reply.final, round_=reply.round, tightens=reply.tightens)
         assert self._members is not None
@@ -474,6 +486,45 @@ class Node:
         assert self._pool is not None
         return self._pool.stubs(address)
 
+    # ================================================================== what jobs need
+
+    def num_stages(self) -> int:
+        return self.swarm.num_stages
+
+    def member(self, node_id: str) -> MemberInfo | None:
+        """The live member `node_id` (this node included), None if not alive here."""
+        if node_id == self.node_id:
+            return self.members.me
+        found = self.members.get(node_id)
+        return found if found is not None and found.alive else None
+
+    def stubs(self, member: MemberInfo) -> Stubs:
+        return self._stubs(member)
+
+    def stubs_at(self, address: str) -> Stubs:
+        return self._stubs_at(address)
+
+    def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
+        """How long the emulated WAN holds `nbytes` to `member` (streams are not intercepted:
+        their senders wait this long before the first chunk)."""
+        if self._wan is None:
+            return 0.0
+        return self._wan.delay(member.id, member.location, nbytes)
+
+    def routes(self) -> dict[str, int]:
+        return self.driver.routes()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        return self._spawn(coro, name)
+
+    @property
+    def memory_slots(self) -> int:
+        return self.settings.memory_slots
+
+    @property
+    def emulate_compute_s(self) -> float | None:
+        return self.members.me.compute_s if self.settings.emulate_compute else None
+
     def _require_ready(self) -> None:
         if not self._ready or self._stopping:
             raise Refusal(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id} is not serving")
@@ -508,6 +559,7 @@ class Node:
             else:
                 verb = "left" if event.kind == "left" else "declared dead"
                 self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
+                self.jobs.on_member_down(m, "left" if event.kind == "left" else "died")
                 self.prober.stop(m.id)
                 self.driver.drop_peer(m.id)
                 if self._wan is not None:
