@@ -58,18 +58,22 @@ from gwtf.v1 import data_pb2, data_pb2_grpc
 
 __all__ = [
     "CHUNK_BYTES",
+    "SEND_METHOD",
     "DATA_PLANE_MAX_MESSAGE_BYTES",
     "DEFAULT_DTYPES",
     "MAX_HEADER_BYTES",
     "MAX_PATH",
     "Assembler",
     "DataPlaneServicer",
+    "DataPlaneStub",
     "Expect",
     "MicrobatchTag",
     "TensorError",
     "TensorLimits",
     "TensorSpec",
+    "add_DataPlaneServicer_to_server",
     "encode",
+    "encode_wire",
     "send",
 ]
 
@@ -248,7 +252,10 @@ def _plan(tag: MicrobatchTag, tensors: Mapping[str, torch.Tensor]) -> _Plan:
     return _Plan(header, header.ByteSize(), buffers, sum(b.nbytes for b in buffers))
 
 
-def _chunks(plan: _Plan, chunk_bytes: int) -> Iterator[data_pb2.DataChunk]:
+def _pieces(
+    plan: _Plan, chunk_bytes: int
+) -> Iterator[tuple[int, data_pb2.StreamHeader | None, list[memoryview]]]:
+    """The chunks of a stream as (seq, header or None, views of their payload bytes)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     seq = 0
@@ -266,18 +273,34 @@ def _chunks(plan: _Plan, chunk_bytes: int) -> Iterator[data_pb2.DataChunk]:
                 pending_bytes += take
                 offset += take
             if pending_bytes == room:
-                yield _chunk(seq, plan.header if first else None, pending)
+                yield seq, plan.header if first else None, pending
                 seq, first = seq + 1, False
                 room, pending, pending_bytes = chunk_bytes, [], 0
     if first or pending:
-        yield _chunk(seq, plan.header if first else None, pending)
+        yield seq, plan.header if first else None, pending
 
 
-def _chunk(
-    seq: int, header: data_pb2.StreamHeader | None, parts: list[memoryview]
-) -> data_pb2.DataChunk:
-    payload = parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
-    return data_pb2.DataChunk(seq=seq, header=header, payload=payload)
+def _messages(plan: _Plan, chunk_bytes: int) -> Iterator[data_pb2.DataChunk]:
+    for seq, header, parts in _pieces(plan, chunk_bytes):
+        payload = parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
+        yield data_pb2.DataChunk(seq=seq, header=header, payload=payload)
+
+
+def _wire(plan: _Plan, chunk_bytes: int) -> Iterator[bytes]:
+    """The chunks already serialised, byte for byte what `DataChunk.SerializeToString` gives,
+    built with one copy of the payload (protobuf would make three: into a `bytes`, into the
+    message, into its serialisation)."""
+    header = plan.header.SerializeToString()
+    for seq, has_header, parts in _pieces(plan, chunk_bytes):
+        out: list[bytes | memoryview] = []
+        if seq:
+            out += (_SEQ_KEY, _varint(seq))
+        if has_header is not None:
+            out += (_HEADER_KEY, _varint(len(header)), header)
+        size = sum(part.nbytes for part in parts)
+        if size:
+            out += (_PAYLOAD_KEY, _varint(size), *parts)
+        yield b"".join(out)
 
 
 def encode(
@@ -286,44 +309,98 @@ def encode(
     """The chunks of one microbatch: chunk 0 holds the tag and the tensors' headers, and as
     much payload as fits in `chunk_bytes`; every later chunk `chunk_bytes` of payload (the
     last less). Tensors may live anywhere and be non-contiguous; a contiguous CPU tensor is
-    read in place."""
-    return _chunks(_plan(tag, tensors), chunk_bytes)
+    read in place, so it must not change while the chunks are in use."""
+    return _messages(_plan(tag, tensors), chunk_bytes)
 
 
-async def send(
-    stub: data_pb2_grpc.DataPlaneStub,
-    tag: MicrobatchTag,
-    tensors: Mapping[str, torch.Tensor],
-    *,
-    timeout: float,
-    chunk_bytes: int = CHUNK_BYTES,
-    delay: Callable[[int], Awaitable[None]] | None = None,
-) -> None:
-    """Stream one microbatch to the peer behind `stub`; returns once the peer has taken it.
+def encode_wire(
+    tag: MicrobatchTag, tensors: Mapping[str, torch.Tensor], *, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[bytes]:
+    """`encode`, serialised: the messages `DataPlaneStub` sends."""
+    return _wire(_plan(tag, tensors), chunk_bytes)
 
-    `delay(nbytes)` is awaited once, before the first chunk leaves, with the stream's payload
-    plus header bytes: the emulated WAN holds the whole microbatch for its link's latency and
-    serialisation time, as it holds any other message. That time counts against `timeout`,
-    which covers the whole call. gRPC errors (UNAVAILABLE, DEADLINE_EXCEEDED, the receiver's
-    INVALID_ARGUMENT...) reach the caller as `grpc.aio.AioRpcError`.
-    """
-    plan = _plan(tag, tensors)
-    deadline = time.monotonic() + timeout
-    if delay is not None:
-        await delay(plan.header_bytes + plan.payload_bytes)
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise aio.AioRpcError(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            aio.Metadata(),
-            aio.Metadata(),
-            details=f"the deadline passed while the emulated link held {tag}",
-        )
-    ack = await stub.Send(_chunks(plan, chunk_bytes), timeout=remaining)
-    if ack.received_bytes != plan.payload_bytes:
-        raise TensorError(
-            f"the peer acknowledged {ack.received_bytes} of {plan.payload_bytes} bytes of {tag}"
-        )
+
+# ---------------------------------------------------------------------------- wire format
+
+# Keys (field number << 3 | wire type) of DataChunk's fields: seq varint, header and payload
+# length-delimited.
+_SEQ_KEY = b"\x08"
+_HEADER_KEY = b"\x12"
+_PAYLOAD_KEY = b"\x1a"
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while pos < len(data) and shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    raise TensorError("a chunk does not parse (bad varint)")
+
+
+@dataclass(frozen=True, slots=True)
+class _WireChunk:
+    """A DataChunk read from its wire bytes without copying the payload."""
+
+    seq: int
+    header: data_pb2.StreamHeader | None
+    payload: memoryview
+
+
+def _parse(data: bytes) -> _WireChunk:
+    """Reads a serialised DataChunk the way protobuf would, except that the payload stays a
+    view of `data` (protobuf would copy it twice: into the message, then out as `bytes`).
+    Fields this version does not know are skipped, as protobuf does."""
+    view = memoryview(data)
+    seq, header, payload = 0, None, view[:0]
+    seen: set[int] = set()
+    pos = 0
+    while pos < len(view):
+        key, pos = _read_varint(view, pos)
+        number, kind = key >> 3, key & 7
+        if number in seen and number in (1, 2, 3):
+            raise TensorError(f"a chunk repeats its field {number}")
+        seen.add(number)
+        if kind == 0:
+            value, pos = _read_varint(view, pos)
+            if number == 1:
+                seq = value
+                continue
+        elif kind == 2:
+            size, pos = _read_varint(view, pos)
+            if pos + size > len(view):
+                raise TensorError("a chunk does not parse (truncated field)")
+            field_bytes, pos = view[pos : pos + size], pos + size
+            if number == 2:
+                try:
+                    header = data_pb2.StreamHeader.FromString(field_bytes.tobytes())
+                except DecodeError:
+                    raise TensorError("the stream's header does not parse") from None
+                continue
+            if number == 3:
+                payload = field_bytes
+                continue
+        elif kind in (1, 5):
+            pos += 8 if kind == 1 else 4
+        else:
+            raise TensorError(f"a chunk does not parse (wire type {kind})")
+        if number in (1, 2, 3):
+            raise TensorError(f"a chunk's field {number} has the wrong wire type")
+    if pos != len(view):
+        raise TensorError("a chunk does not parse (truncated field)")
+    return _WireChunk(seq, header, payload)
 
 
 # ---------------------------------------------------------------------------- receiving
@@ -363,20 +440,30 @@ class Assembler:
         """The stream's tag, once its header has arrived."""
         return self._tag
 
-    def add(self, chunk: data_pb2.DataChunk) -> None:
-        if chunk.seq != self._seq:
+    def add(self, chunk: data_pb2.DataChunk | bytes) -> None:
+        """One chunk, as a message or as its wire bytes (then its payload is copied once,
+        straight into the tensor)."""
+        if isinstance(chunk, bytes):
+            wire = _parse(chunk)
+            self._next(wire.seq, wire.header)
+            self._write(wire.payload)
+        else:
+            self._next(chunk.seq, chunk.header if chunk.HasField("header") else None)
+            self._write(memoryview(chunk.payload))
+
+    def _next(self, seq: int, header: data_pb2.StreamHeader | None) -> None:
+        if seq != self._seq:
             raise TensorError(
-                f"chunk {chunk.seq} arrived where chunk {self._seq} was expected"
+                f"chunk {seq} arrived where chunk {self._seq} was expected"
                 " (lost, repeated or reordered)"
             )
         self._seq += 1
-        if chunk.seq == 0:
-            if not chunk.HasField("header"):
+        if seq == 0:
+            if header is None:
                 raise TensorError("the stream's first chunk has no header")
-            self._read_header(chunk.header)
-        elif chunk.HasField("header"):
-            raise TensorError(f"chunk {chunk.seq} carries a second header")
-        self._write(chunk.payload)
+            self._read_header(header)
+        elif header is not None:
+            raise TensorError(f"chunk {seq} carries a second header")
 
     def _read_header(self, header: data_pb2.StreamHeader) -> None:
         if header.ByteSize() > MAX_HEADER_BYTES:
@@ -436,15 +523,15 @@ class Assembler:
                 )
         return _Slot(name, dtype, shape, expected)
 
-    def _write(self, payload: bytes) -> None:
-        size = len(payload)
+    def _write(self, payload: memoryview) -> None:
+        size = payload.nbytes
         if size == 0:
             return
         if self._received + size > self._total:
             raise TensorError(
                 f"the stream carries more than the {self._total} bytes its header declares"
             )
-        source = memoryview(payload)
+        source = payload
         done = 0
         while done < size:
             slot = self._slots[self._index]
@@ -492,11 +579,78 @@ def _finite(tensor: torch.Tensor) -> bool:
 
 # ---------------------------------------------------------------------------- the service
 
+SEND_METHOD = "/gwtf.v1.DataPlane/Send"
+
 Handler = Callable[[MicrobatchTag, dict[str, torch.Tensor]], Awaitable[None]]
+
+
+def _serialize(chunk: bytes | data_pb2.DataChunk) -> bytes:
+    return chunk if isinstance(chunk, bytes) else chunk.SerializeToString()
+
+
+class DataPlaneStub:
+    """The client side of the data plane on `channel`: `data_pb2_grpc.DataPlaneStub`, except
+    that `send` hands it chunks already serialised from the tensors' memory (it also takes
+    `DataChunk` messages)."""
+
+    def __init__(self, channel: aio.Channel) -> None:
+        self.Send = channel.stream_unary(
+            SEND_METHOD,
+            request_serializer=_serialize,
+            response_deserializer=data_pb2.DataAck.FromString,
+        )
+
+
+async def send(
+    stub: DataPlaneStub | data_pb2_grpc.DataPlaneStub,
+    tag: MicrobatchTag,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    timeout: float,
+    chunk_bytes: int = CHUNK_BYTES,
+    delay: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
+    """Stream one microbatch to the peer behind `stub`; returns once the peer has taken it.
+    With this module's `DataPlaneStub` the chunks are serialised with one copy of the payload;
+    with the generated stub, through protobuf messages.
+
+    `delay(nbytes)` is awaited once, before the first chunk leaves, with the stream's payload
+    plus header bytes: the emulated WAN holds the whole microbatch for its link's latency and
+    serialisation time, as it holds any other message. That time counts against `timeout`,
+    which covers the whole call. gRPC errors (UNAVAILABLE, DEADLINE_EXCEEDED, the receiver's
+    INVALID_ARGUMENT...) reach the caller as `grpc.aio.AioRpcError`. Contiguous CPU tensors
+    are read in place: they must not change until `send` returns.
+    """
+    plan = _plan(tag, tensors)
+    deadline = time.monotonic() + timeout
+    if delay is not None:
+        await delay(plan.header_bytes + plan.payload_bytes)
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise aio.AioRpcError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            aio.Metadata(),
+            aio.Metadata(),
+            details=f"the deadline passed while the emulated link held {tag}",
+        )
+    chunks: Iterator[bytes] | Iterator[data_pb2.DataChunk]
+    if isinstance(stub, DataPlaneStub):
+        chunks = _wire(plan, chunk_bytes)
+    else:
+        chunks = _messages(plan, chunk_bytes)
+    ack = await stub.Send(chunks, timeout=remaining)
+    if ack.received_bytes != plan.payload_bytes:
+        raise TensorError(
+            f"the peer acknowledged {ack.received_bytes} of {plan.payload_bytes} bytes of {tag}"
+        )
 
 
 class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
     """Receives microbatches and hands each one, checked, to `handler`.
+
+    Served with this module's `add_DataPlaneServicer_to_server`, it reads the chunks' wire
+    bytes itself and copies each payload once, into its tensor; the generated
+    `data_pb2_grpc.add_DataPlaneServicer_to_server` works too, through protobuf messages.
 
     A stream that is malformed or fails a check is answered INVALID_ARGUMENT with one line; a
     `Refusal` from `expect` or `handler` is answered with its own code; a handler that fails
@@ -511,7 +665,7 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
         self._expect = expect
 
     async def Send(self, request_iterator: Any, context: aio.ServicerContext) -> data_pb2.DataAck:
-        # Imported here: server.py will import this module to serve the data plane.
+        # Imported here: server.py imports this module to serve the data plane.
         from gwtf.node.server import Refusal
 
         assembler = Assembler(self._limits, self._expect)
@@ -520,7 +674,8 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
                 assembler.add(chunk)
             tag, tensors = assembler.finish()
         except DecodeError:
-            # grpc parses each chunk as the loop asks for it, so a corrupt one surfaces here.
+            # Served through protobuf, grpc parses each chunk as the loop asks for it, so a
+            # corrupt one surfaces here.
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 _rejected(assembler, TensorError("a chunk of the stream does not parse")),
@@ -541,6 +696,22 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
                 grpc.StatusCode.INTERNAL, f"the receiver failed on {tag}: {type(err).__name__}"
             )
         return data_pb2.DataAck(received_bytes=assembler.received_bytes)
+
+
+def add_DataPlaneServicer_to_server(servicer: DataPlaneServicer, server: aio.Server) -> None:
+    """Serves `servicer` on `server`, its chunks handed over as wire bytes (no request
+    deserializer): the payload is then copied once, from grpc's buffer into the tensor."""
+    handlers = {
+        "Send": grpc.stream_unary_rpc_method_handler(
+            servicer.Send,
+            request_deserializer=None,
+            response_serializer=data_pb2.DataAck.SerializeToString,
+        )
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("gwtf.v1.DataPlane", handlers),)
+    )
+    server.add_registered_method_handlers("gwtf.v1.DataPlane", handlers)
 
 
 def _rejected(assembler: Assembler, err: TensorError) -> str:

@@ -15,6 +15,7 @@ from grpc import aio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gwtf.node import tensors
 from gwtf.node.server import Refusal
 from gwtf.node.tensors import (
     DEFAULT_DTYPES,
@@ -26,6 +27,7 @@ from gwtf.node.tensors import (
     TensorLimits,
     TensorSpec,
     encode,
+    encode_wire,
     send,
 )
 from gwtf.v1 import data_pb2, data_pb2_grpc
@@ -49,7 +51,7 @@ def sample(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.T
 
 
 def assemble(
-    chunks: Iterable[data_pb2.DataChunk],
+    chunks: Iterable[data_pb2.DataChunk | bytes],
     limits: TensorLimits = LIMITS,
     expect: Callable[[MicrobatchTag, str], TensorSpec | None] | None = None,
 ) -> tuple[MicrobatchTag, dict[str, torch.Tensor]]:
@@ -60,8 +62,15 @@ def assemble(
 
 
 def round_trip(tensors: dict[str, torch.Tensor], chunk_bytes: int = 1 << 20) -> dict[str, Any]:
-    tag, got = assemble(encode(TAG, tensors, chunk_bytes=chunk_bytes))
+    """The microbatch through both forms of chunk (messages, wire bytes); checks they agree."""
+    messages = list(encode(TAG, tensors, chunk_bytes=chunk_bytes))
+    wire = list(encode_wire(TAG, tensors, chunk_bytes=chunk_bytes))
+    assert wire == [m.SerializeToString() for m in messages]
+    tag, got = assemble(messages)
     assert tag == TAG
+    tag, from_wire = assemble(wire)
+    assert tag == TAG
+    assert_same(from_wire, got)
     return got
 
 
@@ -80,10 +89,15 @@ def rejected(
     limits: TensorLimits = LIMITS,
     expect: Callable[[MicrobatchTag, str], TensorSpec | None] | None = None,
 ) -> str:
+    """Both forms of the stream (messages, their wire bytes) are refused with one line."""
+    messages = list(chunks)
     with pytest.raises(TensorError, match=match) as info:
-        assemble(chunks, limits, expect)
+        assemble(messages, limits, expect)
     message = str(info.value)
     assert "\n" not in message
+    with pytest.raises(TensorError) as from_wire:
+        assemble([m.SerializeToString() for m in messages], limits, expect)
+    assert str(from_wire.value) == message
     return message
 
 
@@ -382,13 +396,70 @@ def test_a_failed_assembler_does_not_yield_partial_tensors() -> None:
         assembler.finish()
 
 
+# ---------------------------------------------------------------------------- wire bytes
+
+
+def wire_rejected(chunks: list[bytes], match: str) -> None:
+    with pytest.raises(TensorError, match=match) as info:
+        assemble(chunks)
+    assert "\n" not in str(info.value)
+
+
+def test_wire_chunks_that_do_not_parse() -> None:
+    wire = list(encode_wire(TAG, {"x": torch.ones(64)}, chunk_bytes=100))
+    wire_rejected([wire[0][:-1]], "truncated field")
+    wire_rejected([wire[0] + b"\x80"], "bad varint")
+    wire_rejected([b"\x0b"], "wire type 3")
+    wire_rejected([b"\x0a\x01\x00"], "field 1 has the wrong wire type")
+    wire_rejected([b"\x12\x02\xff\xff"], "header does not parse")
+    wire_rejected([wire[0] + b"\x1a\x01\x00"], "repeats its field 3")
+
+
+def test_wire_fields_this_version_does_not_know_are_skipped() -> None:
+    sent = {"x": torch.arange(64, dtype=torch.float32)}
+    wire = list(encode_wire(TAG, sent, chunk_bytes=100))
+    # Field 9 (varint), 10 (8 bytes), 11 (length-delimited), 12 (4 bytes): a later version's.
+    extra = b"\x48\x05" + b"\x51" + bytes(8) + b"\x5a\x02ab" + b"\x65" + bytes(4)
+    assert_same(assemble([w + extra for w in wire])[1], sent)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=200))
+def test_any_bytes_are_a_chunk_or_a_tensor_error(data: bytes) -> None:
+    assembler = Assembler(LIMITS)
+    try:
+        assembler.add(data)
+        assembler.finish()
+    except TensorError as err:
+        assert "\n" not in str(err)
+
+
+@settings(max_examples=200, deadline=None)
+@given(flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1,
+                      max_size=4))
+def test_corrupted_wire_chunks_are_refused_or_carry_other_values(
+    flips: list[tuple[int, int]],
+) -> None:
+    wire = [bytearray(w) for w in encode_wire(TAG, {"x": torch.ones(30)}, chunk_bytes=90)]
+    for where, xor in flips:
+        chunk = wire[where % len(wire)]
+        chunk[where % len(chunk)] ^= xor
+    try:
+        assemble([bytes(w) for w in wire])
+    except TensorError as err:
+        assert "\n" not in str(err)
+
+
 # ---------------------------------------------------------------------------- over gRPC
 
 
 class Receiver:
-    """A grpc.aio server on 127.0.0.1, port 0, serving DataPlaneServicer into a list."""
+    """A grpc.aio server on 127.0.0.1, port 0, serving DataPlaneServicer into a list; `wire`
+    serves and sends chunks as wire bytes (tensors' own stub and registration), otherwise
+    through the generated protobuf code."""
 
-    def __init__(self, expect: Any = None, limits: TensorLimits = LIMITS) -> None:
+    def __init__(self, wire: bool, expect: Any = None, limits: TensorLimits = LIMITS) -> None:
+        self.wire = wire
         self.got: list[tuple[MicrobatchTag, dict[str, torch.Tensor]]] = []
         self.expect = expect
         self.limits = limits
@@ -399,13 +470,18 @@ class Receiver:
             raise self.fail_with
         self.got.append((tag, tensors))
 
-    async def __aenter__(self) -> data_pb2_grpc.DataPlaneStub:
+    async def __aenter__(self) -> Any:
         self.server = aio.server()
         servicer = DataPlaneServicer(self.handle, self.limits, self.expect)
-        data_pb2_grpc.add_DataPlaneServicer_to_server(servicer, self.server)
+        if self.wire:
+            tensors.add_DataPlaneServicer_to_server(servicer, self.server)
+        else:
+            data_pb2_grpc.add_DataPlaneServicer_to_server(servicer, self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         await self.server.start()
         self.channel = aio.insecure_channel(f"127.0.0.1:{port}")
+        if self.wire:
+            return tensors.DataPlaneStub(self.channel)
         return data_pb2_grpc.DataPlaneStub(self.channel)
 
     async def __aexit__(self, *exc: object) -> None:
@@ -424,9 +500,10 @@ async def expect_code(code: grpc.StatusCode, call: Awaitable[Any]) -> str:
     return info.value.details() or ""
 
 
-def test_send_to_a_real_server() -> None:
+@pytest.mark.parametrize("wire", [True, False], ids=["wire", "protobuf"])
+def test_send_to_a_real_server(wire: bool) -> None:
     async def main() -> None:
-        receiver = Receiver(expect=expect_act(torch.bfloat16, (4, 64, 32)))
+        receiver = Receiver(wire, expect=expect_act(torch.bfloat16, (4, 64, 32)))
         async with receiver as stub:
             act = {"act": sample(torch.bfloat16, (4, 64, 32))}
             await send(stub, TAG, act, timeout=10, chunk_bytes=3000)
@@ -439,9 +516,10 @@ def test_send_to_a_real_server() -> None:
     run(main)
 
 
-def test_a_large_tensor_in_many_chunks() -> None:
+@pytest.mark.parametrize("wire", [True, False], ids=["wire", "protobuf"])
+def test_a_large_tensor_in_many_chunks(wire: bool) -> None:
     async def main() -> None:
-        receiver = Receiver()
+        receiver = Receiver(wire)
         async with receiver as stub:
             big = {"act": sample(torch.float32, (4, 1024, 1024))}  # 16 MiB
             await send(stub, TAG, big, timeout=30)
@@ -450,9 +528,10 @@ def test_a_large_tensor_in_many_chunks() -> None:
     run(main)
 
 
-def test_bad_streams_get_invalid_argument_and_the_server_keeps_serving() -> None:
+@pytest.mark.parametrize("wire", [True, False], ids=["wire", "protobuf"])
+def test_bad_streams_get_invalid_argument_and_the_server_keeps_serving(wire: bool) -> None:
     async def main() -> None:
-        receiver = Receiver(expect=expect_act(torch.float32, None))
+        receiver = Receiver(wire, expect=expect_act(torch.float32, None))
         async with receiver as stub:
             bad = torch.ones(8)
             bad[3] = math.nan
@@ -479,9 +558,10 @@ def test_bad_streams_get_invalid_argument_and_the_server_keeps_serving() -> None
     run(main)
 
 
-def test_a_chunk_that_does_not_parse() -> None:
+@pytest.mark.parametrize("wire", [True, False], ids=["wire", "protobuf"])
+def test_a_chunk_that_does_not_parse(wire: bool) -> None:
     async def main() -> None:
-        receiver = Receiver()
+        receiver = Receiver(wire)
         async with receiver as stub:
             raw = receiver.channel.stream_unary(
                 "/gwtf.v1.DataPlane/Send",
@@ -497,9 +577,10 @@ def test_a_chunk_that_does_not_parse() -> None:
     run(main)
 
 
-def test_the_handler_may_refuse_or_fail() -> None:
+@pytest.mark.parametrize("wire", [True, False], ids=["wire", "protobuf"])
+def test_the_handler_may_refuse_or_fail(wire: bool) -> None:
     async def main() -> None:
-        receiver = Receiver()
+        receiver = Receiver(wire)
         async with receiver as stub:
             receiver.fail_with = Refusal(grpc.StatusCode.NOT_FOUND, "no job 'job-1' here")
             details = await expect_code(
@@ -518,7 +599,8 @@ def test_the_handler_may_refuse_or_fail() -> None:
     run(main)
 
 
-def test_delay_is_awaited_once_with_the_stream_size_and_counts_against_the_deadline() -> None:
+@pytest.mark.parametrize("wire", [True, False], ids=["wire", "protobuf"])
+def test_delay_is_awaited_once_with_the_stream_size_within_the_deadline(wire: bool) -> None:
     async def main() -> None:
         delays: list[int] = []
 
@@ -526,7 +608,7 @@ def test_delay_is_awaited_once_with_the_stream_size_and_counts_against_the_deadl
             delays.append(nbytes)
             await asyncio.sleep(0.2)
 
-        receiver = Receiver()
+        receiver = Receiver(wire)
         async with receiver as stub:
             big = {"act": torch.ones(4096)}
             await send(stub, TAG, big, timeout=10, chunk_bytes=1000, delay=delay)
