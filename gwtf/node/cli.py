@@ -107,6 +107,9 @@ def run_node(args: argparse.Namespace) -> int:
         min_arc_cost_s=args.min_arc_cost_s,
         quiet_s=args.quiet_s,
         seed=args.seed,
+        memory_slots=args.memory_slots,
+        emulate_compute=args.emulate_compute,
+        train=not args.no_train,
     )
     configure_logging(args.log_level)
     return uvloop.run(_serve(settings, config))

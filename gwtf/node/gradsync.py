@@ -95,11 +95,12 @@ def encode(
     header: ContributionHeader, flat: Tensor, *, chunk_bytes: int = CHUNK_BYTES
 ) -> Iterator[job_pb2.ContributionChunk]:
     """The chunks of one contribution: the header, then the vector's bytes."""
-    data = memoryview(flat.detach().contiguous().view(torch.uint8).numpy())
+    data = flat.detach().contiguous().view(torch.uint8).numpy().data
     yield job_pb2.ContributionChunk(seq=0, header=_header_to_pb(header))
     seq = 1
     for offset in range(0, data.nbytes, chunk_bytes):
-        yield job_pb2.ContributionChunk(seq=seq, payload=data[offset : offset + chunk_bytes].tobytes())
+        payload = data[offset : offset + chunk_bytes].tobytes()
+        yield job_pb2.ContributionChunk(seq=seq, payload=payload)
         seq += 1
 
 
@@ -173,7 +174,7 @@ class ContributionAssembler:
         self._buffer = torch.empty(expected, dtype=dtype)
         self._total = expected * self._buffer.element_size()
         if expected:
-            self._view = memoryview(self._buffer.view(torch.uint8).numpy())
+            self._view = self._buffer.view(torch.uint8).numpy().data
 
     def finish(self) -> tuple[ContributionHeader, Tensor]:
         if self.header is None or self._buffer is None:

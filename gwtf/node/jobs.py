@@ -50,7 +50,7 @@ from gwtf.node.membership import MemberInfo
 from gwtf.node.server import Refusal
 from gwtf.node.transport import Stubs
 from gwtf.node.wrr import next_hop_weights
-from gwtf.v1 import data_pb2_grpc, job_pb2, job_pb2_grpc
+from gwtf.v1 import job_pb2, job_pb2_grpc
 
 if TYPE_CHECKING:
     from gwtf.node.worker import StageWorker
@@ -85,6 +85,10 @@ class JobsHost(Protocol):
         """The live member with this id, this node included."""
         ...
 
+    def known_member(self, node_id: str) -> MemberInfo | None:
+        """The latest incarnation of `node_id` this node knows, alive or not."""
+        ...
+
     def stubs(self, member: MemberInfo) -> Stubs: ...
 
     def stubs_at(self, address: str) -> Stubs: ...
@@ -99,6 +103,9 @@ class JobsHost(Protocol):
 
     @property
     def memory_slots(self) -> int: ...
+
+    @property
+    def trains(self) -> bool: ...
 
     @property
     def emulate_compute_s(self) -> float | None: ...
@@ -122,7 +129,7 @@ class _Active:
 
 
 def _state_name(state: int) -> str:
-    return job_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()  # type: ignore[arg-type]
+    return job_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()
 
 
 class JobManager:
@@ -150,6 +157,10 @@ class JobManager:
             self._module = await asyncio.to_thread(importlib.import_module, "gwtf.node.worker")
         return self._module
 
+    async def preload(self) -> None:
+        """Load torch and the worker now, before this node is in a swarm."""
+        await self._load()
+
     async def _parse(self, text: str) -> Any:
         """A JobConfig from the wire's JSON; InvalidMessage (INVALID_ARGUMENT) if wrong."""
         if len(text) > MAX_JOB_JSON:
@@ -167,6 +178,11 @@ class JobManager:
             return job_from_dict(table)
         except (JobError, TypeError) as err:
             raise InvalidMessage(f"invalid job: {err}") from None
+
+    @property
+    def loaded(self) -> bool:
+        """torch and the worker are loaded (a job arrived here once)."""
+        return self._module is not None
 
     def data_servicer(self) -> Any:
         """The data plane's servicer (gwtf.node.tensors), once torch is loaded; None before."""
@@ -212,7 +228,7 @@ class JobManager:
     def progress(self, job_id: str) -> job_pb2.JobProgress | None:
         return self._records.get(job_id)
 
-    def list(self) -> job_pb2.ListReply:
+    def list_jobs(self) -> job_pb2.ListReply:
         return job_pb2.ListReply(jobs=list(self._records.values()))
 
     async def watch(self, request: job_pb2.WatchRequest) -> AsyncIterator[job_pb2.JobProgress]:
@@ -310,10 +326,10 @@ class JobManager:
             participants=[job_pb2.Participant(id=m.id, stage=m.stage) for m in members],
             holders=holders,
         )
-        replies = await asyncio.gather(
+        started = await asyncio.gather(
             *(self._start_at(m, start) for m in members), return_exceptions=True
         )
-        for m, reply in zip(members, replies, strict=True):
+        for m, reply in zip(members, started, strict=True):
             if isinstance(reply, BaseException):
                 reason = f"the job could not start on {m.id}: {reply}"
                 await self._spread_fail(job_id, reason, members)
@@ -367,8 +383,13 @@ class JobManager:
         raise RuntimeError(last.splitlines()[0] if last else "no answer")
 
     async def prepare(self, request: job_pb2.PrepareRequest) -> job_pb2.PrepareReply:
-        job = await self._parse(request.job_json)
         host = self.host
+        if not host.trains:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{host.node_id} runs with --no-train: it routes but takes no training work",
+            )
+        job = await self._parse(request.job_json)
         active = self._active
         if active is not None:
             state = self._records[active.job_id].state
@@ -743,7 +764,19 @@ class JobManager:
             active.plan = None
             self._stop_worker(active)
         if spread:
-            self.host.spawn(self._spread_fail(job_id, reason, self.host.live_members()), "fail")
+            self.host.spawn(self._spread_fail(job_id, reason, self._everyone(active)), "fail")
+
+    def _everyone(self, active: _Active | None) -> list[MemberInfo]:
+        """The live members and the job's participants (even one this node thinks dead: news
+        of a failure is worth a call that may fail)."""
+        found = {m.id: m for m in self.host.live_members()}
+        if active is not None:
+            for peer in active.participants:
+                if peer not in found and peer != self.host.node_id:
+                    member = self.host.known_member(peer)
+                    if member is not None:
+                        found[peer] = member
+        return list(found.values())
 
     def _stop_worker(self, active: _Active) -> None:
         worker, active.worker = active.worker, None
@@ -823,14 +856,22 @@ class _WorkerHost:
         self._manager = manager
         self._host = manager.host
         self._job_id = job_id
+        self._data_stubs: dict[str, Any] = {}
         self.node_id = manager.host.node_id
         self.log = manager.host.log
 
     def member(self, node_id: str) -> MemberInfo | None:
         return self._host.member(node_id)
 
-    def data_stub(self, member: MemberInfo) -> data_pb2_grpc.DataPlaneStub:
-        return self._host.stubs(member).data
+    def data_stub(self, member: MemberInfo) -> Any:
+        """gwtf.node.tensors' stub on the member's channel (it sends chunks as wire bytes)."""
+        stub = self._data_stubs.get(member.address)
+        if stub is None:
+            from gwtf.node.tensors import DataPlaneStub
+
+            stub = DataPlaneStub(self._host.stubs(member).channel)
+            self._data_stubs[member.address] = stub
+        return stub
 
     def job_stub(self, member: MemberInfo) -> job_pb2_grpc.JobServiceStub:
         return self._host.stubs(member).jobs

@@ -225,6 +225,11 @@ def _node_argv(plan: NodePlan, args: argparse.Namespace, port: int) -> list[str]
     ]  # fmt: skip
     if plan.location:
         argv += ["--location", plan.location, "--link-matrix", args.link_matrix]
+    argv += ["--memory-slots", str(args.memory_slots)]
+    if args.emulate_compute:
+        argv.append("--emulate-compute")
+    if args.no_train:
+        argv.append("--no-train")
     return argv
 
 
@@ -301,6 +306,8 @@ def _run(
         return args.base_port + i if args.base_port else 0
 
     first = _node_argv(plans[0], args, port(0)) + ["--stages", str(args.stages)]
+    if args.activation_bytes is not None:
+        first += ["--activation-bytes", str(args.activation_bytes)]
     cluster.start(plans[0], first)
     bootstrap = cluster.wait_addresses({0}, time.monotonic() + START_TIMEOUT_S)[0]
     rest = {

@@ -120,6 +120,10 @@ class NodeSettings:
     """Seed of the gossip partner order; default: derived from the node id."""
     memory_slots: int = 8
     """Microbatches whose forward state this node keeps at once (training jobs)."""
+    train: bool = True
+    """Take part in training jobs: load torch before entering the swarm (importing it takes
+    seconds in which the process answers nothing, which peers would take for a death). False:
+    route only, start fast, and refuse jobs."""
     emulate_compute: bool = False
     """Pad each microbatch's stage work to `compute_s` (with sleep), as the emulated WAN pads
     messages: a local swarm then runs at the speeds its flows were computed for."""
@@ -318,6 +322,7 @@ class Node:
         except ValueError as err:
             raise NodeError(f"cannot create a swarm: {err}", 2) from None
         self._check_stage(swarm)
+        await self._preload()
         compute_s = await self._compute_s(swarm)
         self._setup(swarm, self._me(compute_s, epoch), warm=False, round_=0, tightens=0)
         self.log.info(
@@ -326,6 +331,13 @@ class Node:
             swarm.num_stages,
             swarm.activation_bytes,
         )
+
+    async def _preload(self) -> None:
+        """A node that trains loads torch here, once its swarm is known to accept it and
+        before it is a member: importing torch holds the interpreter for seconds, in which a
+        member would answer no heartbeat."""
+        if self.settings.train:
+            await self.jobs.preload()
 
     def _check_stage(self, swarm: SwarmSettings) -> None:
         if not 0 <= self.settings.stage < swarm.num_stages:
@@ -424,6 +436,7 @@ class Node:
                 2,
             )
         self._check_stage(swarm)
+        await self._preload()
         compute_s = await self._compute_s(swarm)
         epoch = time.time_ns()
         me = self._me(compute_s, epoch)
@@ -498,6 +511,9 @@ class Node:
         found = self.members.get(node_id)
         return found if found is not None and found.alive else None
 
+    def known_member(self, node_id: str) -> MemberInfo | None:
+        return self.members.get(node_id)
+
     def stubs(self, member: MemberInfo) -> Stubs:
         return self._stubs(member)
 
@@ -522,8 +538,15 @@ class Node:
         return self.settings.memory_slots
 
     @property
+    def trains(self) -> bool:
+        return self.settings.train
+
+    @property
     def emulate_compute_s(self) -> float | None:
         return self.members.me.compute_s if self.settings.emulate_compute else None
+
+    def require_ready(self) -> None:
+        self._require_ready()
 
     def _require_ready(self) -> None:
         if not self._ready or self._stopping:

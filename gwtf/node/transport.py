@@ -247,6 +247,8 @@ class Stubs:
     health: health_pb2_grpc.HealthStub
     jobs: job_pb2_grpc.JobServiceStub
     data: data_pb2_grpc.DataPlaneStub
+    channel: aio.Channel
+    """The channel itself, for stubs built elsewhere (gwtf.node.tensors.DataPlaneStub)."""
 
 
 class ChannelPool:
@@ -287,6 +289,7 @@ class ChannelPool:
             health=health_pb2_grpc.HealthStub(channel),
             jobs=job_pb2_grpc.JobServiceStub(channel),
             data=data_pb2_grpc.DataPlaneStub(channel),
+            channel=channel,
         )
         self._channels[address] = (channel, stubs)
         return stubs

@@ -65,7 +65,7 @@ from gwtf.node.gradsync import (
 from gwtf.node.iterations import CommitOrder, CommittedReport, assign
 from gwtf.node.membership import MemberInfo
 from gwtf.node.server import Refusal
-from gwtf.node.tensors import MicrobatchTag, TensorError, TensorSpec, send
+from gwtf.node.tensors import DataPlaneStub, MicrobatchTag, TensorError, TensorSpec, send
 from gwtf.node.wrr import SmoothRoundRobin
 from gwtf.recovery.ledger import Ledger
 from gwtf.train import (
@@ -82,7 +82,7 @@ from gwtf.train import (
     job_microbatch,
     load_corpus,
 )
-from gwtf.v1 import data_pb2_grpc, job_pb2_grpc
+from gwtf.v1 import job_pb2_grpc
 
 __all__ = ["StageWorker", "WorkerConfig", "WorkerHost", "WorkerStopped"]
 
@@ -132,7 +132,7 @@ class WorkerHost(Protocol):
         """The live member with this id (None: dead, left or unknown)."""
         ...
 
-    def data_stub(self, member: MemberInfo) -> data_pb2_grpc.DataPlaneStub: ...
+    def data_stub(self, member: MemberInfo) -> DataPlaneStub: ...
 
     def job_stub(self, member: MemberInfo) -> job_pb2_grpc.JobServiceStub: ...
 
@@ -492,7 +492,9 @@ class StageWorker:
             self.ledger.gradient_received(m, tag.sender)
             self._spawn(self._backward(it, tag, tensors["gradient"]), f"backward {it.number}/{m}")
 
-    async def _forward(self, it: _Iteration, tag: MicrobatchTag, tensors: dict[str, Tensor]) -> None:
+    async def _forward(
+        self, it: _Iteration, tag: MicrobatchTag, tensors: dict[str, Tensor]
+    ) -> None:
         m = tag.microbatch
         key = MicrobatchKey(self.job_id, it.number, m)
         activation, labels = tensors["activation"], tensors["labels"]
@@ -562,8 +564,9 @@ class StageWorker:
         for attempt in range(self.config.send_attempts):
             weights, source = self.host.next_hop_weights(self._candidates())
             target = self._rr.pick(weights, excluded) or self._rr.pick(weights)
-            if target is None:
-                break
+            if target is None:  # no live next-stage node right now: wait a little
+                await asyncio.sleep(self.config.retry_s * 2**attempt)
+                continue
             self.route_sources[source] = self.route_sources.get(source, 0) + 1
             if await self._send(it, m, "forward", target, tensors, attempt):
                 self.ledger.activation_sent(m, target)
