@@ -22,7 +22,8 @@ every `committed(k)`: the coordinator collects both at once and completes iterat
 
 Everything a peer reports is checked against what the coordinator expects (the sender takes
 part, holds that stage, the iteration is the one in progress, the ids are its own, no microbatch
-counted twice); a bad report raises `ReportError` and changes nothing.
+counted twice); a bad report raises `ReportError` and changes nothing. A report repeated by a
+retry (its first reply was lost) is recognised and ignored.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class IterationOutcome:
     microbatches: int
     final: bool
     mismatched: tuple[str, ...]
-    """Participants whose checksum differs from the most common one of their stage."""
+    """Participants whose checksum differs from their stage's majority (every replica of a
+    stage whose checksums differ with no majority)."""
     routes: Mapping[tuple[str, ...], int]
     digests: Mapping[str, str]
     """Final iteration: the parameter digests of one replica per stage, the whole model."""
@@ -258,7 +260,10 @@ class IterationCoordinator:
             for r in reports:
                 counts[r.checksum] = counts.get(r.checksum, 0) + 1
             common = max(sorted(counts), key=lambda c: counts[c])
-            mismatched.extend(r.sender for r in reports if r.checksum != common)
+            if 2 * counts[common] > len(reports):
+                mismatched.extend(r.sender for r in reports if r.checksum != common)
+            else:  # no majority: which replica is right cannot be told
+                mismatched.extend(r.sender for r in reports if len(counts) > 1)
             if order.final:
                 agreeing = next(r for r in reports if r.checksum == common)
                 digests.update(agreeing.digests)

@@ -569,7 +569,8 @@ class StageWorker:
                 continue
             self.route_sources[source] = self.route_sources.get(source, 0) + 1
             if await self._send(it, m, "forward", target, tensors, attempt):
-                self.ledger.activation_sent(m, target)
+                if it is self._it:
+                    self.ledger.activation_sent(m, target)
                 return
             excluded.add(target)
         self._fail(
@@ -582,7 +583,10 @@ class StageWorker:
         target = path[self.stage - 1]
         for attempt in range(self.config.send_attempts):
             if await self._send(it, m, "backward", target, {"gradient": gradient}, attempt):
-                self.ledger.gradient_sent(m, target)
+                # The iteration may have committed while the call returned (the gradient's
+                # arrival upstream is what finishes it): the record is then moot.
+                if it is self._it:
+                    self.ledger.gradient_sent(m, target)
                 return
         self._fail(
             f"{self.host.node_id} could not send the gradient of microbatch {m} of iteration "
