@@ -239,6 +239,9 @@ class StageWorker:
         self.route_sources: dict[str, int] = {}
         """How many next hops came from the flows and how many from capacities."""
         self._stopped = False
+        self.busy_s = 0.0
+        """Seconds the compute thread was busy (with the emulated padding)."""
+        self._since = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
         batch = (job.microbatch_size, job.model.seq_len)
         self._activation = _spec(torch.float32, (*batch, job.model.width))
@@ -270,6 +273,7 @@ class StageWorker:
 
     def start(self, participants: Mapping[str, int], holders: tuple[str, ...]) -> None:
         """The job starts: route among `participants`; holders inject iteration 0."""
+        self._since = time.monotonic()
         self._participants = dict(participants)
         self._started.set()
         self._begin(holders)
@@ -280,6 +284,14 @@ class StageWorker:
             return
         self._stopped = True
         self._signal()
+        stats = self.executor.stats
+        wall = time.monotonic() - self._since
+        self.host.log.info(
+            "job %s stage %d: %d forwards, %d backwards, torch %.2f s, busy %.2f s (%.0f%% of "
+            "%.1f s); next hops %s", self.job_id, self.stage, stats.forwards, stats.backwards,
+            stats.compute_s, self.busy_s, 100 * self.busy_s / max(wall, 1e-9), wall,
+            ", ".join(f"{n} from {k}" for k, n in sorted(self.route_sources.items())) or "none",
+        )
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
@@ -335,6 +347,7 @@ class StageWorker:
             rest = emulate_s - (loop.time() - start)
             if rest > 0:
                 await asyncio.sleep(rest)
+            self.busy_s += loop.time() - start
             if not future.cancelled():
                 future.set_result(result)
 
