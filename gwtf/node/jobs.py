@@ -62,7 +62,7 @@ LOG = logging.getLogger("gwtf.node.jobs")
 MAX_JOB_JSON = 64 * 1024
 """Largest job description accepted (a job file is a few hundred bytes)."""
 
-RUNNING = (job_pb2.JOB_STATE_PREPARING, job_pb2.JOB_STATE_RUNNING)
+UNDER_WAY = (job_pb2.JOB_STATE_PREPARING, job_pb2.JOB_STATE_RUNNING)
 OVER = (job_pb2.JOB_STATE_COMPLETED, job_pb2.JOB_STATE_FAILED)
 
 
@@ -503,6 +503,14 @@ class JobManager:
 
     def _coordinating(self, job_id: str) -> tuple[_Active, IterationCoordinator]:
         active = self._active
+        if (
+            active is not None
+            and active.job_id == job_id
+            and not active.participants
+            and self._records[job_id].state == job_pb2.JOB_STATE_PREPARING
+        ):
+            # Its start is still on the way here (it travels on another call): retried.
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"job {job_id} has not started here yet")
         if active is None or active.job_id != job_id or active.plan is None:
             raise Refusal(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -809,7 +817,7 @@ class JobManager:
         if active is None or member.id not in active.participants:
             return
         progress = self._records[active.job_id]
-        if progress.state not in RUNNING:
+        if progress.state not in UNDER_WAY:
             return
         self.fail(
             active.job_id,

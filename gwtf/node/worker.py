@@ -661,9 +661,16 @@ class StageWorker:
 
     def contribution_numel(self, header: ContributionHeader) -> int:
         """Checks a peer's contribution header; the number of values it must carry."""
+        if not self._started.is_set():
+            # The start and the first commit travel on different calls: the sender retries.
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"job {self.job_id} has not started here")
         if header.job_id != self.job_id:
             raise ContributionError(f"the contribution is for job {header.job_id[:40]!r}")
-        if self._participants.get(header.sender) != self.stage or header.stage != self.stage:
+        if (
+            self._participants.get(header.sender) != self.stage
+            or header.stage != self.stage
+            or header.sender == self.host.node_id
+        ):
             raise ContributionError(
                 f"{header.sender[:40]!r} is not a stage-{self.stage} replica of job {self.job_id}"
             )
@@ -710,6 +717,12 @@ class StageWorker:
 
     async def _commits(self) -> None:
         try:
+            try:
+                await asyncio.wait_for(self._started.wait(), self.config.commit_timeout_s)
+            except TimeoutError:
+                self._fail(f"job {self.job_id} was ordered to commit but never started on "
+                           f"{self.host.node_id}")
+                return
             while self._it.number in self._orders and not self._stopped:
                 order = self._orders.pop(self._it.number)
                 try:

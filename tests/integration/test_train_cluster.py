@@ -122,6 +122,11 @@ def test_a_gpt_job_equals_the_reference_bit_for_bit_whatever_the_routes(
         refused, (["shape", "[8, 64, 64]"], ["float64"], ["NaN"], ["intruder"]), strict=True
     ):
         assert all(w in details for w in words) and "\n" not in details, details
+    # One job at a time: the same job again is the same job, another one is refused.
+    assert GwtfClient(swarm.procs["z0"].address).submit(job) == job_id
+    with pytest.raises(ClientError, match=f"job {job_id} is running") as refused:
+        GwtfClient(swarm.procs["h1"].address).submit(job_of("tiny-llama", 1))
+    assert refused.value.exit_code == 1
     seen: list[int] = []
     result = client.wait(job_id, on_progress=lambda r: seen.append(r.iterations_completed),
                          timeout_s=WAIT_S)
