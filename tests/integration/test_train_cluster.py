@@ -56,6 +56,16 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
     logs = tmp_path_factory.mktemp("train")
     with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=5.0, train=True) as s:
         s.start(NODES, num_stages=3)
+        everyone = {n[0] for n in NODES}
+
+        def formed() -> bool:  # a joiner learns the members by gossip, a moment after it joins
+            for proc in s.live():
+                view = s.status(proc.id, swarm=False)
+                if view is None or {m["id"] for m in view["members"] if m["alive"]} != everyone:
+                    return False
+            return True
+
+        wait_for(formed, 30, "every node to know every member")
         yield s
 
 

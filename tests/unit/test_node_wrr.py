@@ -35,7 +35,10 @@ def test_every_window_of_the_total_weight_follows_the_rates(
     assert sequence == picks(weights, total * windows)
 
 
-@given(st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 50), min_size=2), st.integers(1, 200))
+@given(
+    st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 50), min_size=2),
+    st.integers(1, 200),
+)
 def test_any_prefix_is_within_one_pick_of_the_rates(weights: dict[str, int], n: int) -> None:
     total = sum(weights.values())
     counts = Counter(picks(weights, n))
