@@ -289,6 +289,48 @@ def test_nan_and_infinity_are_refused(value: float, dtype: torch.dtype) -> None:
     assert got[37].item() != got[37].item() if math.isnan(value) else got[37].item() == value
 
 
+def test_a_nan_is_refused_as_soon_as_its_chunk_arrives() -> None:
+    tensor = torch.zeros(1000)
+    tensor[10] = math.nan
+    chunks = chunks_of({"act": tensor}, chunk_bytes=400)
+    assert len(chunks) > 2
+    assembler = Assembler(LIMITS)
+    with pytest.raises(TensorError, match="NaN"):
+        assembler.add(chunks[0])  # element 10 is in the first chunk, after the header
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
+    size=st.integers(1, 300),
+    bad=st.lists(st.tuples(st.integers(0, 299), st.sampled_from([math.nan, math.inf, -math.inf])),
+                 max_size=3),
+    chunk_bytes=st.integers(1, 700),
+)
+def test_nonfinite_values_are_found_wherever_chunks_split_them(
+    dtype: torch.dtype, size: int, bad: list[tuple[int, float]], chunk_bytes: int
+) -> None:
+    tensor = sample(dtype, (size,))
+    for where, value in bad:
+        tensor[where % size] = value
+    chunks = list(encode(TAG, {"act": tensor}, chunk_bytes=chunk_bytes))
+    if bad:
+        rejected(chunks, "'act' holds NaN or infinity")
+    else:
+        assert_same(assemble(chunks)[1], {"act": tensor})
+
+
+def test_every_bfloat16_nan_and_infinity_pattern_is_refused() -> None:
+    bits = torch.tensor([0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81], dtype=torch.int32)
+    for pattern in bits.to(torch.int16).tolist():
+        tensor = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+        tensor.view(torch.int16)[1] = pattern
+        rejected(chunks_of({"g": tensor}), "'g' holds NaN or infinity")
+    # The largest finite bfloat16 (exponent 0xFE) is fine.
+    largest = torch.tensor([0x7F7F], dtype=torch.int16).view(torch.bfloat16)
+    assert_same(round_trip({"g": largest}), {"g": largest})
+
+
 def test_an_oversized_tensor_is_refused_from_its_header_alone() -> None:
     limits = TensorLimits(max_tensor_bytes=1000)
     assert_same(assemble(chunks_of({"x": torch.ones(250)}), limits)[1], {"x": torch.ones(250)})
