@@ -30,13 +30,14 @@ is the raw bytes of the tensors in header order (C-contiguous, little-endian: ev
 runs on). Chunks are numbered, so a lost, repeated or reordered chunk is an error, not a silently
 corrupted tensor. The receiver checks every header against its limits and `expect` before it
 allocates, allocates a tensor only once its first byte arrives (a peer cannot pin memory with
-headers alone), copies each chunk's payload straight into the tensor's storage, and at the end
-checks completeness and, for floating tensors, finiteness.
+headers alone), copies each chunk's payload straight into the tensor's storage, checks floating
+tensors for NaN and infinity as their elements complete, and at the end checks completeness.
 
-Sizes: every message is at most `chunk_bytes` of payload plus its framing, or the header alone
-(`MAX_HEADER_BYTES` at most); with the default `CHUNK_BYTES` both stay under the node's
-`MAX_MESSAGE_BYTES` (4 MiB), so the node's channel and server options need no change
-(`DATA_PLANE_MAX_MESSAGE_BYTES` is the least receive limit the data plane needs).
+Sizes: a chunk carries `chunk_bytes` of payload (the last one less), chunk 0 the header besides
+(`MAX_HEADER_BYTES` at most), so a tensor of a power-of-two size is whole chunks and a small
+microbatch one message. With the default `CHUNK_BYTES` every message stays under
+`DATA_PLANE_MAX_MESSAGE_BYTES`, itself under the node's `MAX_MESSAGE_BYTES` (4 MiB): the node's
+channel and server options need no change for the data plane.
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ MAX_HEADER_BYTES = 2 * MAX_PATH * (MAX_ID_LENGTH + 4)
 _FRAMING_BYTES = 64
 """Protobuf framing of a chunk around its payload and header (field tags, lengths, seq)."""
 
-DATA_PLANE_MAX_MESSAGE_BYTES = max(CHUNK_BYTES, MAX_HEADER_BYTES) + _FRAMING_BYTES
-"""The least `grpc.max_receive_message_length` a node needs for the data plane's messages."""
+DATA_PLANE_MAX_MESSAGE_BYTES = CHUNK_BYTES + MAX_HEADER_BYTES + _FRAMING_BYTES
+"""The least `grpc.max_receive_message_length` (and send length) a node needs for the data
+plane's messages with the default chunk size."""
 
 DEFAULT_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32}
@@ -260,8 +262,7 @@ def _pieces(
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     seq = 0
-    # Chunk 0 fills up with payload after the header, so a small microbatch is one message.
-    room = max(0, chunk_bytes - plan.header_bytes)
+    room = chunk_bytes
     pending: list[memoryview] = []
     pending_bytes = 0
     first = True
@@ -307,10 +308,10 @@ def _wire(plan: _Plan, chunk_bytes: int) -> Iterator[bytes]:
 def encode(
     tag: MicrobatchTag, tensors: Mapping[str, torch.Tensor], *, chunk_bytes: int = CHUNK_BYTES
 ) -> Iterator[data_pb2.DataChunk]:
-    """The chunks of one microbatch: chunk 0 holds the tag and the tensors' headers, and as
-    much payload as fits in `chunk_bytes`; every later chunk `chunk_bytes` of payload (the
-    last less). Tensors may live anywhere and be non-contiguous; a contiguous CPU tensor is
-    read in place, so it must not change while the chunks are in use."""
+    """The chunks of one microbatch: each carries `chunk_bytes` of payload (the last less),
+    chunk 0 also the tag and the tensors' headers. Tensors may live anywhere and be
+    non-contiguous; a contiguous CPU tensor is read in place, so it must not change while the
+    chunks are in use."""
     return _messages(_plan(tag, tensors), chunk_bytes)
 
 

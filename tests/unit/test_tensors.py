@@ -16,10 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gwtf.node import tensors
+from gwtf.node.config import MAX_ID_LENGTH, MAX_MESSAGE_BYTES
 from gwtf.node.server import Refusal
 from gwtf.node.tensors import (
+    DATA_PLANE_MAX_MESSAGE_BYTES,
     DEFAULT_DTYPES,
     MAX_HEADER_BYTES,
+    MAX_PATH,
     Assembler,
     DataPlaneServicer,
     MicrobatchTag,
@@ -162,17 +165,27 @@ def test_multiple_tensors_share_chunks_and_keep_their_order() -> None:
     assert_same(round_trip(sent, chunk_bytes=1000), sent)
 
 
-def test_chunk_zero_carries_the_header_and_fills_up_with_payload() -> None:
+def test_chunk_zero_carries_the_header_and_every_chunk_the_same_payload() -> None:
     sent = {"a": torch.arange(100, dtype=torch.float32), "b": torch.arange(10, dtype=torch.int64)}
     chunks = list(encode(TAG, sent, chunk_bytes=256))
-    header_bytes = chunks[0].header.ByteSize()
-    assert [c.seq for c in chunks] == list(range(len(chunks)))
-    assert len(chunks[0].payload) == 256 - header_bytes
-    assert all(not c.HasField("header") for c in chunks[1:])
-    assert all(len(c.payload) == 256 for c in chunks[1:-1])
-    assert sum(len(c.payload) for c in chunks) == 480
+    assert [c.seq for c in chunks] == [0, 1]
+    assert chunks[0].HasField("header") and not chunks[1].HasField("header")
+    assert [len(c.payload) for c in chunks] == [256, 480 - 256]
     heads = [(t.name, t.dtype, list(t.shape), t.nbytes) for t in chunks[0].header.tensors]
     assert heads == [("a", "float32", [100], 400), ("b", "int64", [10], 80)]
+    # A power-of-two tensor is whole chunks: no tail message for the header's bytes.
+    assert len(list(encode(TAG, {"x": torch.ones(2**18)}, chunk_bytes=2**20))) == 1
+
+
+def test_the_largest_message_fits_the_nodes_limit() -> None:
+    longest = "n" * MAX_ID_LENGTH
+    tag = MicrobatchTag(longest, 2**63, 2**63, "backward", longest, (longest,) * MAX_PATH, 2**31)
+    sent = {f"{i}".rjust(MAX_ID_LENGTH, "t"): torch.ones(2**19) for i in range(4)}
+    sizes = [len(w) for w in encode_wire(tag, sent)]
+    assert max(sizes) <= DATA_PLANE_MAX_MESSAGE_BYTES <= MAX_MESSAGE_BYTES
+    header = next(encode(tag, sent)).header.ByteSize()
+    assert header <= MAX_HEADER_BYTES
+    assert_same(assemble(encode_wire(tag, sent))[1], sent)
 
 
 def test_a_small_microbatch_is_one_message() -> None:
@@ -257,7 +270,7 @@ def test_expectations_are_checked_before_any_payload_arrives() -> None:
         return TensorSpec(torch.float32, (2, 2))
 
     first = next(encode(TAG, {"act": torch.ones(3, 3)}, chunk_bytes=1))
-    assert first.payload == b""
+    first.payload = b""  # the header alone
     with pytest.raises(TensorError, match="shape"):
         Assembler(LIMITS, expect).add(first)
     assert seen == [(TAG, "act")]
