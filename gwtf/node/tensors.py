@@ -14,10 +14,16 @@ The API (what the job runtime uses):
         anything wrong with a stream; its message is one line, fit for the peer and the log.
 
     encode(tag, tensors, *, chunk_bytes=CHUNK_BYTES) -> Iterator[DataChunk]
-    Assembler(limits, expect=None); .add(chunk); .finish() -> (tag, tensors)
+    encode_wire(tag, tensors, *, chunk_bytes=CHUNK_BYTES) -> Iterator[bytes]
+    Assembler(limits, expect=None); .add(chunk: DataChunk | bytes); .finish() -> (tag, tensors)
     await send(stub, tag, tensors, *, timeout, chunk_bytes=CHUNK_BYTES, delay=None)
+    DataPlaneStub(channel)
+        the client stub `send` is fastest with (chunks serialised straight from the tensors);
+        `data_pb2_grpc.DataPlaneStub` works too, through protobuf messages
     DataPlaneServicer(handler, limits, expect=None)
-        served with data_pb2_grpc.add_DataPlaneServicer_to_server
+    add_DataPlaneServicer_to_server(servicer, server)
+        serves it with chunks handed over as wire bytes (one copy of the payload, into the
+        tensor); the generated `data_pb2_grpc.add_DataPlaneServicer_to_server` works too
 
 `expect(tag, name)` is asked once per tensor, when the header arrives (before any payload is
 received or memory allocated): it returns the `TensorSpec` that tensor must meet, or None when
@@ -82,7 +88,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 * 2**20
-"""Payload bytes per message. TODO: chosen from benchmarks/tensor.py."""
+"""Payload bytes per chunk. Measured by `python -m benchmarks tensor` (section "tensor" of
+benchmarks/RESULTS.md): 256 KiB to 2.9 MiB chunks move 16 and 64 MiB tensors equally fast
+within the noise, whereas 16 MiB chunks or one message per tensor are 2-3x slower: sender,
+wire and receiver then work one after the other instead of in a pipeline, and the receiver
+holds the whole message besides the tensor. 1 MiB keeps the pipeline, adds no message to
+tensors up to 1 MiB, and leaves room for the largest header under the node's 4 MiB limit."""
 
 MAX_PATH = 4 * MAX_STAGES
 """Most node ids a tag's path may hold: forward through every stage and back, with room for
@@ -114,8 +125,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "int16": torch.int16,
     "int8": torch.int8,
     "uint8": torch.uint8,
-    "bool": torch.bool,
 }
+# No bool: a peer's byte other than 0 or 1 in a torch.bool tensor is undefined behaviour.
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 _DIRECTIONS = {
@@ -523,7 +534,7 @@ class Assembler:
         shape = tuple(pb.shape)
         if len(shape) > 16:
             raise TensorError(f"tensor {name!r} has {len(shape)} dimensions (at most 16)")
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         # Exact integer arithmetic: a lying header cannot overflow its way past the limit.
         expected = math.prod(shape) * itemsize
         if pb.nbytes != expected:
@@ -687,37 +698,38 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
         self._expect = expect
 
     async def Send(self, request_iterator: Any, context: aio.ServicerContext) -> data_pb2.DataAck:
-        # Imported here: server.py imports this module to serve the data plane.
-        from gwtf.node.server import Refusal
-
         assembler = Assembler(self._limits, self._expect)
         try:
             async for chunk in request_iterator:
                 assembler.add(chunk)
             tag, tensors = assembler.finish()
-        except DecodeError:
-            # Served through protobuf, grpc parses each chunk as the loop asks for it, so a
-            # corrupt one surfaces here.
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                _rejected(assembler, TensorError("a chunk of the stream does not parse")),
-            )
-        except TensorError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _rejected(assembler, err))
-        except Refusal as err:
-            await context.abort(err.code, err.message)
-        try:
             await self._handler(tag, tensors)
-        except TensorError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _rejected(assembler, err))
-        except Refusal as err:
-            await context.abort(err.code, err.message)
         except Exception as err:
-            log.exception("data plane: the handler failed on %s", tag)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"the receiver failed on {tag}: {type(err).__name__}"
-            )
+            await _refuse(context, assembler, err)
         return data_pb2.DataAck(received_bytes=assembler.received_bytes)
+
+
+async def _refuse(context: aio.ServicerContext, assembler: Assembler, err: Exception) -> None:
+    """Ends the call with the status that says what went wrong (abort raises)."""
+    # Imported here: server.py imports this module to serve the data plane.
+    from gwtf.node.server import Refusal
+
+    tag = assembler.tag
+    where = f"{tag}: " if tag is not None else ""
+    if isinstance(err, Refusal):
+        code, message = err.code, err.message
+    elif isinstance(err, TensorError):
+        code, message = grpc.StatusCode.INVALID_ARGUMENT, f"{where}{err}"
+    elif isinstance(err, DecodeError):
+        # Served through protobuf, grpc parses each chunk as the loop asks for it.
+        code, message = grpc.StatusCode.INVALID_ARGUMENT, f"{where}a chunk does not parse"
+    else:
+        log.error("data plane: the receiver failed on %s", tag, exc_info=err)
+        code = grpc.StatusCode.INTERNAL
+        message = f"{where}the receiver failed ({type(err).__name__})"
+    if code != grpc.StatusCode.INTERNAL:
+        log.warning("data plane: refused %s (%s)", message, code.name)
+    await context.abort(code, message)
 
 
 def add_DataPlaneServicer_to_server(servicer: DataPlaneServicer, server: aio.Server) -> None:
@@ -734,8 +746,3 @@ def add_DataPlaneServicer_to_server(servicer: DataPlaneServicer, server: aio.Ser
         (grpc.method_handlers_generic_handler("gwtf.v1.DataPlane", handlers),)
     )
     server.add_registered_method_handlers("gwtf.v1.DataPlane", handlers)
-
-
-def _rejected(assembler: Assembler, err: TensorError) -> str:
-    tag = assembler.tag
-    return f"{tag}: {err}" if tag is not None else str(err)

@@ -235,9 +235,10 @@ def test_a_tag_must_name_a_direction() -> None:
         MicrobatchTag("j", 0, 0, "sideways", "s", ())
 
 
-def test_a_dtype_gwtf_cannot_send_is_refused_at_the_sender() -> None:
-    with pytest.raises(TensorError, match="complex64"):
-        list(encode(TAG, {"z": torch.zeros(2, dtype=torch.complex64)}))
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.bool])
+def test_a_dtype_gwtf_cannot_send_is_refused_at_the_sender(dtype: torch.dtype) -> None:
+    with pytest.raises(TensorError, match=str(dtype).removeprefix("torch.")):
+        list(encode(TAG, {"z": torch.zeros(2, dtype=dtype)}))
 
 
 # ---------------------------------------------------------------------------- expectations
@@ -383,6 +384,10 @@ def test_unknown_and_refused_dtypes() -> None:
     chunks = chunks_of({"x": torch.ones(2)})
     chunks[0].header.tensors[0].dtype = "float128"
     rejected(chunks, "'x' has unknown dtype 'float128'")
+    # A bool tensor's bytes could be other than 0 and 1: no such dtype on the wire.
+    chunks[0].header.tensors[0].dtype = "bool"
+    chunks[0].header.tensors[0].nbytes = 2
+    rejected(chunks, "'x' has unknown dtype 'bool'")
     rejected(chunks_of({"x": torch.ones(2, dtype=torch.uint8)}), "uint8, which is not accepted")
     only_float = TensorLimits(allowed_dtypes=frozenset({torch.float32}))
     rejected(chunks_of({"x": torch.ones(2, dtype=torch.int64)}), "int64", limits=only_float)
