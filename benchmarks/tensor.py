@@ -276,19 +276,23 @@ def _reps(size_mib: int, quick: bool) -> int:
 
 
 async def measure_transfers(
-    variants: Sequence[Variant], receiver: Receiver, quick: bool, log: Callable[[str], None]
+    variants: Sequence[Variant],
+    receivers: dict[str, Receiver],
+    quick: bool,
+    log: Callable[[str], None],
 ) -> list[Transfer]:
-    """Each variant and the socket, in turn, for every size (after one warm-up each)."""
-    sock = SocketSender(receiver.socket_port)
-    senders = [GrpcSender(v, receiver) for v in variants]
+    """Each variant, with the socket to its receiver process just before it, in turn, for
+    every size (after one warm-up each): every row sees the same moments of the machine."""
+    socks = {name: SocketSender(r.socket_port) for name, r in receivers.items()}
+    senders = [GrpcSender(v, receivers[v.receiver]) for v in variants]
     results = []
     try:
         for size_mib in SIZES_MIB:
             tensor, data = _payload(size_mib * MIB)
             found = [Transfer(v.name, size_mib, [], []) for v in variants]
             for rep in range(_reps(size_mib, quick) + 1):
-                for sender, transfer in zip(senders, found, strict=True):
-                    socket_s = sock.round_trip(data)
+                for variant, sender, transfer in zip(variants, senders, found, strict=True):
+                    socket_s = socks[variant.receiver].round_trip(data)
                     grpc_s = await sender.round_trip(tensor)
                     if rep:  # the first is a warm-up
                         transfer.socket_s.append(socket_s)
@@ -300,7 +304,8 @@ async def measure_transfers(
                 )
             results += found
     finally:
-        sock.close()
+        for sock in socks.values():
+            sock.close()
         for sender in senders:
             await sender.close()
     return results
@@ -319,23 +324,24 @@ def _pct(times: list[float], q: float) -> float:
 
 
 async def measure_latency(
-    variants: Sequence[Variant], receiver: Receiver, calls: int
+    variants: Sequence[Variant], receivers: dict[str, Receiver], calls: int
 ) -> list[Latency]:
     tensor = torch.randn(SMALL_SHAPE)
     data = tensor.view(torch.uint8).numpy().data
-    sock = SocketSender(receiver.socket_port)
-    senders = [GrpcSender(v, receiver) for v in variants]
+    socks = {name: SocketSender(r.socket_port) for name, r in receivers.items()}
+    senders = [GrpcSender(v, receivers[v.receiver]) for v in variants]
     found = [Latency(v.name, [], []) for v in variants]
     try:
         for rep in range(calls + 20):
-            for sender, latency in zip(senders, found, strict=True):
-                socket_s = sock.round_trip(data)
+            for variant, sender, latency in zip(variants, senders, found, strict=True):
+                socket_s = socks[variant.receiver].round_trip(data)
                 grpc_s = await sender.round_trip(tensor)
                 if rep >= 20:
                     latency.socket_s.append(socket_s)
                     latency.grpc_s.append(grpc_s)
     finally:
-        sock.close()
+        for sock in socks.values():
+            sock.close()
         for sender in senders:
             await sender.close()
     return found
@@ -345,21 +351,17 @@ async def measure_latency(
 
 
 def collect(quick: bool, log: Callable[[str], None]) -> tuple[list[Transfer], list[Latency]]:
-    transfers: list[Transfer] = []
-    latencies: list[Latency] = []
-    for name, options in RECEIVERS.items():
-        variants = [v for v in VARIANTS if v.receiver == name]
-        if quick:
-            variants = [v for v in variants if v in (CHOSEN, VARIANTS[1])]
-        if not variants:
-            continue
-        receiver = Receiver(options)
-        try:
-            log(f"receiver with {name} options: {len(variants)} variants")
-            transfers += uvloop.run(measure_transfers(variants, receiver, quick, log))
-            small = [v for v in variants if v.chunk_bytes is not None]
-            latencies += uvloop.run(measure_latency(small, receiver, 50 if quick else 500))
-        finally:
+    variants = [v for v in VARIANTS if not quick or v in (CHOSEN, VARIANTS[1])]
+    receivers: dict[str, Receiver] = {}
+    try:
+        for name in sorted({v.receiver for v in variants}):
+            receivers[name] = Receiver(RECEIVERS[name])
+        log(f"{len(variants)} variants, {len(receivers)} receiver processes")
+        transfers = uvloop.run(measure_transfers(variants, receivers, quick, log))
+        small = [v for v in variants if v.chunk_bytes is not None]
+        latencies = uvloop.run(measure_latency(small, receivers, 50 if quick else 500))
+    finally:
+        for receiver in receivers.values():
             receiver.close()
     return transfers, latencies
 
@@ -397,10 +399,11 @@ def report(transfers: list[Transfer], latencies: list[Latency], command: str) ->
         f"({'met' if met_ratio else 'missed'}), >= {TARGET_GBPS:.0f} GB/s "
         f"({'met' if met_gbps else 'missed'}).",
         "",
-        "What was tried (same run; each row's socket figure measured alongside it; \"node\" "
-        "options are `gwtf.node.transport`'s, 4 MiB messages; the lookahead rows run against "
-        "a receiver with `grpc.http2.lookahead_bytes` = 16 MiB and 80 MiB messages; \"gRPC "
-        "alone\" counts and drops the bytes, so it allocates no tensor and checks nothing):",
+        "What was tried (same run, every variant measured in turn, each right after a socket "
+        "transfer to the same receiver process; \"node\" options are `gwtf.node.transport`'s, "
+        "4 MiB messages; the lookahead rows go to a second receiver process with "
+        "`grpc.http2.lookahead_bytes` = 16 MiB and 80 MiB messages; \"gRPC alone\" counts and "
+        "drops the bytes, so it allocates no tensor and checks nothing):",
         "",
         "| variant | " + " | ".join(f"{s} MiB GB/s (ratio)" for s in SIZES_MIB) + " |",
         "|---|" + "---|" * len(SIZES_MIB),
