@@ -374,8 +374,10 @@ class _WireChunk:
 
 def _parse(data: bytes) -> _WireChunk:
     """Reads a serialised DataChunk the way protobuf would, except that the payload stays a
-    view of `data` (protobuf would copy it twice: into the message, then out as `bytes`).
-    Fields this version does not know are skipped, as protobuf does."""
+    view of `data` (protobuf would copy it twice: into the message, then out as `bytes`) and
+    that a field of DataChunk's own given twice is refused (no writer of this format repeats
+    one; protobuf would merge them). Fields this version does not know are skipped, as
+    protobuf does."""
     view = memoryview(data)
     seq, header, payload = 0, None, view[:0]
     seen: set[int] = set()
@@ -383,6 +385,8 @@ def _parse(data: bytes) -> _WireChunk:
     while pos < len(view):
         key, pos = _read_varint(view, pos)
         number, kind = key >> 3, key & 7
+        if number == 0:
+            raise TensorError("a chunk does not parse (field 0)")
         if number in seen and number in (1, 2, 3):
             raise TensorError(f"a chunk repeats its field {number}")
         seen.add(number)

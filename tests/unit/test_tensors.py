@@ -470,6 +470,7 @@ def test_wire_chunks_that_do_not_parse() -> None:
     wire_rejected([wire[0][:-1]], "truncated field")
     wire_rejected([wire[0] + b"\x80"], "bad varint")
     wire_rejected([b"\x0b"], "wire type 3")
+    wire_rejected([b"\x00\x00"], "field 0")
     wire_rejected([b"\x0a\x01\x00"], "field 1 has the wrong wire type")
     wire_rejected([b"\x12\x02\xff\xff"], "header does not parse")
     wire_rejected([wire[0] + b"\x1a\x01\x00"], "repeats its field 3")
