@@ -14,6 +14,7 @@ BENCHMARKS = {
     "flow": "benchmarks.flow",
     "sim": "benchmarks.sim",
     "node": "benchmarks.node_control",
+    "tensor": "benchmarks.tensor",
     "train": "benchmarks.train_cluster",
 }
 

@@ -14,10 +14,16 @@ The API (what the job runtime uses):
         anything wrong with a stream; its message is one line, fit for the peer and the log.
 
     encode(tag, tensors, *, chunk_bytes=CHUNK_BYTES) -> Iterator[DataChunk]
-    Assembler(limits, expect=None); .add(chunk); .finish() -> (tag, tensors)
+    encode_wire(tag, tensors, *, chunk_bytes=CHUNK_BYTES) -> Iterator[bytes]
+    Assembler(limits, expect=None); .add(chunk: DataChunk | bytes); .finish() -> (tag, tensors)
     await send(stub, tag, tensors, *, timeout, chunk_bytes=CHUNK_BYTES, delay=None)
+    DataPlaneStub(channel)
+        the client stub `send` is fastest with (chunks serialised straight from the tensors);
+        `data_pb2_grpc.DataPlaneStub` works too, through protobuf messages
     DataPlaneServicer(handler, limits, expect=None)
-        served with data_pb2_grpc.add_DataPlaneServicer_to_server
+    add_DataPlaneServicer_to_server(servicer, server)
+        serves it with chunks handed over as wire bytes (one copy of the payload, into the
+        tensor); the generated `data_pb2_grpc.add_DataPlaneServicer_to_server` works too
 
 `expect(tag, name)` is asked once per tensor, when the header arrives (before any payload is
 received or memory allocated): it returns the `TensorSpec` that tensor must meet, or None when
@@ -30,13 +36,14 @@ is the raw bytes of the tensors in header order (C-contiguous, little-endian: ev
 runs on). Chunks are numbered, so a lost, repeated or reordered chunk is an error, not a silently
 corrupted tensor. The receiver checks every header against its limits and `expect` before it
 allocates, allocates a tensor only once its first byte arrives (a peer cannot pin memory with
-headers alone), copies each chunk's payload straight into the tensor's storage, and at the end
-checks completeness and, for floating tensors, finiteness.
+headers alone), copies each chunk's payload straight into the tensor's storage, checks floating
+tensors for NaN and infinity as their elements complete, and at the end checks completeness.
 
-Sizes: every message is at most `chunk_bytes` of payload plus its framing, or the header alone
-(`MAX_HEADER_BYTES` at most); with the default `CHUNK_BYTES` both stay under the node's
-`MAX_MESSAGE_BYTES` (4 MiB), so the node's channel and server options need no change
-(`DATA_PLANE_MAX_MESSAGE_BYTES` is the least receive limit the data plane needs).
+Sizes: a chunk carries `chunk_bytes` of payload (the last one less), chunk 0 the header besides
+(`MAX_HEADER_BYTES` at most), so a tensor of a power-of-two size is whole chunks and a small
+microbatch one message. With the default `CHUNK_BYTES` every message stays under
+`DATA_PLANE_MAX_MESSAGE_BYTES`, itself under the node's `MAX_MESSAGE_BYTES` (4 MiB): the node's
+channel and server options need no change for the data plane.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import numpy as np
 import torch
 from google.protobuf.message import DecodeError
 from grpc import aio
@@ -80,7 +88,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 * 2**20
-"""Payload bytes per message. TODO: chosen from benchmarks/tensor.py."""
+"""Payload bytes per chunk. Measured by `python -m benchmarks tensor` (section "tensor" of
+benchmarks/RESULTS.md): 256 KiB to 2.9 MiB chunks move 16 and 64 MiB tensors equally fast
+within the noise, whereas 16 MiB chunks or one message per tensor are 2-3x slower: sender,
+wire and receiver then work one after the other instead of in a pipeline, and the receiver
+holds the whole message besides the tensor. 1 MiB keeps the pipeline, adds no message to
+tensors up to 1 MiB, and leaves room for the largest header under the node's 4 MiB limit."""
 
 MAX_PATH = 4 * MAX_STAGES
 """Most node ids a tag's path may hold: forward through every stage and back, with room for
@@ -92,8 +105,9 @@ MAX_HEADER_BYTES = 2 * MAX_PATH * (MAX_ID_LENGTH + 4)
 _FRAMING_BYTES = 64
 """Protobuf framing of a chunk around its payload and header (field tags, lengths, seq)."""
 
-DATA_PLANE_MAX_MESSAGE_BYTES = max(CHUNK_BYTES, MAX_HEADER_BYTES) + _FRAMING_BYTES
-"""The least `grpc.max_receive_message_length` a node needs for the data plane's messages."""
+DATA_PLANE_MAX_MESSAGE_BYTES = CHUNK_BYTES + MAX_HEADER_BYTES + _FRAMING_BYTES
+"""The least `grpc.max_receive_message_length` (and send length) a node needs for the data
+plane's messages with the default chunk size."""
 
 DEFAULT_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32}
@@ -111,8 +125,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "int16": torch.int16,
     "int8": torch.int8,
     "uint8": torch.uint8,
-    "bool": torch.bool,
 }
+# No bool: a peer's byte other than 0 or 1 in a torch.bool tensor is undefined behaviour.
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 _DIRECTIONS = {
@@ -259,8 +273,7 @@ def _pieces(
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     seq = 0
-    # Chunk 0 fills up with payload after the header, so a small microbatch is one message.
-    room = max(0, chunk_bytes - plan.header_bytes)
+    room = chunk_bytes
     pending: list[memoryview] = []
     pending_bytes = 0
     first = True
@@ -306,10 +319,10 @@ def _wire(plan: _Plan, chunk_bytes: int) -> Iterator[bytes]:
 def encode(
     tag: MicrobatchTag, tensors: Mapping[str, torch.Tensor], *, chunk_bytes: int = CHUNK_BYTES
 ) -> Iterator[data_pb2.DataChunk]:
-    """The chunks of one microbatch: chunk 0 holds the tag and the tensors' headers, and as
-    much payload as fits in `chunk_bytes`; every later chunk `chunk_bytes` of payload (the
-    last less). Tensors may live anywhere and be non-contiguous; a contiguous CPU tensor is
-    read in place, so it must not change while the chunks are in use."""
+    """The chunks of one microbatch: each carries `chunk_bytes` of payload (the last less),
+    chunk 0 also the tag and the tensors' headers. Tensors may live anywhere and be
+    non-contiguous; a contiguous CPU tensor is read in place, so it must not change while the
+    chunks are in use."""
     return _messages(_plan(tag, tensors), chunk_bytes)
 
 
@@ -361,8 +374,10 @@ class _WireChunk:
 
 def _parse(data: bytes) -> _WireChunk:
     """Reads a serialised DataChunk the way protobuf would, except that the payload stays a
-    view of `data` (protobuf would copy it twice: into the message, then out as `bytes`).
-    Fields this version does not know are skipped, as protobuf does."""
+    view of `data` (protobuf would copy it twice: into the message, then out as `bytes`) and
+    that a field of DataChunk's own given twice is refused (no writer of this format repeats
+    one; protobuf would merge them). Fields this version does not know are skipped, as
+    protobuf does."""
     view = memoryview(data)
     seq, header, payload = 0, None, view[:0]
     seen: set[int] = set()
@@ -370,6 +385,8 @@ def _parse(data: bytes) -> _WireChunk:
     while pos < len(view):
         key, pos = _read_varint(view, pos)
         number, kind = key >> 3, key & 7
+        if number == 0:
+            raise TensorError("a chunk does not parse (field 0)")
         if number in seen and number in (1, 2, 3):
             raise TensorError(f"a chunk repeats its field {number}")
         seen.add(number)
@@ -412,8 +429,32 @@ class _Slot:
     dtype: torch.dtype
     shape: tuple[int, ...]
     nbytes: int
+    itemsize: int
     tensor: torch.Tensor | None = None
-    view: memoryview | None = None
+    view: memoryview | None = None  # its bytes, written in place
+    values: np.ndarray[Any, Any] | None = None  # its elements as numpy sees them, to check
+    checked: int = 0  # elements found finite so far
+
+
+def _check_values(tensor: torch.Tensor) -> np.ndarray[Any, Any] | None:
+    """What `_nonfinite` reads of a tensor: its elements (bfloat16: their bits, numpy has no
+    bfloat16), None when it cannot hold NaN or infinity."""
+    if not tensor.is_floating_point():
+        return None
+    flat = tensor.reshape(-1)
+    return flat.view(torch.int16).numpy() if tensor.dtype == torch.bfloat16 else flat.numpy()
+
+
+def _nonfinite(values: np.ndarray[Any, Any]) -> bool:
+    """True when a NaN or infinity is among `values`. numpy, not torch: a torch reduction this
+    size runs on torch's thread pool, whose threads then spin and starve grpc's on a small
+    machine (1 MiB transfers took 10x longer on 2 cores)."""
+    if values.dtype == np.int16:  # bfloat16 bits: exponent all ones is inf or NaN
+        return bool(np.any(values & _BF16_EXPONENT == _BF16_EXPONENT))
+    return not bool(np.isfinite(values).all())
+
+
+_BF16_EXPONENT = 0x7F80
 
 
 class Assembler:
@@ -497,7 +538,7 @@ class Assembler:
         shape = tuple(pb.shape)
         if len(shape) > 16:
             raise TensorError(f"tensor {name!r} has {len(shape)} dimensions (at most 16)")
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         # Exact integer arithmetic: a lying header cannot overflow its way past the limit.
         expected = math.prod(shape) * itemsize
         if pb.nbytes != expected:
@@ -521,7 +562,7 @@ class Assembler:
                 raise TensorError(
                     f"tensor {name!r} has shape {list(shape)}, {list(spec.shape)} is expected"
                 )
-        return _Slot(name, dtype, shape, expected)
+        return _Slot(name, dtype, shape, expected, itemsize)
 
     def _write(self, payload: memoryview) -> None:
         size = payload.nbytes
@@ -539,10 +580,18 @@ class Assembler:
                 # Allocated only now that its bytes arrive; written in place, chunk by chunk.
                 slot.tensor = torch.empty(slot.shape, dtype=slot.dtype)
                 slot.view = slot.tensor.reshape(-1).view(torch.uint8).numpy().data
+                if self._limits.require_finite:
+                    slot.values = _check_values(slot.tensor)
             take = min(slot.nbytes - self._offset, size - done)
             slot.view[self._offset : self._offset + take] = source[done : done + take]
             done += take
             self._offset += take
+            if slot.values is not None:
+                # Checked as the elements complete, while the next chunk is on its way.
+                whole = self._offset // slot.itemsize
+                if _nonfinite(slot.values[slot.checked : whole]):
+                    raise TensorError(f"tensor {slot.name!r} holds NaN or infinity")
+                slot.checked = whole
             if self._offset == slot.nbytes:
                 self._index, self._offset = self._index + 1, 0
         self._received += size
@@ -561,20 +610,8 @@ class Assembler:
             tensor = slot.tensor
             if tensor is None:  # no bytes: an empty tensor
                 tensor = torch.empty(slot.shape, dtype=slot.dtype)
-            if self._limits.require_finite and not _finite(tensor):
-                raise TensorError(f"tensor {slot.name!r} holds NaN or infinity")
             tensors[slot.name] = tensor
         return self._tag, tensors
-
-
-def _finite(tensor: torch.Tensor) -> bool:
-    """True when a floating tensor has no NaN or infinity (integers always are). The min and
-    max propagate NaN, and are infinite when any element is: two passes, no tensor-sized
-    temporary."""
-    if not tensor.is_floating_point() or tensor.numel() == 0:
-        return True
-    low, high = torch.aminmax(tensor)
-    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
 
 
 # ---------------------------------------------------------------------------- the service
@@ -665,37 +702,38 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
         self._expect = expect
 
     async def Send(self, request_iterator: Any, context: aio.ServicerContext) -> data_pb2.DataAck:
-        # Imported here: server.py imports this module to serve the data plane.
-        from gwtf.node.server import Refusal
-
         assembler = Assembler(self._limits, self._expect)
         try:
             async for chunk in request_iterator:
                 assembler.add(chunk)
             tag, tensors = assembler.finish()
-        except DecodeError:
-            # Served through protobuf, grpc parses each chunk as the loop asks for it, so a
-            # corrupt one surfaces here.
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                _rejected(assembler, TensorError("a chunk of the stream does not parse")),
-            )
-        except TensorError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _rejected(assembler, err))
-        except Refusal as err:
-            await context.abort(err.code, err.message)
-        try:
             await self._handler(tag, tensors)
-        except TensorError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _rejected(assembler, err))
-        except Refusal as err:
-            await context.abort(err.code, err.message)
         except Exception as err:
-            log.exception("data plane: the handler failed on %s", tag)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"the receiver failed on {tag}: {type(err).__name__}"
-            )
+            await _refuse(context, assembler, err)
         return data_pb2.DataAck(received_bytes=assembler.received_bytes)
+
+
+async def _refuse(context: aio.ServicerContext, assembler: Assembler, err: Exception) -> None:
+    """Ends the call with the status that says what went wrong (abort raises)."""
+    # Imported here: server.py imports this module to serve the data plane.
+    from gwtf.node.server import Refusal
+
+    tag = assembler.tag
+    where = f"{tag}: " if tag is not None else ""
+    if isinstance(err, Refusal):
+        code, message = err.code, err.message
+    elif isinstance(err, TensorError):
+        code, message = grpc.StatusCode.INVALID_ARGUMENT, f"{where}{err}"
+    elif isinstance(err, DecodeError):
+        # Served through protobuf, grpc parses each chunk as the loop asks for it.
+        code, message = grpc.StatusCode.INVALID_ARGUMENT, f"{where}a chunk does not parse"
+    else:
+        log.error("data plane: the receiver failed on %s", tag, exc_info=err)
+        code = grpc.StatusCode.INTERNAL
+        message = f"{where}the receiver failed ({type(err).__name__})"
+    if code != grpc.StatusCode.INTERNAL:
+        log.warning("data plane: refused %s (%s)", message, code.name)
+    await context.abort(code, message)
 
 
 def add_DataPlaneServicer_to_server(servicer: DataPlaneServicer, server: aio.Server) -> None:
@@ -712,8 +750,3 @@ def add_DataPlaneServicer_to_server(servicer: DataPlaneServicer, server: aio.Ser
         (grpc.method_handlers_generic_handler("gwtf.v1.DataPlane", handlers),)
     )
     server.add_registered_method_handlers("gwtf.v1.DataPlane", handlers)
-
-
-def _rejected(assembler: Assembler, err: TensorError) -> str:
-    tag = assembler.tag
-    return f"{tag}: {err}" if tag is not None else str(err)

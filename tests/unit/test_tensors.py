@@ -16,10 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gwtf.node import tensors
+from gwtf.node.config import MAX_ID_LENGTH, MAX_MESSAGE_BYTES
 from gwtf.node.server import Refusal
 from gwtf.node.tensors import (
+    DATA_PLANE_MAX_MESSAGE_BYTES,
     DEFAULT_DTYPES,
     MAX_HEADER_BYTES,
+    MAX_PATH,
     Assembler,
     DataPlaneServicer,
     MicrobatchTag,
@@ -162,17 +165,27 @@ def test_multiple_tensors_share_chunks_and_keep_their_order() -> None:
     assert_same(round_trip(sent, chunk_bytes=1000), sent)
 
 
-def test_chunk_zero_carries_the_header_and_fills_up_with_payload() -> None:
+def test_chunk_zero_carries_the_header_and_every_chunk_the_same_payload() -> None:
     sent = {"a": torch.arange(100, dtype=torch.float32), "b": torch.arange(10, dtype=torch.int64)}
     chunks = list(encode(TAG, sent, chunk_bytes=256))
-    header_bytes = chunks[0].header.ByteSize()
-    assert [c.seq for c in chunks] == list(range(len(chunks)))
-    assert len(chunks[0].payload) == 256 - header_bytes
-    assert all(not c.HasField("header") for c in chunks[1:])
-    assert all(len(c.payload) == 256 for c in chunks[1:-1])
-    assert sum(len(c.payload) for c in chunks) == 480
+    assert [c.seq for c in chunks] == [0, 1]
+    assert chunks[0].HasField("header") and not chunks[1].HasField("header")
+    assert [len(c.payload) for c in chunks] == [256, 480 - 256]
     heads = [(t.name, t.dtype, list(t.shape), t.nbytes) for t in chunks[0].header.tensors]
     assert heads == [("a", "float32", [100], 400), ("b", "int64", [10], 80)]
+    # A power-of-two tensor is whole chunks: no tail message for the header's bytes.
+    assert len(list(encode(TAG, {"x": torch.ones(2**18)}, chunk_bytes=2**20))) == 1
+
+
+def test_the_largest_message_fits_the_nodes_limit() -> None:
+    longest = "n" * MAX_ID_LENGTH
+    tag = MicrobatchTag(longest, 2**63, 2**63, "backward", longest, (longest,) * MAX_PATH, 2**31)
+    sent = {f"{i}".rjust(MAX_ID_LENGTH, "t"): torch.ones(2**19) for i in range(4)}
+    sizes = [len(w) for w in encode_wire(tag, sent)]
+    assert max(sizes) <= DATA_PLANE_MAX_MESSAGE_BYTES <= MAX_MESSAGE_BYTES
+    header = next(encode(tag, sent)).header.ByteSize()
+    assert header <= MAX_HEADER_BYTES
+    assert_same(assemble(encode_wire(tag, sent))[1], sent)
 
 
 def test_a_small_microbatch_is_one_message() -> None:
@@ -222,9 +235,10 @@ def test_a_tag_must_name_a_direction() -> None:
         MicrobatchTag("j", 0, 0, "sideways", "s", ())
 
 
-def test_a_dtype_gwtf_cannot_send_is_refused_at_the_sender() -> None:
-    with pytest.raises(TensorError, match="complex64"):
-        list(encode(TAG, {"z": torch.zeros(2, dtype=torch.complex64)}))
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.bool])
+def test_a_dtype_gwtf_cannot_send_is_refused_at_the_sender(dtype: torch.dtype) -> None:
+    with pytest.raises(TensorError, match=str(dtype).removeprefix("torch.")):
+        list(encode(TAG, {"z": torch.zeros(2, dtype=dtype)}))
 
 
 # ---------------------------------------------------------------------------- expectations
@@ -257,7 +271,7 @@ def test_expectations_are_checked_before_any_payload_arrives() -> None:
         return TensorSpec(torch.float32, (2, 2))
 
     first = next(encode(TAG, {"act": torch.ones(3, 3)}, chunk_bytes=1))
-    assert first.payload == b""
+    first.payload = b""  # the header alone
     with pytest.raises(TensorError, match="shape"):
         Assembler(LIMITS, expect).add(first)
     assert seen == [(TAG, "act")]
@@ -287,6 +301,48 @@ def test_nan_and_infinity_are_refused(value: float, dtype: torch.dtype) -> None:
     lenient = TensorLimits(require_finite=False)
     got = assemble(chunks_of({"act": tensor}), limits=lenient)[1]["act"]
     assert got[37].item() != got[37].item() if math.isnan(value) else got[37].item() == value
+
+
+def test_a_nan_is_refused_as_soon_as_its_chunk_arrives() -> None:
+    tensor = torch.zeros(1000)
+    tensor[10] = math.nan
+    chunks = chunks_of({"act": tensor}, chunk_bytes=400)
+    assert len(chunks) > 2
+    assembler = Assembler(LIMITS)
+    with pytest.raises(TensorError, match="NaN"):
+        assembler.add(chunks[0])  # element 10 is in the first chunk, after the header
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
+    size=st.integers(1, 300),
+    bad=st.lists(st.tuples(st.integers(0, 299), st.sampled_from([math.nan, math.inf, -math.inf])),
+                 max_size=3),
+    chunk_bytes=st.integers(1, 700),
+)
+def test_nonfinite_values_are_found_wherever_chunks_split_them(
+    dtype: torch.dtype, size: int, bad: list[tuple[int, float]], chunk_bytes: int
+) -> None:
+    tensor = sample(dtype, (size,))
+    for where, value in bad:
+        tensor[where % size] = value
+    chunks = list(encode(TAG, {"act": tensor}, chunk_bytes=chunk_bytes))
+    if bad:
+        rejected(chunks, "'act' holds NaN or infinity")
+    else:
+        assert_same(assemble(chunks)[1], {"act": tensor})
+
+
+def test_every_bfloat16_nan_and_infinity_pattern_is_refused() -> None:
+    bits = torch.tensor([0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81], dtype=torch.int32)
+    for pattern in bits.to(torch.int16).tolist():
+        tensor = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+        tensor.view(torch.int16)[1] = pattern
+        rejected(chunks_of({"g": tensor}), "'g' holds NaN or infinity")
+    # The largest finite bfloat16 (exponent 0xFE) is fine.
+    largest = torch.tensor([0x7F7F], dtype=torch.int16).view(torch.bfloat16)
+    assert_same(round_trip({"g": largest}), {"g": largest})
 
 
 def test_an_oversized_tensor_is_refused_from_its_header_alone() -> None:
@@ -328,6 +384,10 @@ def test_unknown_and_refused_dtypes() -> None:
     chunks = chunks_of({"x": torch.ones(2)})
     chunks[0].header.tensors[0].dtype = "float128"
     rejected(chunks, "'x' has unknown dtype 'float128'")
+    # A bool tensor's bytes could be other than 0 and 1: no such dtype on the wire.
+    chunks[0].header.tensors[0].dtype = "bool"
+    chunks[0].header.tensors[0].nbytes = 2
+    rejected(chunks, "'x' has unknown dtype 'bool'")
     rejected(chunks_of({"x": torch.ones(2, dtype=torch.uint8)}), "uint8, which is not accepted")
     only_float = TensorLimits(allowed_dtypes=frozenset({torch.float32}))
     rejected(chunks_of({"x": torch.ones(2, dtype=torch.int64)}), "int64", limits=only_float)
@@ -410,6 +470,7 @@ def test_wire_chunks_that_do_not_parse() -> None:
     wire_rejected([wire[0][:-1]], "truncated field")
     wire_rejected([wire[0] + b"\x80"], "bad varint")
     wire_rejected([b"\x0b"], "wire type 3")
+    wire_rejected([b"\x00\x00"], "field 0")
     wire_rejected([b"\x0a\x01\x00"], "field 1 has the wrong wire type")
     wire_rejected([b"\x12\x02\xff\xff"], "header does not parse")
     wire_rejected([wire[0] + b"\x1a\x01\x00"], "repeats its field 3")
