@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ __all__ = [
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+WATCH_CALL_S = 60.0
+"""Deadline of one Watch call; `wait` makes another until the job ends."""
 
 
 class StatusError(Exception):
@@ -247,21 +250,41 @@ class GwtfClient:
     ) -> JobResult:
         """Follow the job until it completes or fails (`timeout_s`: give up after that long);
         `on_progress` sees every change. The job's final JobResult (state "failed" included)."""
+        import grpc
+        from grpc import aio
+
         from gwtf.v1 import job_pb2
 
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
         async def call(stub: Any) -> JobResult:
+            # One Watch call per WATCH_CALL_S at most, so that every call has a deadline; the
+            # node answers each new call with the progress at once.
             last: JobResult | None = None
-            stream = stub.Watch(job_pb2.WatchRequest(job_id=job_id), timeout=timeout_s)
-            async for pb in stream:
-                last = job_result(pb)
-                if on_progress is not None:
-                    on_progress(last)
-                if last.over:
-                    return last
-            if last is None:
-                raise ClientError(f"{self.address} sent nothing about job {job_id}")
-            raise ClientError(f"{self.address} stopped answering about job {job_id} before it "
-                              "ended")
+            while True:
+                left = WATCH_CALL_S if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise ClientError(
+                        f"job {job_id} did not end within {timeout_s:g} s at {self.address}"
+                    )
+                stream = stub.Watch(
+                    job_pb2.WatchRequest(job_id=job_id), timeout=min(left, WATCH_CALL_S)
+                )
+                try:
+                    async for pb in stream:
+                        result = job_result(pb)
+                        if on_progress is not None and result != last:
+                            on_progress(result)
+                        last = result
+                        if result.over:
+                            return result
+                except aio.AioRpcError as err:
+                    if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise
+                    continue
+                raise ClientError(
+                    f"{self.address} stopped answering about job {job_id} before it ended"
+                )
 
         result: JobResult = self._run(call, timeout_s)
         return result

@@ -246,6 +246,7 @@ class StageWorker:
         batch = (job.microbatch_size, job.model.seq_len)
         self._activation = _spec(torch.float32, (*batch, job.model.width))
         self._labels = _spec(torch.int64, batch)
+        self._vocab = job.model.vocab
         self._shapes = {name: tuple(p.shape) for name, p in executor.parameters().items()}
         self._numel = sum(p.numel() for p in executor.parameters().values())
         self._grad_dtype = torch.float64 if job.grad_accum == "float64" else torch.float32
@@ -470,6 +471,9 @@ class StageWorker:
                             {"activation", "labels"}):
             raise TensorError(f"microbatch {m} lacks tensors: got {sorted(tensors)}")
         if tag.direction == "forward":
+            labels = tensors["labels"]
+            if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self._vocab):
+                raise TensorError(f"labels of microbatch {m} are outside 0..{self._vocab - 1}")
             if m in it.forwards:
                 raise TensorError(f"microbatch {m} of iteration {it.number} already came here")
             it.forwards.add(m)
