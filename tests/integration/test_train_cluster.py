@@ -214,6 +214,46 @@ def test_a_job_for_a_swarm_with_an_empty_stage_is_refused(swarm: LocalSwarm) -> 
     assert {p.id for p in swarm.live()} == {"h0", "h1", "a0", "a1"}
 
 
+def test_a_cluster_from_gwtf_launch_trains_too(tmp_path: Path, one_thread: None) -> None:
+    """What a user does: `gwtf launch`, then `gwtf submit --wait`. Another cut of the model
+    (2 stages of 3 blocks), the same bits as the reference."""
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "gwtf", "launch", "--nodes", "4", "--stages", "2", "--json",
+         "--heartbeat-s", "0.25", "--failure-timeout-s", "5", "--log-dir", str(tmp_path),
+         "--activation-bytes", "131072"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert launch.stdout is not None
+        nodes = json.loads(launch.stdout.readline())["nodes"]
+        address = nodes[-1]["address"]
+
+        def formed() -> bool:
+            status = subprocess.run(
+                [sys.executable, "-m", "gwtf", "status", "--to", address, "--json"],
+                cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            if status.returncode != 0:
+                return False
+            view = json.loads(status.stdout)
+            return sum(m["alive"] for m in view["members"]) == 4 and not view["unreachable"]
+
+        wait_for(formed, 60, "the launched nodes to know each other", interval_s=0.5)
+        result = subprocess.run(
+            [sys.executable, "-m", "gwtf", "submit", "--to", address, "--job", "tiny-gpt",
+             "--iterations", "2", "--wait", "--json"],
+            cwd=REPO, capture_output=True, text=True, timeout=WAIT_S, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        ref = reference(job_of("tiny-gpt", 2))
+        assert summary["loss"] == list(ref.loss)
+        assert summary["param_checksum"] == ref.param_checksum
+    finally:
+        launch.terminate()
+        launch.wait(timeout=60)
+
+
 def test_the_logs_hold_no_traceback(swarm: LocalSwarm) -> None:
     for proc in swarm.procs.values():
         text = Path(proc.log).read_text()
