@@ -183,6 +183,11 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--emulate-compute", action="store_true",
                       help="pad each microbatch's stage work to --compute-s with sleep, as the "
                       "emulated WAN pads messages (a local swarm then runs at its stated speeds)")
+    node.add_argument("--fault", metavar="SPEC",
+                      help="chaos tests: SIGKILL this node at one point of a job, "
+                      "crash-in:POINT[:iteration=K][:microbatch=M], POINT one of forward, "
+                      "backward, after-backward, aggregation, state-transfer (default: the "
+                      "GWTF_FAULT environment variable, else none)")
     node.add_argument("--seed", type=int, metavar="N", help="seed of the gossip order "
                       "(default: from the id)")
     node.add_argument("--log-level", default="info",

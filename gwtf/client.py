@@ -121,13 +121,39 @@ class JobResult:
     """Each path the microbatches took (node ids, data holder first) and how many took it."""
     checksum_mismatches: int
     iteration_s: tuple[float, ...]
+    crashes: int = 0
+    """Participants that died while the job ran (DESIGN.md 4)."""
+    leaves: int = 0
+    joins: int = 0
+    rerouted_microbatches: int = 0
+    """Microbatches sent to a replacement node after a death (rules 1-3)."""
+    replayed_microbatches: int = 0
+    """Of those, the ones whose stage work was done again (rules 2-3)..."""
+    replayed_s: float = 0.0
+    """...and that work's compute, seconds (the job's wasted compute)."""
+    compute_s: float = 0.0
+    """Stage compute of the whole job, every node summed, seconds."""
+    lost_microbatches: int = 0
+    """Neither trained nor recorded as dropped: 0 unless something is badly wrong."""
+    dropped: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """(iteration, microbatch ids) a dead data holder took with it (rule 4)."""
+    restarts: int = 0
+    paused: str = ""
+    paused_s: float = 0.0
 
     @property
     def over(self) -> bool:
         return self.state in ("completed", "failed")
 
+    def trained_ids(self, microbatches: int) -> Callable[[int], list[int]]:
+        """Iteration -> the microbatch ids it trained (all but the dropped ones): what
+        `gwtf.train.train_reference(microbatch_ids=...)` needs to train the same."""
+        dropped = {k: set(ids) for k, ids in self.dropped}
+        return lambda k: [m for m in range(microbatches) if m not in dropped.get(k, set())]
+
     def to_json(self) -> dict[str, Any]:
-        """What `gwtf submit --json` prints: the keys of `gwtf reference --json`."""
+        """What `gwtf submit --json` prints: the keys of `gwtf reference --json`, and what
+        the swarm did about nodes that died or joined."""
         return {
             "job_id": self.job_id,
             "iterations_completed": self.iterations_completed,
@@ -135,6 +161,16 @@ class JobResult:
             "param_checksum": self.param_checksum,
             "throughput_mb_s": self.throughput_mb_s,
             "dropped_microbatches": self.dropped_microbatches,
+            "crashes": self.crashes,
+            "leaves": self.leaves,
+            "joins": self.joins,
+            "rerouted_microbatches": self.rerouted_microbatches,
+            "replayed_microbatches": self.replayed_microbatches,
+            "replayed_s": self.replayed_s,
+            "compute_s": self.compute_s,
+            "lost_microbatches": self.lost_microbatches,
+            "restarts": self.restarts,
+            "dropped": {str(k): list(ids) for k, ids in self.dropped},
         }
 
 
@@ -157,6 +193,18 @@ def job_result(pb: Any) -> JobResult:
         routes=tuple((tuple(r.path), r.microbatches) for r in pb.routes),
         checksum_mismatches=pb.checksum_mismatches,
         iteration_s=tuple(pb.iteration_s),
+        crashes=pb.crashes,
+        leaves=pb.leaves,
+        joins=pb.joins,
+        rerouted_microbatches=pb.rerouted_microbatches,
+        replayed_microbatches=pb.replayed_microbatches,
+        replayed_s=pb.replayed_s,
+        compute_s=pb.compute_s,
+        lost_microbatches=pb.lost_microbatches,
+        dropped=tuple((d.iteration, tuple(d.microbatches)) for d in pb.dropped),
+        restarts=pb.restarts,
+        paused=pb.paused,
+        paused_s=pb.paused_s,
     )
 
 
@@ -377,6 +425,17 @@ def format_result(result: JobResult) -> str:
     if result.checksum_mismatches:
         lines.append(f"mismatches      {result.checksum_mismatches} commits after which stage "
                      "replicas differed")
+    waste = 100 * result.replayed_s / result.compute_s if result.compute_s > 0 else 0.0
+    lines.append(f"churn           {result.crashes} crashes, {result.leaves} leaves, "
+                 f"{result.joins} joins")
+    lines.append(f"recovery        {result.rerouted_microbatches} microbatches rerouted, "
+                 f"{result.replayed_microbatches} replayed ({result.replayed_s:.2f} s of "
+                 f"stage work, {waste:.2f}% of {result.compute_s:.1f} s), "
+                 f"{result.restarts} iterations restarted")
+    lines.append(f"microbatches    {result.dropped_microbatches} dropped (a data holder died "
+                 f"with them), {result.lost_microbatches} lost")
+    if result.paused:
+        lines.append(f"paused          {result.paused}")
     return "\n".join(lines)
 
 

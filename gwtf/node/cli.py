@@ -72,13 +72,16 @@ def run_node(args: argparse.Namespace) -> int:
 
     from gwtf.node.codec import InvalidMessage, check_name
     from gwtf.node.config import NodeConfig
+    from gwtf.node.faults import FAULT_ENV, FaultError, parse_fault
     from gwtf.node.node import NodeSettings
 
     try:
         if args.id is not None:
             check_name("--id", args.id)
         links, location = load_matrix(args.link_matrix, args.location)
-    except (TopologyError, InvalidMessage) as err:
+        spec = args.fault if args.fault is not None else os.environ.get(FAULT_ENV, "")
+        fault = parse_fault(spec) if spec else None
+    except (TopologyError, InvalidMessage, FaultError) as err:
         print(f"gwtf node: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -110,6 +113,7 @@ def run_node(args: argparse.Namespace) -> int:
         memory_slots=args.memory_slots,
         emulate_compute=args.emulate_compute,
         train=not args.no_train,
+        fault=fault,
     )
     configure_logging(args.log_level)
     return uvloop.run(_serve(settings, config))

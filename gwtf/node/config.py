@@ -122,6 +122,14 @@ class NodeConfig:
     a free memory slot or for its commit of the previous iteration, so this bounds those waits."""
     commit_timeout_s: float = 120.0
     """How long a stage replica waits for its peers' gradient sums at a commit."""
+    recovery_stall_s: float = 10.0
+    """An iteration whose coordinator hears of no progress this long (no microbatch finished,
+    no replay done, no commit report) while no stage is empty is swept for late evidence about
+    its dead nodes, and after as long again started over. Well above a microbatch's round trip
+    on a loaded machine (about a second here), so only a recovery that went wrong triggers it."""
+    drain_timeout_s: float = 8.0
+    """How long a node that leaves gracefully waits for the iteration in progress to step, so
+    that nothing it accumulated must be replayed (below `gwtf launch`'s 10 s before SIGKILL)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -138,6 +146,8 @@ class NodeConfig:
             "prepare_timeout_s",
             "data_timeout_s",
             "commit_timeout_s",
+            "recovery_stall_s",
+            "drain_timeout_s",
         ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):

@@ -54,6 +54,10 @@ class ContributionHeader:
     microbatches: tuple[int, ...]
     dtype: str
     numel: int
+    round: int = 0
+    attempt: int = 0
+    """The iteration's round and the commit attempt the sums are for: a replica keeps the sums
+    of each attempt apart, so that a rerun of the commit never mixes in stale ones."""
 
 
 def flatten(sums: Mapping[str, Tensor], names: Sequence[str], dtype: torch.dtype) -> Tensor:
@@ -88,6 +92,8 @@ def _header_to_pb(header: ContributionHeader) -> job_pb2.ContributionHeader:
         microbatches=header.microbatches,
         dtype=header.dtype,
         numel=header.numel,
+        round=header.round,
+        attempt=header.attempt,
     )
 
 
@@ -163,6 +169,8 @@ class ContributionAssembler:
             microbatches=tuple(pb.microbatches),
             dtype=pb.dtype,
             numel=pb.numel,
+            round=pb.round,
+            attempt=pb.attempt,
         )
         expected = self._expect(header) if header.microbatches else 0
         if header.numel != expected:

@@ -1,42 +1,54 @@
-"""The commit of a job's iterations, as its coordinator sees it (DESIGN.md 1), pure.
+"""The commit of a job's iterations and the bookkeeping of its recoveries, as its coordinator sees
+them (DESIGN.md 1 and 4), pure: no I/O, no clock.
 
-One member coordinates a job: the data holder with the smallest id among those that take part
-(it owns data and injects microbatches, so it is where an iteration starts; issue 6 will let the
-next one take over when it dies). Every iteration `k` goes:
+One member coordinates a job: the live data holder with the smallest id among those that take
+part (it owns data and injects microbatches, so it is where an iteration starts; when it dies the
+next one takes over, see `gwtf.node.jobcoord`). Iteration `k` goes:
 
-1. the data holders of `k`, each with its share of the microbatch ids
-   (`gwtf.train.assign_microbatches` over the holders, sorted), inject them;
-2. each holder reports `done(k, ids)` when the gradient of every one of its microbatches is back
-   (every stage has then run that microbatch's backward and accumulated it);
-3. once every holder is done, the coordinator orders the commit of `k` over exactly the ids
-   reported (`CommitOrder`), with the holders of `k + 1`;
-4. every participant combines its stage's gradient sums with its stage peers, steps AdamW, and
-   reports `committed(k)`: its stage's parameter checksum, and on the last stage the loss and the
-   path of each microbatch it computed (on the final iteration, its parameter digests);
-5. once every participant has reported, `k` is complete (`IterationOutcome`): the loss is the mean
-   over the microbatches summed in id order (as `gwtf reference` computes it), and replicas whose
-   checksums differ from their stage's are named.
+1. the data holders of `k`, each with its share of the microbatch ids (`assign`), inject them;
+2. a holder reports `done(k, ids)` as microbatches finish (their gradient reached stage 0);
+   a replacement holder reports the microbatches of a dead holder it recovered the same way;
+3. when a participant dies, the coordinator plans its recovery with `gwtf.recovery.plan_crash`
+   and records the result here (`recovering`): the dropped microbatches (rule 4) and the replays
+   it must wait for (rule 3); a replacement reports each replay (`replayed`);
+4. once every microbatch is finished or dropped and no replay is pending, the coordinator orders
+   phase one of the commit (`commit_order`, a `CommitOrder` naming the live participants): each
+   replica exchanges its gradient sums with its stage peers and reports `prepared` (the ids it
+   accumulated, and on the last stage the losses and paths);
+5. once every member of the attempt is prepared, `gwtf.recovery.check_commit` (rule 6) decides:
+   every stage covers every finished microbatch exactly once, so `StepOrder`: every member steps
+   AdamW with the sums it holds and reports `committed` (its stage checksum). A member that dies
+   before the step voids the attempt (`member_down`): its sums die with it, they are replayed, and
+   the commit runs again as a new attempt. A member that dies after the step order changes
+   nothing: every other replica of its stage already holds its sums;
+6. once every live member of the step has reported, `k` is complete (`IterationOutcome`).
 
-Holders start `k + 1` right after their own commit of `k`, so `done(k + 1)` may arrive before
-every `committed(k)`: the coordinator collects both at once and completes iterations in order.
+When the rules cannot recover a microbatch (no live node holds its input: two neighbours died
+at once), or a new coordinator takes over, the iteration starts again from scratch as a new
+`round` (`restart`): every node forgets its work of the iteration; parameters only change at a
+step, so nothing is counted twice, only compute is wasted.
 
-Everything a peer reports is checked against what the coordinator expects (the sender takes
-part, holds that stage, the iteration is the one in progress, the ids are its own, no microbatch
-counted twice); a bad report raises `ReportError` and changes nothing. A report repeated by a
-retry (its first reply was lost) is recognised and ignored.
+Holders start `k + 1` right after their own step of `k`, so `done(k + 1)` may arrive before every
+`committed(k)`: iterations complete in order. Everything a peer reports is checked against what
+is expected; a bad report raises `ReportError` and changes nothing. A report repeated by a retry
+is recognised and ignored; one for another round or attempt is stale and ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from gwtf.recovery import CrashPlan, Rule, check_commit
 
 __all__ = [
     "CommitOrder",
     "CommittedReport",
     "IterationCoordinator",
     "IterationOutcome",
+    "PreparedReport",
     "ReportError",
+    "StepOrder",
     "assign",
 ]
 
@@ -56,12 +68,46 @@ def assign(microbatches: int, holders: Sequence[str]) -> dict[str, tuple[int, ..
 
 @dataclass(frozen=True)
 class CommitOrder:
-    """Commit `iteration` over `microbatches`; `next_holders` inject the next one."""
+    """Phase one: the `members` exchange their sums for `iteration` over `microbatches`."""
 
     iteration: int
     microbatches: tuple[int, ...]
     final: bool
     next_holders: tuple[str, ...]
+    round: int = 0
+    attempt: int = 0
+    members: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PreparedReport:
+    """A member of a commit attempt holds its stage peers' sums (phase one done)."""
+
+    sender: str
+    iteration: int
+    round: int
+    attempt: int
+    stage: int
+    contributed: frozenset[int]
+    losses: Mapping[int, float] = field(default_factory=dict)
+    routes: Mapping[tuple[str, ...], int] = field(default_factory=dict)
+    compute_s: float = 0.0
+    replayed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepOrder:
+    """Phase two: the members of `attempt` step; `participants` go on with the next iteration."""
+
+    iteration: int
+    round: int
+    attempt: int
+    final: bool
+    next_holders: tuple[str, ...]
+    participants: Mapping[str, int]
+    loss: float
+    trained: int
+    dropped: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -72,8 +118,6 @@ class CommittedReport:
     iteration: int
     stage: int
     checksum: str
-    losses: Mapping[int, float] = field(default_factory=dict)
-    routes: Mapping[tuple[str, ...], int] = field(default_factory=dict)
     digests: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -91,11 +135,18 @@ class IterationOutcome:
     routes: Mapping[tuple[str, ...], int]
     digests: Mapping[str, str]
     """Final iteration: the parameter digests of one replica per stage, the whole model."""
+    dropped: tuple[int, ...] = ()
+    compute_s: float = 0.0
+    replayed_s: float = 0.0
 
 
 @dataclass
-class _Commit:
-    order: CommitOrder
+class _Stepping:
+    order: StepOrder
+    waiting: set[str]
+    routes: Mapping[tuple[str, ...], int]
+    compute_s: float
+    replayed_s: float
     reports: dict[str, CommittedReport] = field(default_factory=dict)
 
 
@@ -110,6 +161,8 @@ class IterationCoordinator:
         participants: Mapping[str, int],
         num_stages: int,
         holders: Sequence[str],
+        iteration: int = 0,
+        round_: int = 0,
     ) -> None:
         if iterations < 1 or microbatches < 1:
             raise ValueError("a job needs at least one iteration and one microbatch")
@@ -117,16 +170,21 @@ class IterationCoordinator:
         self.microbatches = microbatches
         self.participants = dict(participants)
         self.num_stages = num_stages
-        for stage in range(num_stages):
-            if stage not in self.participants.values():
-                raise ValueError(f"stage {stage} has no participant")
-        self.injecting = 0
-        """The iteration whose `done` reports are being collected."""
+        self.injecting = iteration
+        """The iteration in progress (injected, recovered, committed in two phases)."""
+        self.round = round_
         self._holders = tuple(sorted(holders))
         self._check_holders(self._holders)
-        self._done: dict[str, tuple[int, ...]] = {}
-        self._commits: dict[int, _Commit] = {}
-        self.completed = 0
+        self.finished: set[int] = set()
+        self.dropped: set[int] = set()
+        self.replays: set[tuple[int, int]] = set()
+        """(microbatch, stage) replays (rule 3) ordered and not reported done yet."""
+        self.attempt = 0
+        self._members: dict[str, int] = {}
+        """The members of the commit attempt in phase one (empty: no attempt under way)."""
+        self._prepared: dict[str, PreparedReport] = {}
+        self._stepping: dict[int, _Stepping] = {}
+        self.completed = iteration
         """Iterations completed, in order (the outcomes returned so far)."""
 
     def _check_holders(self, holders: Sequence[str]) -> None:
@@ -135,6 +193,8 @@ class IterationCoordinator:
         for holder in holders:
             if self.participants.get(holder) != 0:
                 raise ValueError(f"{holder} is not a data holder taking part in the job")
+
+    # ------------------------------------------------------------------ views
 
     @property
     def holders(self) -> tuple[str, ...]:
@@ -145,117 +205,262 @@ class IterationCoordinator:
         return assign(self.microbatches, self._holders)
 
     def committing(self) -> list[int]:
-        """Iterations ordered to commit and not complete yet."""
-        return sorted(self._commits)
+        """Iterations ordered to step and not complete yet."""
+        return sorted(self._stepping)
 
-    def done(self, holder: str, iteration: int, ids: Sequence[int]) -> CommitOrder | None:
-        """A holder's microbatches of `iteration` are all back; the commit order once every
-        holder of the iteration is done."""
-        if iteration < self.injecting:
-            return None  # a retried report of an iteration already ordered to commit
-        if iteration != self.injecting or self.injecting >= self.iterations:
+    @property
+    def in_commit(self) -> bool:
+        """Phase one of a commit attempt is under way."""
+        return bool(self._members)
+
+    def live_holders(self) -> tuple[str, ...]:
+        return tuple(sorted(p for p, s in self.participants.items() if s == 0))
+
+    def empty_stages(self) -> list[int]:
+        present = set(self.participants.values())
+        return [s for s in range(self.num_stages) if s not in present]
+
+    def unfinished(self) -> set[int]:
+        """Microbatches of the iteration neither finished nor dropped."""
+        return set(range(self.microbatches)) - self.finished - self.dropped
+
+    def held_by(self, holder: str) -> tuple[int, ...]:
+        """A holder's share of the iteration that has not finished (for a dead holder's plan)."""
+        return tuple(m for m in self.assignment().get(holder, ()) if m not in self.finished)
+
+    # ------------------------------------------------------------------ reports
+
+    def _current(self, iteration: int, round_: int) -> bool:
+        """Is a report about the iteration and round in progress? (Older: stale, ignored.)"""
+        if iteration == self.injecting and round_ == self.round:
+            return True
+        if iteration < self.injecting or (iteration == self.injecting and round_ < self.round):
+            return False
+        raise ReportError(
+            f"a report about iteration {iteration} round {round_} came while iteration "
+            f"{self.injecting} round {self.round} is in progress"
+        )
+
+    def done(self, holder: str, iteration: int, round_: int, ids: Iterable[int]) -> None:
+        """Microbatches of `iteration` finished at data holder `holder`."""
+        if self.participants.get(holder) != 0:
+            raise ReportError(f"{holder} is not a live data holder of the job")
+        if not self._current(iteration, round_):
+            return
+        ids = set(ids)
+        bad = [m for m in ids if not 0 <= m < self.microbatches or m in self.dropped]
+        if bad:
             raise ReportError(
-                f"{holder} reports iteration {iteration} done, but iteration "
-                f"{self.injecting} is the one in progress"
+                f"{holder} reports microbatch {min(bad)} of iteration {iteration} done, which is "
+                "outside the job or dropped"
             )
-        mine = self.assignment().get(holder)
-        if mine is None:
-            raise ReportError(f"{holder} is not a data holder of iteration {iteration}")
-        if tuple(sorted(ids)) != mine:
-            raise ReportError(
-                f"{holder} reports microbatches {sorted(ids)[:8]} of iteration {iteration}, "
-                f"but its share is {list(mine[:8])}"
-            )
-        self._done[holder] = mine
-        if len(self._done) < len(self._holders):
+        self.finished |= ids
+
+    def replayed(self, sender: str, iteration: int, round_: int, mb: int, stage: int) -> None:
+        if self.participants.get(sender) != stage:
+            raise ReportError(f"{sender} is not a live stage-{stage} participant")
+        if self._current(iteration, round_):
+            self.replays.discard((mb, stage))
+
+    def recovering(self, plan: CrashPlan) -> None:
+        """A dead node's recovery was planned: record its drops and the replays to wait for."""
+        self.dropped |= set(plan.dropped)
+        for recovery in plan.recoveries:
+            if recovery.rule == Rule.REPLAY:
+                self.replays.add((recovery.mb, recovery.stage))
+
+    def replay_failed(self, mb: int, stage: int) -> None:
+        self.replays.discard((mb, stage))
+
+    def commit_order(self) -> CommitOrder | None:
+        """Phase one of a new attempt, once the iteration may commit; None while it may not."""
+        if self.in_commit or self.injecting >= self.iterations or self.unfinished():
             return None
-        ids_done = tuple(sorted(mb for share in self._done.values() for mb in share))
-        final = iteration == self.iterations - 1
-        order = CommitOrder(iteration, ids_done, final, () if final else self._holders)
-        self._commits[iteration] = _Commit(order)
-        self._done = {}
-        self.injecting += 1
+        if self.replays or self.empty_stages():
+            return None
+        self.attempt += 1
+        self._members = dict(self.participants)
+        self._prepared = {}
+        final = self.injecting == self.iterations - 1
+        return CommitOrder(
+            self.injecting, tuple(sorted(self.finished)), final,
+            () if final else self.live_holders(), self.round, self.attempt, dict(self._members),
+        )
+
+    def prepared(self, report: PreparedReport) -> StepOrder | str | None:
+        """A member is prepared. The step order once all are and rule 6 holds; a reason (str)
+        when all are but it does not (the attempt is void); else None."""
+        if not self._current(report.iteration, report.round) or report.attempt != self.attempt:
+            return None
+        stage = self._members.get(report.sender)
+        if stage is None:
+            return None  # not a member of this attempt (or it was voided)
+        if stage != report.stage:
+            raise ReportError(f"{report.sender} holds stage {stage}, not {report.stage}")
+        last = stage == self.num_stages - 1
+        if not last and (report.losses or report.routes):
+            raise ReportError(f"{report.sender} is not on the last stage but reports losses")
+        if set(report.losses) - self.finished:
+            raise ReportError(f"{report.sender} reports losses of microbatches not finished")
+        if sum(report.routes.values()) != len(report.losses):
+            raise ReportError(f"{report.sender} reports routes that do not match its losses")
+        self._prepared[report.sender] = report
+        if set(self._prepared) != set(self._members):
+            return None
+        reports = list(self._prepared.values())
+        contributions = {
+            s: [r.contributed for r in reports if r.stage == s] for s in range(self.num_stages)
+        }
+        verdict = check_commit(self.num_stages, self.finished, contributions)
+        losses: dict[int, float] = {}
+        twice: set[int] = set()
+        for r in reports:
+            twice |= set(r.losses) & set(losses)
+            losses.update(r.losses)
+        reason = ""
+        if not verdict.ok:
+            reason = verdict.reason()
+        elif twice:
+            reason = f"the loss of microbatch {min(twice)} came from two last-stage nodes"
+        elif set(losses) != self.finished:
+            reason = f"no loss for microbatch {min(self.finished - set(losses))}"
+        if reason:
+            self._members = {}
+            self._prepared = {}
+            return reason
+        routes: dict[tuple[str, ...], int] = {}
+        for r in reports:
+            for path, count in r.routes.items():
+                routes[path] = routes.get(path, 0) + count
+        loss = sum(losses[m] for m in sorted(losses)) / len(losses) if losses else float("nan")
+        final = self.injecting == self.iterations - 1
+        order = StepOrder(
+            iteration=self.injecting,
+            round=self.round,
+            attempt=self.attempt,
+            final=final,
+            next_holders=() if final else self.live_holders(),
+            participants=dict(self.participants),
+            loss=loss,
+            trained=len(self.finished),
+            dropped=tuple(sorted(self.dropped)),
+        )
+        self._stepping[self.injecting] = _Stepping(
+            order, set(self._members), routes,
+            sum(r.compute_s for r in reports), sum(r.replayed_s for r in reports),
+        )
+        self._next_iteration(order.next_holders)
         return order
+
+    def _next_iteration(self, holders: Sequence[str]) -> None:
+        self.injecting += 1
+        self.round = 0
+        self.attempt = 0
+        self.finished = set()
+        self.dropped = set()
+        self.replays = set()
+        self._members = {}
+        self._prepared = {}
+        if holders:
+            self._holders = tuple(sorted(holders))
+
+    def stepped(self, order: StepOrder, members: Iterable[str]) -> None:
+        """A step ordered by an earlier coordinator (a new one takes over after it): wait for
+        the committed reports of `members`."""
+        self._stepping[order.iteration] = _Stepping(order, set(members), {}, 0.0, 0.0)
+        if order.iteration >= self.injecting:
+            self._next_iteration(order.next_holders)
 
     def committed(self, report: CommittedReport) -> list[IterationOutcome]:
         """A participant's report; the iterations it completes, in order (usually none or one)."""
-        commit = self._commits.get(report.iteration)
-        if commit is None and report.iteration < self.completed:
-            return []  # a retried report of an iteration already complete
-        if commit is None:
+        stepping = self._stepping.get(report.iteration)
+        if stepping is None:
+            if report.iteration < self.injecting:
+                return []  # a retry of a completed one, or one stepped by a dead coordinator
             raise ReportError(
                 f"{report.sender} reports a commit of iteration {report.iteration}, which is "
                 "not being committed"
             )
-        stage = self.participants.get(report.sender)
+        stage = stepping.order.participants.get(report.sender)
         if stage is None:
             raise ReportError(f"{report.sender} does not take part in the job")
         if stage != report.stage:
             raise ReportError(f"{report.sender} holds stage {stage}, not {report.stage}")
-        if report.sender in commit.reports:
-            if commit.reports[report.sender] == report:
-                return []  # a retried report
+        if report.sender in stepping.reports:
+            if stepping.reports[report.sender] == report:
+                return []
             raise ReportError(
                 f"{report.sender} already reported another commit of iteration "
                 f"{report.iteration}"
             )
-        last = stage == self.num_stages - 1
-        if not last and (report.losses or report.routes):
-            raise ReportError(f"{report.sender} is not on the last stage but reports losses")
-        expected = set(commit.order.microbatches)
-        if not set(report.losses) <= expected:
-            raise ReportError(
-                f"{report.sender} reports losses of microbatches not in iteration "
-                f"{report.iteration}'s commit"
-            )
-        if sum(report.routes.values()) != len(report.losses):
-            raise ReportError(f"{report.sender} reports routes that do not match its losses")
-        for other in commit.reports.values():
-            twice = set(other.losses) & set(report.losses)
-            if twice:
-                raise ReportError(
-                    f"microbatch {min(twice)} of iteration {report.iteration} was reported "
-                    f"by both {other.sender} and {report.sender}"
-                )
-        if set(commit.reports) | {report.sender} == set(self.participants):
-            losses = {mb for r in (*commit.reports.values(), report) for mb in r.losses}
-            missing = sorted(expected - losses)
-            if missing:
-                raise ReportError(
-                    f"no last-stage node reported the loss of microbatches {missing[:8]} of "
-                    f"iteration {report.iteration}"
-                )
-        commit.reports[report.sender] = report
+        stepping.reports[report.sender] = report
+        stepping.waiting.discard(report.sender)
         return self._complete()
+
+    # ------------------------------------------------------------------ membership
+
+    def member_down(self, node: str) -> bool:
+        """A participant died or left. True when it voided the commit attempt under way."""
+        self.participants.pop(node, None)
+        voided = node in self._members
+        if voided:
+            self._members = {}
+            self._prepared = {}
+        for stepping in self._stepping.values():
+            stepping.waiting.discard(node)
+        if node in self._holders and len(self._holders) > 1:
+            pass  # its share stays assigned: its microbatches are recovered or dropped
+        return voided
+
+    def completions(self) -> list[IterationOutcome]:
+        """Iterations a death completed (the last reports it waited for will never come)."""
+        return self._complete()
+
+    def admit(self, node: str, stage: int) -> None:
+        """A joiner takes part from now on (it holds its stage's state of this iteration)."""
+        if not 0 <= stage < self.num_stages:
+            raise ReportError(f"stage {stage} is outside the job's 0..{self.num_stages - 1}")
+        self.participants[node] = stage
+
+    def restart(self, reason: str = "") -> tuple[int, int, tuple[str, ...]]:
+        """Start the iteration again from scratch with the live participants: (iteration, new
+        round, its holders). ValueError when no data holder is left."""
+        holders = self.live_holders()
+        if not holders:
+            raise ValueError("no data holder is left to start the iteration again")
+        self.round += 1
+        self.attempt = 0
+        self.finished = set()
+        self.dropped = set()
+        self.replays = set()
+        self._members = {}
+        self._prepared = {}
+        self._holders = holders
+        return self.injecting, self.round, holders
+
+    # ------------------------------------------------------------------ completion
 
     def _complete(self) -> list[IterationOutcome]:
         outcomes = []
-        while self.completed in self._commits:
-            commit = self._commits[self.completed]
-            if set(commit.reports) != set(self.participants):
+        while self.completed in self._stepping:
+            stepping = self._stepping[self.completed]
+            if stepping.waiting:
                 break
-            outcomes.append(self._outcome(commit))
-            del self._commits[self.completed]
+            outcomes.append(self._outcome(stepping))
+            del self._stepping[self.completed]
             self.completed += 1
         return outcomes
 
-    def _outcome(self, commit: _Commit) -> IterationOutcome:
-        order = commit.order
-        losses: dict[int, float] = {}
-        routes: dict[tuple[str, ...], int] = {}
-        for report in commit.reports.values():
-            losses.update(report.losses)
-            for path, count in report.routes.items():
-                routes[path] = routes.get(path, 0) + count
-        loss = (
-            sum(losses[mb] for mb in sorted(losses)) / len(losses) if losses else float("nan")
-        )
+    def _outcome(self, stepping: _Stepping) -> IterationOutcome:
+        order = stepping.order
         mismatched: list[str] = []
         digests: dict[str, str] = {}
         for stage in range(self.num_stages):
             reports = sorted(
-                (r for r in commit.reports.values() if r.stage == stage), key=lambda r: r.sender
+                (r for r in stepping.reports.values() if r.stage == stage), key=lambda r: r.sender
             )
+            if not reports:
+                continue
             counts: dict[str, int] = {}
             for r in reports:
                 counts[r.checksum] = counts.get(r.checksum, 0) + 1
@@ -269,10 +474,13 @@ class IterationCoordinator:
                 digests.update(agreeing.digests)
         return IterationOutcome(
             iteration=order.iteration,
-            loss=loss,
-            microbatches=len(order.microbatches),
+            loss=order.loss,
+            microbatches=order.trained,
             final=order.final,
             mismatched=tuple(sorted(mismatched)),
-            routes=routes,
+            routes=stepping.routes,
             digests=digests,
+            dropped=order.dropped,
+            compute_s=stepping.compute_s,
+            replayed_s=stepping.replayed_s,
         )

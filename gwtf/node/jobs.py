@@ -1,20 +1,27 @@
-"""JobManager: training jobs on a node: submission, spreading, the commit coordinator, progress.
+"""JobManager: training jobs on a node: submission, spreading, the commit coordinator, progress,
+crash recovery and joins (DESIGN.md 1, 3, 4).
 
     submit (any node)  -> check the job, the cut into the swarm's stages, a live node per stage
                        -> Prepare at every live member (each builds its stage, loads torch then)
                        -> Start at every member that prepared: participants, holders, coordinator
-    holders inject, microbatches flow (gwtf.node.worker), holders report Done to the coordinator
-    coordinator        -> Commit(k) to every participant; they combine, step, report Committed
-                       -> once all have, Progress (loss, checksums...) to every live member
+    holders inject, microbatches flow (gwtf.node.worker), holders report each finished one
+    coordinator        -> Commit(k) (phase one) to every live participant, Prepared back,
+                          Step(k) (phase two), Committed back (gwtf.node.jobcoord)
+                       -> once all have, Progress (loss, checksums, recovery counts) to every
+                          live member
 
 Any node answers `Watch` and `List` from its own copy of the progress, which the coordinator
-spreads after every iteration; a node that joins later asks its bootstrap node for the jobs it
-knows (it does not take part in a running job: joining one needs the stage's weights, issue 6).
+spreads after every iteration and on every crash, join or pause.
 
-The coordinator of a job is the data holder with the smallest id among the participants: holders
-start iterations, so the commit order leaves from where the next iteration begins. A participant
-that dies or leaves ends the job with a clear error for now (recovery is issue 6, which plugs into
-the per-iteration ledger the workers keep).
+The coordinator of a job is the live data holder with the smallest id among the participants:
+holders start iterations, so the commit order leaves from where the next iteration begins. When a
+participant dies or leaves, the coordinator recovers its work by the rules of DESIGN.md 4
+(`gwtf.node.jobcoord`, with `gwtf.recovery`); when the coordinator itself dies, the next holder
+takes over. A node that joins the swarm while a job runs fetches its stage's weights and
+optimizer state from a live peer (`FetchState`, streamed; another donor if one dies mid-transfer)
+and enters at an iteration boundary. The last live replica of a stage keeps a backup of its state
+at another node, so that a stage that loses every node resumes when one joins it. A node that
+leaves gracefully first lets the iteration in progress step (`drain`).
 
 One job runs at a time; a submission while one runs is refused (the same job again returns its
 id). torch is imported only when a job arrives (`_load`), in a thread, so that a node that only
@@ -29,7 +36,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -39,13 +46,17 @@ from grpc import aio
 
 from gwtf.node.codec import InvalidMessage, check_name
 from gwtf.node.config import NodeConfig
+from gwtf.node.faults import Fault
 from gwtf.node.iterations import (
     CommitOrder,
     CommittedReport,
     IterationCoordinator,
     IterationOutcome,
+    PreparedReport,
     ReportError,
+    StepOrder,
 )
+from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.membership import MemberInfo
 from gwtf.node.server import Refusal
 from gwtf.node.transport import Stubs
@@ -55,12 +66,16 @@ from gwtf.v1 import job_pb2, job_pb2_grpc
 if TYPE_CHECKING:
     from gwtf.node.worker import StageWorker
 
-__all__ = ["JobManager", "JobsHost", "MAX_JOB_JSON"]
+__all__ = ["MAX_JOB_JSON", "MAX_STATE_BYTES", "STATE_CHUNK_BYTES", "JobManager", "JobsHost"]
 
 LOG = logging.getLogger("gwtf.node.jobs")
 
 MAX_JOB_JSON = 64 * 1024
 """Largest job description accepted (a job file is a few hundred bytes)."""
+STATE_CHUNK_BYTES = 2**20
+"""A stage's state travels in chunks of 1 MiB (STYLE: 1-4 MiB, under the 4 MiB message limit)."""
+MAX_STATE_BYTES = 8 * 2**30
+"""Largest stage state a joiner or a backup keeper accepts."""
 
 UNDER_WAY = (job_pb2.JOB_STATE_PREPARING, job_pb2.JOB_STATE_RUNNING)
 OVER = (job_pb2.JOB_STATE_COMPLETED, job_pb2.JOB_STATE_FAILED)
@@ -110,6 +125,11 @@ class JobsHost(Protocol):
     @property
     def emulate_compute_s(self) -> float | None: ...
 
+    @property
+    def fault(self) -> Fault | None:
+        """The fault this node is armed with (chaos tests), if any."""
+        ...
+
 
 @dataclass
 class _Active:
@@ -122,10 +142,24 @@ class _Active:
     participants: dict[str, int] = field(default_factory=dict)
     coordinator: str = ""
     holders: tuple[str, ...] = ()
-    plan: IterationCoordinator | None = None
+    coord: JobCoordinator | None = None
+    """This node coordinates the job."""
     started: float = 0.0
     last_iteration_end: float = 0.0
     routes: dict[tuple[str, ...], int] = field(default_factory=dict)
+    departed: set[str] = field(default_factory=set)
+    """Participants that died or left (a node that comes back under the same id takes part
+    again only once admitted)."""
+    keepers: dict[int, str] = field(default_factory=dict)
+    """Stage -> the node that keeps the backup of its last replica's state."""
+    taking_over: bool = False
+
+
+def _enter_call(request: job_pb2.EnterRequest) -> Callable[[Stubs, float], Awaitable[Any]]:
+    def call(stubs: Stubs, timeout: float) -> Awaitable[Any]:
+        return stubs.jobs.Enter(request, timeout=timeout)
+
+    return call
 
 
 def _state_name(state: int) -> str:
@@ -143,6 +177,9 @@ class JobManager:
         self._module: ModuleType | None = None
         self._data_servicer: Any = None
         self._submitting = asyncio.Lock()
+        self._backups: dict[tuple[str, int], tuple[int, bytes]] = {}
+        """(job, stage) -> (iteration, state) of a lone replica, kept for a joiner."""
+        self._spread_pending = False
 
     # ================================================================== lazy torch
 
@@ -341,7 +378,7 @@ class JobManager:
     ) -> job_pb2.PrepareReply:
         if member.id == self.host.node_id:
             return await self.prepare(request)
-        return await self._call(
+        return await self.call(
             lambda stubs, t: stubs.jobs.Prepare(request, timeout=t),
             member,
             self.host.config.prepare_timeout_s,
@@ -351,13 +388,13 @@ class JobManager:
         if member.id == self.host.node_id:
             self.start(request)
             return
-        await self._call(
+        await self.call(
             lambda stubs, t: stubs.jobs.Start(request, timeout=t),
             member,
             self.host.config.rpc_timeout_s,
         )
 
-    async def _call(
+    async def call(
         self,
         call: Callable[[Stubs, float], Awaitable[Any]],
         member: MemberInfo,
@@ -417,19 +454,7 @@ class JobManager:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
         if self._active is not active:
             raise Refusal(grpc.StatusCode.ABORTED, "another job arrived meanwhile")
-        worker = module.StageWorker(
-            _WorkerHost(self, job.job_id),
-            job,
-            executor,
-            corpus,
-            slots=host.memory_slots,
-            emulate_compute_s=host.emulate_compute_s,
-            config=module.WorkerConfig(
-                data_timeout_s=host.config.data_timeout_s,
-                commit_timeout_s=host.config.commit_timeout_s,
-                rpc_timeout_s=host.config.rpc_timeout_s,
-            ),
-        )
+        worker = self._new_worker(module, job, executor, corpus)
         job_json = json.dumps(job.to_dict(), sort_keys=True)
         self._active = _Active(job, job.job_id, job_json, worker)
         self._record(
@@ -442,6 +467,23 @@ class JobManager:
             )
         )
         return job_pb2.PrepareReply(corpus_digest=worker.corpus_digest)
+
+    def _new_worker(self, module: ModuleType, job: Any, executor: Any, corpus: Any) -> Any:
+        host = self.host
+        return module.StageWorker(
+            _WorkerHost(self, job.job_id),
+            job,
+            executor,
+            corpus,
+            slots=host.memory_slots,
+            emulate_compute_s=host.emulate_compute_s,
+            config=module.WorkerConfig(
+                data_timeout_s=host.config.data_timeout_s,
+                commit_timeout_s=host.config.commit_timeout_s,
+                rpc_timeout_s=host.config.rpc_timeout_s,
+            ),
+            fault=host.fault,
+        )
 
     def start(self, request: job_pb2.StartRequest) -> job_pb2.StartReply:
         host = self.host
@@ -474,18 +516,19 @@ class JobManager:
         now = time.monotonic()
         active.started = active.last_iteration_end = now
         job = active.job
+        progress = self._records[active.job_id]
+        progress.state = job_pb2.JOB_STATE_RUNNING
+        progress.coordinator = request.coordinator
+        self._record(progress)
         if request.coordinator == host.node_id:
-            active.plan = IterationCoordinator(
+            active.coord = JobCoordinator(self, active, IterationCoordinator(
                 iterations=job.iterations,
                 microbatches=job.microbatches,
                 participants=participants,
                 num_stages=stages,
                 holders=holders,
-            )
-        progress = self._records[active.job_id]
-        progress.state = job_pb2.JOB_STATE_RUNNING
-        progress.coordinator = request.coordinator
-        self._record(progress)
+            ))
+            active.coord.start()
         worker = active.worker
         if host.node_id not in participants:
             active.worker = None
@@ -499,9 +542,9 @@ class JobManager:
         )
         return job_pb2.StartReply()
 
-    # ================================================================== the iterations
+    # ================================================================== coordinator's calls
 
-    def _coordinating(self, job_id: str) -> tuple[_Active, IterationCoordinator]:
+    def _coordinating(self, job_id: str) -> tuple[_Active, JobCoordinator]:
         active = self._active
         if (
             active is not None
@@ -511,184 +554,106 @@ class JobManager:
         ):
             # Its start is still on the way here (it travels on another call): retried.
             raise Refusal(grpc.StatusCode.UNAVAILABLE, f"job {job_id} has not started here yet")
-        if active is None or active.job_id != job_id or active.plan is None:
+        if active is None or active.job_id != job_id or active.coord is None:
+            if active is not None and active.job_id == job_id and active.taking_over:
+                raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                              f"{self.host.node_id} is taking over job {job_id}")
             raise Refusal(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{self.host.node_id} does not coordinate job {job_id[:40]!r}",
             )
         if self._records[job_id].state != job_pb2.JOB_STATE_RUNNING:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} is not running")
-        return active, active.plan
-
-    def report_done(self, job_id: str, iteration: int, microbatches: tuple[int, ...]) -> None:
-        """From this node's worker: a holder's microbatches are back."""
-        active = self._active
-        if active is None or active.job_id != job_id:
-            return
-        request = job_pb2.DoneRequest(
-            sender=self.host.node_id, job_id=job_id, iteration=iteration,
-            microbatches=microbatches,
-        )
-        self._to_coordinator(
-            active, request, lambda stubs, t: stubs.jobs.Done(request, timeout=t), self.done
-        )
-
-    def report_committed(self, job_id: str, report: CommittedReport) -> None:
-        """From this node's worker: it committed an iteration."""
-        active = self._active
-        if active is None or active.job_id != job_id:
-            return
-        request = job_pb2.CommittedRequest(
-            sender=report.sender,
-            job_id=job_id,
-            iteration=report.iteration,
-            stage=report.stage,
-            checksum=report.checksum,
-            losses=[job_pb2.LossEntry(microbatch=m, loss=v) for m, v in sorted(
-                report.losses.items())],
-            routes=[job_pb2.RouteCount(path=list(p), microbatches=c) for p, c in sorted(
-                report.routes.items())],
-            digests=[job_pb2.DigestEntry(name=n, digest=d) for n, d in sorted(
-                report.digests.items())],
-        )
-        self._to_coordinator(
-            active, request, lambda stubs, t: stubs.jobs.Committed(request, timeout=t),
-            self.committed,
-        )
-        if report.iteration == active.job.iterations - 1 and active.worker is not None:
-            worker, active.worker = active.worker, None
-            self.host.spawn(worker.stop(), "stop worker")
-
-    def _to_coordinator(
-        self,
-        active: _Active,
-        request: Any,
-        call: Callable[[Stubs, float], Awaitable[Any]],
-        local: Callable[[Any], Any],
-    ) -> None:
-        if active.coordinator == self.host.node_id:
-            try:
-                local(request)
-            except (Refusal, InvalidMessage) as err:
-                self.fail(active.job_id, f"the coordinator refused its own report: {err}")
-            return
-
-        async def send() -> None:
-            member = self.host.member(active.coordinator)
-            if member is None:
-                return  # its death fails the job (on_member_down)
-            try:
-                await self._call(call, member, self.host.config.rpc_timeout_s, attempts=5)
-            except RuntimeError as err:
-                self.fail(active.job_id, f"the coordinator {active.coordinator} did not take "
-                          f"a report of {self.host.node_id}: {err}")
-
-        self.host.spawn(send(), "report")
+        return active, active.coord
 
     def done(self, request: job_pb2.DoneRequest) -> job_pb2.DoneReply:
-        active, plan = self._coordinating(request.job_id)
-        if active.participants.get(request.sender) != 0:
-            raise InvalidMessage(f"{request.sender[:40]!r} is not a data holder of the job")
+        _, coord = self._coordinating(request.job_id)
         try:
-            order = plan.done(request.sender, request.iteration, tuple(request.microbatches))
+            coord.done(request)
         except ReportError as err:
             raise InvalidMessage(str(err)) from None
-        if order is not None:
-            self._order(active, order)
         return job_pb2.DoneReply()
 
-    def _order(self, active: _Active, order: CommitOrder) -> None:
-        request = job_pb2.CommitRequest(
-            sender=self.host.node_id,
-            job_id=active.job_id,
-            iteration=order.iteration,
-            microbatches=order.microbatches,
-            final=order.final,
-            next_holders=order.next_holders,
-        )
-        for peer in sorted(active.participants):
-            if peer == self.host.node_id:
-                self.commit(request)
-                continue
-            member = self.host.member(peer)
-            if member is None:
-                continue
+    def replayed(self, request: job_pb2.ReplayedRequest) -> job_pb2.ReplayedReply:
+        _, coord = self._coordinating(request.job_id)
+        try:
+            coord.replayed(request)
+        except ReportError as err:
+            raise InvalidMessage(str(err)) from None
+        return job_pb2.ReplayedReply()
 
-            async def send(member: MemberInfo = member) -> None:
-                try:
-                    await self._call(
-                        lambda stubs, t: stubs.jobs.Commit(request, timeout=t),
-                        member,
-                        self.host.config.rpc_timeout_s,
-                        attempts=5,
-                    )
-                except RuntimeError as err:
-                    self.fail(active.job_id, f"{member.id} did not take the commit of iteration "
-                              f"{order.iteration}: {err}")
-
-            self.host.spawn(send(), "commit")
-
-    def commit(self, request: job_pb2.CommitRequest) -> job_pb2.CommitReply:
-        worker = self._worker_for(request.job_id)
-        active = self._active
-        assert active is not None
-        if request.sender != active.coordinator:
-            raise InvalidMessage(f"{request.sender[:40]!r} does not coordinate the job")
-        job = active.job
-        ids = tuple(request.microbatches)
-        if any(m >= job.microbatches for m in ids) or len(set(ids)) != len(ids):
-            raise InvalidMessage("the commit names microbatches outside the job's, or twice")
-        if request.iteration >= job.iterations:
-            raise InvalidMessage(f"iteration {request.iteration} is past the job's last")
-        if any(active.participants.get(h) != 0 for h in request.next_holders):
-            raise InvalidMessage("the commit names next holders that are not data holders")
-        worker.order_commit(
-            CommitOrder(request.iteration, ids, request.final, tuple(request.next_holders))
-        )
-        return job_pb2.CommitReply()
+    def prepared(self, request: job_pb2.PreparedRequest) -> job_pb2.PreparedReply:
+        _, coord = self._coordinating(request.job_id)
+        for entry in request.losses:
+            if not math.isfinite(entry.loss):
+                raise InvalidMessage(f"{request.sender[:40]!r} sent an invalid loss")
+        try:
+            coord.prepared(request)
+        except ReportError as err:
+            raise InvalidMessage(str(err)) from None
+        return job_pb2.PreparedReply()
 
     def committed(self, request: job_pb2.CommittedRequest) -> job_pb2.CommittedReply:
-        active, plan = self._coordinating(request.job_id)
-        losses: dict[int, float] = {}
-        for entry in request.losses:
-            if not math.isfinite(entry.loss) or entry.microbatch in losses:
-                raise InvalidMessage(f"{request.sender[:40]!r} sent an invalid loss")
-            losses[entry.microbatch] = entry.loss
-        routes: dict[tuple[str, ...], int] = {}
-        for route in request.routes:
-            path = tuple(route.path)
-            if len(path) != self.host.num_stages() or any(
-                active.participants.get(hop) != i for i, hop in enumerate(path)
-            ):
-                raise InvalidMessage(f"{request.sender[:40]!r} sent a route that is no path")
-            routes[path] = routes.get(path, 0) + route.microbatches
+        active, coord = self._coordinating(request.job_id)
         report = CommittedReport(
             sender=request.sender,
             iteration=request.iteration,
             stage=request.stage,
             checksum=request.checksum,
-            losses=losses,
-            routes=routes,
             digests={d.name: d.digest for d in request.digests},
         )
         try:
-            outcomes = plan.committed(report)
+            outcomes = coord.committed(report)
         except ReportError as err:
             raise InvalidMessage(str(err)) from None
         for outcome in outcomes:
-            self._completed(active, outcome)
+            self.completed(active, outcome)
         return job_pb2.CommittedReply()
 
-    def _completed(self, active: _Active, outcome: IterationOutcome) -> None:
+    def enter(self, request: job_pb2.EnterRequest) -> job_pb2.EnterReply:
+        check_name("sender", request.sender)
+        _, coord = self._coordinating(request.job_id)
+        try:
+            return coord.enter(request)
+        except ReportError as err:
+            raise InvalidMessage(str(err)) from None
+
+    def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+        return self._records[job_id]
+
+    def changed(self, active: _Active) -> None:
+        """The coordinator's record of the job changed (a crash, a pause, a join): every member
+        hears of it, at most a few times a second."""
         progress = self._records[active.job_id]
+        self._record(progress)
+        if self._spread_pending:
+            return
+        self._spread_pending = True
+
+        async def later() -> None:
+            await asyncio.sleep(0.2)
+            self._spread_pending = False
+            self._spread_progress(self._records[active.job_id])
+
+        self.host.spawn(later(), "spread progress")
+
+    def completed(self, active: _Active, outcome: IterationOutcome) -> None:
+        progress = self._records[active.job_id]
+        if outcome.iteration < progress.iterations_completed:
+            return
         now = time.monotonic()
         progress.iterations_completed += 1
         progress.loss.append(outcome.loss)
         progress.iteration_s.append(now - active.last_iteration_end)
         active.last_iteration_end = now
         progress.microbatches_trained += outcome.microbatches
+        dropped = len(outcome.dropped)
+        progress.lost_microbatches += max(0, active.job.microbatches - outcome.microbatches
+                                          - dropped)
         progress.elapsed_s = now - active.started
         progress.throughput_mb_s = progress.microbatches_trained / max(progress.elapsed_s, 1e-9)
+        progress.compute_s += outcome.compute_s
+        progress.replayed_s += outcome.replayed_s
         for path, count in outcome.routes.items():
             active.routes[path] = active.routes.get(path, 0) + count
         del progress.routes[:]
@@ -711,13 +676,19 @@ class JobManager:
         if outcome.final:
             from gwtf.train.state import checksum_of_digests
 
-            progress.param_checksum = checksum_of_digests(outcome.digests)
+            if outcome.digests:
+                progress.param_checksum = checksum_of_digests(outcome.digests)
             progress.state = job_pb2.JOB_STATE_COMPLETED
-            active.plan = None
+            if active.coord is not None:
+                active.coord.stop()
             log.info(
-                "job %s completed: %d iterations, %.2f microbatches/s, checksum %s",
-                active.job_id, progress.iterations_completed, progress.throughput_mb_s,
-                progress.param_checksum[:16],
+                "job %s completed: %d iterations, %.2f microbatches/s, checksum %s; %d crashes, "
+                "%d rerouted, %d replayed (%.2f s of %.2f s compute), %d dropped, %d lost, "
+                "%d restarts", active.job_id, progress.iterations_completed,
+                progress.throughput_mb_s, progress.param_checksum[:16], progress.crashes,
+                progress.rerouted_microbatches, progress.replayed_microbatches,
+                progress.replayed_s, progress.compute_s, progress.dropped_microbatches,
+                progress.lost_microbatches, progress.restarts,
             )
         self._record(progress)
         self._spread_progress(progress)
@@ -728,7 +699,7 @@ class JobManager:
 
             async def send(member: MemberInfo = member) -> None:
                 try:
-                    await self._call(
+                    await self.call(
                         lambda stubs, t: stubs.jobs.Progress(request, timeout=t),
                         member,
                         self.host.config.rpc_timeout_s,
@@ -745,7 +716,11 @@ class JobManager:
         known = self._records.get(progress.job_id)
         active = self._active
         if active is not None and active.job_id == progress.job_id:
-            if request.sender != active.coordinator:
+            if active.coord is not None:
+                return job_pb2.ProgressReply()  # this node's own record is the job's
+            if request.sender != active.coordinator and active.participants.get(
+                request.sender
+            ) != 0:
                 raise InvalidMessage(f"{request.sender[:40]!r} does not coordinate the job")
         if known is not None and (
             known.state in OVER or progress.iterations_completed < known.iterations_completed
@@ -755,6 +730,410 @@ class JobManager:
         if progress.state in OVER and active is not None and active.job_id == progress.job_id:
             self._stop_worker(active)
         return job_pb2.ProgressReply()
+
+    # ================================================================== participants' calls
+
+    def _participating(self, job_id: str, sender: str) -> tuple[_Active, StageWorker]:
+        """This node's worker for a call from the job's coordinator (a new coordinator that
+        took over is recognised once this node sees its predecessor dead)."""
+        worker = self._worker_for(job_id)
+        active = self._active
+        assert active is not None
+        if sender != active.coordinator:
+            if active.participants.get(sender) != 0:
+                raise InvalidMessage(f"{sender[:40]!r} does not coordinate the job")
+            if self.host.member(active.coordinator) is not None and sender > active.coordinator:
+                raise Refusal(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"{self.host.node_id} still sees {active.coordinator} coordinate the job",
+                )
+            active.coordinator = sender
+        return active, worker
+
+    def commit(self, request: job_pb2.CommitRequest) -> job_pb2.CommitReply:
+        _, worker = self._participating(request.job_id, request.sender)
+        job = self._active.job if self._active is not None else None
+        assert job is not None
+        ids = tuple(request.microbatches)
+        if any(m >= job.microbatches for m in ids) or len(set(ids)) != len(ids):
+            raise InvalidMessage("the commit names microbatches outside the job's, or twice")
+        if request.iteration >= job.iterations:
+            raise InvalidMessage(f"iteration {request.iteration} is past the job's last")
+        members = {p.id: p.stage for p in request.members}
+        worker.order_commit(CommitOrder(
+            request.iteration, ids, request.final, tuple(request.next_holders), request.round,
+            request.attempt, members,
+        ))
+        return job_pb2.CommitReply()
+
+    def step(self, request: job_pb2.StepRequest) -> job_pb2.StepReply:
+        active, worker = self._participating(request.job_id, request.sender)
+        participants = {p.id: p.stage for p in request.participants}
+        if any(participants.get(h) != 0 for h in request.next_holders):
+            raise InvalidMessage("the step names next holders that are not data holders")
+        active.participants.update(participants)
+        worker.step(StepOrder(
+            iteration=request.iteration, round=request.round, attempt=request.attempt,
+            final=request.final, next_holders=tuple(request.next_holders),
+            participants=participants, loss=request.loss, trained=request.trained,
+            dropped=(),
+        ))
+        return job_pb2.StepReply()
+
+    async def report(self, request: job_pb2.ReportRequest) -> job_pb2.ReportReply:
+        _, worker = self._participating(request.job_id, request.sender)
+        report = await worker.report(request.iteration, request.round, request.dead)
+        return job_pb2.ReportReply(
+            node=report.node, stage=report.stage,
+            evidence=[job_pb2.EvidenceEntry(microbatch=m, evidence=int(e))
+                      for m, e in report.evidence],
+        )
+
+    def recover(self, request: job_pb2.RecoverRequest) -> job_pb2.RecoverReply:
+        _, worker = self._participating(request.job_id, request.sender)
+        if request.rule not in (1, 2, 3):
+            raise InvalidMessage(f"recovery rule {request.rule} is not 1, 2 or 3")
+        worker.recover(request)
+        return job_pb2.RecoverReply()
+
+    def redirect(self, request: job_pb2.RedirectRequest) -> job_pb2.RedirectReply:
+        self._worker_for(request.job_id).redirect(request)
+        return job_pb2.RedirectReply()
+
+    def replayed_here(self, request: job_pb2.ReplayedRequest) -> job_pb2.ReplayedReply:
+        return self.replayed(request)
+
+    def restart(self, request: job_pb2.RestartRequest) -> job_pb2.RestartReply:
+        active, worker = self._participating(request.job_id, request.sender)
+        participants = {p.id: p.stage for p in request.participants}
+        active.participants.update(participants)
+        worker.restart(request.iteration, request.round, tuple(request.holders), participants)
+        return job_pb2.RestartReply()
+
+    def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply:
+        worker = self._worker_for(request.job_id)
+        return worker.sync()
+
+    def admit(self, request: job_pb2.AdmitRequest) -> job_pb2.AdmitReply:
+        active, worker = self._participating(request.job_id, request.sender)
+        participants = {p.id: p.stage for p in request.participants}
+        for node in participants:
+            check_name("participant id", node)
+            active.departed.discard(node)
+            worker.undepart(node)
+        active.participants.update(participants)
+        worker.admit(participants)
+        return job_pb2.AdmitReply()
+
+    # ================================================================== state transfer
+
+    def keeper_of(self, job_id: str, stage: int) -> str:
+        """Who keeps the backup of `stage`'s state for this coordinator ("" if nobody)."""
+        active = self._active
+        if active is None:
+            return ""
+        if (job_id, stage) in self._backups:
+            return self.host.node_id
+        return active.keepers.get(stage, "")
+
+    async def fetch_state(
+        self, request: job_pb2.StateRequest
+    ) -> AsyncIterator[job_pb2.StateChunk]:
+        """Stream this stage's state (a live replica) or the backup this node keeps."""
+        active = self._active
+        if active is None or active.job_id != request.job_id:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{self.host.node_id} holds no state of job {request.job_id[:40]!r}")
+        worker = active.worker
+        if worker is not None and worker.stage == request.stage:
+            iteration, data = await worker.state_bytes()
+        elif (request.job_id, request.stage) in self._backups:
+            iteration, data = self._backups[(request.job_id, request.stage)]
+        else:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{self.host.node_id} holds no state of stage {request.stage}")
+        fault = self.host.fault
+        for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
+            if seq == 1 and fault is not None:
+                fault.hit("state-transfer", iteration)
+            yield job_pb2.StateChunk(
+                seq=seq, stage=request.stage, iteration=iteration, total_bytes=len(data),
+                payload=data[offset: offset + STATE_CHUNK_BYTES],
+            )
+
+    async def backup(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
+        """A lone replica's state, kept here so that a node joining its empty stage finds it."""
+        parts: list[bytes] = []
+        first: job_pb2.StateChunk | None = None
+        async for chunk in chunks:
+            if chunk.seq != len(parts):
+                raise InvalidMessage(f"state chunk {chunk.seq} came where {len(parts)} was due")
+            if first is None:
+                first = chunk
+                if chunk.total_bytes > MAX_STATE_BYTES:
+                    raise InvalidMessage(f"a stage state over {MAX_STATE_BYTES} bytes")
+            parts.append(chunk.payload)
+        if first is None:
+            raise InvalidMessage("an empty backup")
+        data = b"".join(parts)
+        if len(data) != first.total_bytes:
+            raise InvalidMessage(f"the backup holds {len(data)} of {first.total_bytes} bytes")
+        active = self._active
+        if active is None or active.job_id != first.job_id or active.participants.get(
+            first.sender
+        ) != first.stage:
+            raise InvalidMessage(f"{first.sender[:40]!r} is no stage-{first.stage} participant")
+        self._backups[(first.job_id, first.stage)] = (first.iteration, data)
+        self.host.log.info("job %s: keeping stage %d's state of iteration %d (from %s)",
+                           first.job_id, first.stage, first.iteration, first.sender)
+        return job_pb2.BackupAck(received_bytes=len(data))
+
+    def on_stepped(self, job_id: str, iteration: int, alone: bool) -> None:
+        """A lone replica backs its state up after each step (the state of the next iteration)."""
+        if alone:
+            self._send_backup(job_id)
+
+    def _send_backup(self, job_id: str) -> None:
+        active = self._active
+        if active is None or active.job_id != job_id or active.worker is None:
+            return
+        worker = active.worker
+        stage = worker.stage
+        live = [p for p, s in sorted(active.participants.items())
+                if s != stage and p not in active.departed and self.host.member(p) is not None]
+        keeper = active.coordinator if active.coordinator in live else (live[0] if live else "")
+        if not keeper or worker.iteration >= active.job.iterations:
+            return
+        member = self.host.member(keeper)
+        if member is None:
+            return
+
+        async def send() -> None:
+            iteration, data = await worker.state_bytes()
+
+            def chunks() -> Iterator[job_pb2.StateChunk]:
+                for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
+                    yield job_pb2.StateChunk(
+                        seq=seq, stage=stage, iteration=iteration, total_bytes=len(data),
+                        payload=data[offset: offset + STATE_CHUNK_BYTES], job_id=job_id,
+                        sender=self.host.node_id,
+                    )
+
+            try:
+                await self.host.stubs(member).jobs.Backup(
+                    chunks(), timeout=self.host.config.prepare_timeout_s
+                )
+            except aio.AioRpcError as err:
+                self.host.log.warning("job %s: the backup of stage %d at %s failed: %s", job_id,
+                                      stage, keeper, err.details())
+                return
+            self._tell_keeper(job_id, stage, keeper)
+
+        self.host.spawn(send(), "backup")
+
+    def _tell_keeper(self, job_id: str, stage: int, keeper: str) -> None:
+        active = self._active
+        if active is None or active.job_id != job_id:
+            return
+        active.keepers[stage] = keeper
+
+    async def _fetch_from(self, donor: str, job_id: str, stage: int) -> tuple[int, bytes]:
+        member = self.host.member(donor)
+        if member is None:
+            raise RuntimeError(f"{donor} is not alive")
+        parts: list[bytes] = []
+        iteration = -1
+        total = 0
+        request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage)
+        try:
+            async for chunk in self.host.stubs(member).jobs.FetchState(
+                request, timeout=self.host.config.prepare_timeout_s
+            ):
+                if chunk.seq != len(parts):
+                    raise RuntimeError(f"{donor} sent state chunk {chunk.seq} out of order")
+                if chunk.seq == 0:
+                    iteration, total = chunk.iteration, chunk.total_bytes
+                    if total > MAX_STATE_BYTES:
+                        raise RuntimeError(f"{donor} offers a state of {total} bytes")
+                parts.append(chunk.payload)
+        except aio.AioRpcError as err:
+            raise RuntimeError(err.details() or err.code().name) from None
+        data = b"".join(parts)
+        if iteration < 0 or len(data) != total:
+            raise RuntimeError(f"{donor}'s state stream ended after {len(data)} of {total} bytes")
+        return iteration, data
+
+    # ================================================================== joining a running job
+
+    async def _join_running(self, progress: job_pb2.JobProgress) -> None:
+        """This node joined the swarm while a job runs: fetch its stage's state from a live
+        peer (another if the donor dies mid-transfer) and enter the job at an iteration
+        boundary; a state that a step made stale is fetched again."""
+        host = self.host
+        job = await self._parse(progress.job_json)
+        module = await self._load()
+        from gwtf.train.data import DataError
+        from gwtf.train.state import StateError
+
+        stage = host.own_stage()
+        deadline = time.monotonic() + host.config.prepare_timeout_s
+        self._active = _Active(job, job.job_id, progress.job_json, None,
+                               coordinator=progress.coordinator)
+        while time.monotonic() < deadline:
+            record = self._records.get(job.job_id)
+            if record is None or record.state != job_pb2.JOB_STATE_RUNNING:
+                return
+            coordinator = host.member(record.coordinator)
+            if coordinator is None:
+                await asyncio.sleep(0.5)
+                continue
+            ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage)
+            try:
+                reply = await self.call(
+                    _enter_call(ask), coordinator,
+                    host.config.rpc_timeout_s,
+                )
+            except RuntimeError as err:
+                host.log.warning("job %s: %s did not answer the entry: %s", job.job_id,
+                                 record.coordinator, err)
+                await asyncio.sleep(0.5)
+                continue
+            state: tuple[int, bytes] | None = None
+            for donor in reply.donors:
+                try:
+                    state = await self._fetch_from(donor, job.job_id, stage)
+                    break
+                except RuntimeError as err:
+                    host.log.warning("job %s: the state of stage %d from %s failed: %s; "
+                                     "another donor", job.job_id, stage, donor, err)
+            if state is None:
+                await asyncio.sleep(0.5)
+                continue
+            iteration, data = state
+            try:
+                executor, corpus = await asyncio.to_thread(
+                    module.StageWorker.build_from_state, job, stage, host.num_stages(), data
+                )
+            except (StateError, DataError) as err:
+                self.fail(job.job_id, f"{host.node_id} could not use its stage's state: {err}")
+                return
+            ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage,
+                                       has_state=True, state_iteration=iteration)
+            try:
+                reply = await self.call(
+                    _enter_call(ask), coordinator,
+                    host.config.rpc_timeout_s,
+                )
+            except RuntimeError:
+                continue
+            if not reply.admitted:
+                host.log.info("job %s: the state of iteration %d is stale (now %d): again",
+                              job.job_id, iteration, reply.iteration)
+                continue
+            worker = self._new_worker(module, job, executor, corpus)
+            active = self._active
+            if active is None or active.job_id != job.job_id:
+                await worker.stop()
+                return
+            active.worker = worker
+            active.participants = {p.id: p.stage for p in reply.participants}
+            active.coordinator = reply.coordinator
+            active.holders = tuple(reply.holders)
+            active.started = active.last_iteration_end = time.monotonic()
+            worker.start(active.participants, active.holders, reply.round)
+            host.log.info("job %s: entered stage %d at iteration %d round %d", job.job_id,
+                          stage, iteration, reply.round)
+            return
+        host.log.warning("job %s: could not enter within %.0f s", job.job_id,
+                         host.config.prepare_timeout_s)
+
+    async def drain(self) -> None:
+        """A graceful leave: let the iteration in progress step here first, so that nothing
+        this node accumulated must be replayed (bounded by `drain_timeout_s`)."""
+        active = self._active
+        if active is None or active.worker is None:
+            return
+        if self._records[active.job_id].state != job_pb2.JOB_STATE_RUNNING:
+            return
+        worker = active.worker
+        start = worker.iteration
+        deadline = time.monotonic() + self.host.config.drain_timeout_s
+        self.host.log.info("job %s: draining iteration %d before leaving", active.job_id, start)
+        while time.monotonic() < deadline and active.worker is worker:
+            if worker.iteration > start:
+                return
+            await asyncio.sleep(0.05)
+
+    # ================================================================== reports to the coordinator
+
+    def to_coordinator(
+        self,
+        job_id: str,
+        remote: Callable[[Stubs, float], Awaitable[Any]],
+        local: Callable[[], Any],
+    ) -> None:
+        """A report to the job's coordinator, retried while it does not answer, and sent to a
+        new coordinator if the old one died meanwhile (which starts the iteration again, so a
+        report that is lost with it is moot)."""
+        active = self._active
+        if active is None or active.job_id != job_id:
+            return
+
+        async def send() -> None:
+            for attempt in range(12):
+                if self._active is not active or self._records[job_id].state in OVER:
+                    return
+                if attempt:
+                    await asyncio.sleep(min(1.0, 0.1 * 2**attempt))
+                if active.coordinator == self.host.node_id:
+                    try:
+                        local()
+                        return
+                    except Refusal as err:
+                        if err.code != grpc.StatusCode.UNAVAILABLE:
+                            self.host.log.warning("job %s: a report was refused: %s", job_id,
+                                                  err)
+                            return
+                        continue
+                    except InvalidMessage as err:
+                        self.host.log.warning("job %s: a report was refused: %s", job_id, err)
+                        return
+                member = self.host.member(active.coordinator)
+                if member is None:
+                    continue
+                try:
+                    await remote(self.host.stubs(member), self.host.config.rpc_timeout_s)
+                    return
+                except aio.AioRpcError as err:
+                    if err.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                          grpc.StatusCode.DEADLINE_EXCEEDED):
+                        self.host.log.warning("job %s: %s refused a report: %s", job_id,
+                                              active.coordinator, err.details())
+                        return
+
+        self.host.spawn(send(), "report")
+
+    def report_committed(self, job_id: str, report: CommittedReport) -> None:
+        """From this node's worker: it stepped an iteration."""
+        active = self._active
+        if active is None or active.job_id != job_id:
+            return
+        request = job_pb2.CommittedRequest(
+            sender=report.sender,
+            job_id=job_id,
+            iteration=report.iteration,
+            stage=report.stage,
+            checksum=report.checksum,
+            digests=[job_pb2.DigestEntry(name=n, digest=d) for n, d in sorted(
+                report.digests.items())],
+        )
+        self.to_coordinator(
+            job_id, lambda stubs, t: stubs.jobs.Committed(request, timeout=t),
+            lambda: self.committed(request),
+        )
+        if report.iteration == active.job.iterations - 1 and active.worker is not None:
+            worker, active.worker = active.worker, None
+            self.host.spawn(worker.stop(), "stop worker")
 
     # ================================================================== failure
 
@@ -769,7 +1148,8 @@ class JobManager:
         self.host.log.error("job %s failed: %s", job_id, reason)
         active = self._active
         if active is not None and active.job_id == job_id:
-            active.plan = None
+            if active.coord is not None:
+                active.coord.stop()
             self._stop_worker(active)
         if spread:
             self.host.spawn(self._spread_fail(job_id, reason, self._everyone(active)), "fail")
@@ -798,7 +1178,7 @@ class JobManager:
             if member.id == self.host.node_id:
                 self.fail(job_id, reason, spread=False)
                 continue
-            calls.append(self._call(
+            calls.append(self.call(
                 lambda stubs, t: stubs.jobs.Fail(request, timeout=t), member,
                 self.host.config.rpc_timeout_s, attempts=1,
             ))
@@ -811,21 +1191,64 @@ class JobManager:
         return job_pb2.FailReply()
 
     def on_member_down(self, member: MemberInfo, verb: str) -> None:
-        """A member died or left: without crash recovery (issue 6), a job it took part in
-        cannot go on."""
+        """A member died or left: if it took part in the running job, its work is recovered
+        (DESIGN.md 4), and if it coordinated the job, the next data holder takes over."""
         active = self._active
         if active is None or member.id not in active.participants:
             return
         progress = self._records[active.job_id]
-        if progress.state not in UNDER_WAY:
+        if progress.state != job_pb2.JOB_STATE_RUNNING or member.id in active.departed:
             return
-        self.fail(
-            active.job_id,
-            f"{member.id} (stage {member.stage}) {verb} during iteration "
-            f"{progress.iterations_completed}; this version cannot recover a job from the loss "
-            "of a node: submit it again",
-            spread=False,
-        )
+        me = self.host.node_id
+        active.departed.add(member.id)
+        worker = active.worker
+        if worker is not None:
+            worker.depart(member.id)
+        stage = active.participants[member.id]
+        if active.coord is not None:
+            if verb == "left":
+                progress.leaves += 1
+            else:
+                progress.crashes += 1
+            active.coord.member_down(member, verb)
+        if worker is not None and stage == worker.stage and not any(
+            s == stage and p != me and p not in active.departed
+            and self.host.member(p) is not None
+            for p, s in active.participants.items()
+        ):
+            self._send_backup(active.job_id)  # the last replica of its stage now
+        if member.id == active.coordinator:
+            holders = sorted(
+                p for p, s in active.participants.items()
+                if s == 0 and p not in active.departed
+                and (p == me or self.host.member(p) is not None)
+            )
+            if not holders:
+                self.fail(active.job_id, f"every data holder of job {active.job_id} is gone: "
+                          "no node holds its data any more; submit it again", spread=False)
+                return
+            active.coordinator = holders[0]
+            self.host.log.warning("job %s: its coordinator %s %s; %s takes over",
+                                  active.job_id, member.id, verb, holders[0])
+            if holders[0] == me and active.coord is None:
+                self.host.spawn(self._take_over(active, verb), "take over")
+
+    async def _take_over(self, active: _Active, verb: str) -> None:
+        active.taking_over = True
+        try:
+            coord = await JobCoordinator.take_over(self, active)
+        finally:
+            active.taking_over = False
+        if coord is None:
+            return
+        progress = self._records[active.job_id]
+        progress.coordinator = self.host.node_id
+        if verb == "left":
+            progress.leaves += 1
+        else:
+            progress.crashes += 1
+        active.coord = coord
+        self.changed(active)
 
     # ================================================================== contributions
 
@@ -838,23 +1261,31 @@ class JobManager:
     # ================================================================== joining, closing
 
     async def catch_up(self, address: str) -> None:
-        """A joiner learns the jobs its bootstrap node knows (it does not take part)."""
+        """A joiner learns the jobs its bootstrap node knows, and enters a running one."""
         try:
             reply = await self.host.stubs_at(address).jobs.List(
                 job_pb2.ListRequest(), timeout=self.host.config.rpc_timeout_s
             )
         except aio.AioRpcError:
             return
+        running: job_pb2.JobProgress | None = None
         for progress in reply.jobs:
             if progress.job_id and progress.job_id not in self._records:
                 self._records[progress.job_id] = progress
+                if progress.state == job_pb2.JOB_STATE_RUNNING:
+                    running = progress
         self._notify()
+        if running is not None and self.host.trains and self._active is None:
+            await self._join_running(running)
 
     async def close(self) -> None:
         active = self._active
-        if active is not None and active.worker is not None:
-            await active.worker.stop()
-            active.worker = None
+        if active is not None:
+            if active.coord is not None:
+                active.coord.stop()
+            if active.worker is not None:
+                await active.worker.stop()
+                active.worker = None
 
 
 class _WorkerHost:
@@ -893,11 +1324,46 @@ class _WorkerHost:
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         return self._host.spawn(coro, name)
 
-    def report_done(self, job_id: str, iteration: int, microbatches: tuple[int, ...]) -> None:
-        self._manager.report_done(job_id, iteration, microbatches)
+    def report_done(self, job_id: str, iteration: int, round_: int,
+                    microbatches: tuple[int, ...]) -> None:
+        request = job_pb2.DoneRequest(sender=self.node_id, job_id=job_id, iteration=iteration,
+                                      round=round_, microbatches=microbatches)
+        self._manager.to_coordinator(
+            job_id, lambda stubs, t: stubs.jobs.Done(request, timeout=t),
+            lambda: self._manager.done(request),
+        )
+
+    def report_replayed(self, job_id: str, iteration: int, round_: int, mb: int,
+                        stage: int) -> None:
+        request = job_pb2.ReplayedRequest(sender=self.node_id, job_id=job_id,
+                                          iteration=iteration, round=round_, microbatch=mb,
+                                          stage=stage)
+        self._manager.to_coordinator(
+            job_id, lambda stubs, t: stubs.jobs.Replayed(request, timeout=t),
+            lambda: self._manager.replayed(request),
+        )
+
+    def report_prepared(self, job_id: str, report: PreparedReport) -> None:
+        request = job_pb2.PreparedRequest(
+            sender=report.sender, job_id=job_id, iteration=report.iteration,
+            round=report.round, attempt=report.attempt, stage=report.stage,
+            contributed=sorted(report.contributed),
+            losses=[job_pb2.LossEntry(microbatch=m, loss=v) for m, v in sorted(
+                report.losses.items())],
+            routes=[job_pb2.RouteCount(path=list(p), microbatches=c) for p, c in sorted(
+                report.routes.items())],
+            compute_s=report.compute_s, replayed_s=report.replayed_s,
+        )
+        self._manager.to_coordinator(
+            job_id, lambda stubs, t: stubs.jobs.Prepared(request, timeout=t),
+            lambda: self._manager.prepared(request),
+        )
 
     def report_committed(self, job_id: str, report: CommittedReport) -> None:
         self._manager.report_committed(job_id, report)
+
+    def on_stepped(self, job_id: str, iteration: int, alone: bool) -> None:
+        self._manager.on_stepped(job_id, iteration, alone)
 
     def fail(self, job_id: str, reason: str) -> None:
         self._manager.fail(job_id, reason)

@@ -62,6 +62,7 @@ from gwtf.node.config import (
 )
 from gwtf.node.coordinator import PhaseCoordinator
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
+from gwtf.node.faults import Fault
 from gwtf.node.jobs import JobManager
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
@@ -127,6 +128,8 @@ class NodeSettings:
     emulate_compute: bool = False
     """Pad each microbatch's stage work to `compute_s` (with sleep), as the emulated WAN pads
     messages: a local swarm then runs at the speeds its flows were computed for."""
+    fault: Fault | None = None
+    """Crash (SIGKILL itself) at this point of a job: chaos tests (gwtf.node.faults)."""
 
 
 @dataclass
@@ -254,6 +257,8 @@ class Node:
         """Graceful leave: stop working, tell every live member, stop serving new work."""
         if self._stopping:
             return
+        if self._ready:
+            await self.jobs.drain()
         self._stopping = True
         self._health.set_serving(False)
         await self._cancel_tasks()
@@ -544,6 +549,10 @@ class Node:
     @property
     def emulate_compute_s(self) -> float | None:
         return self.members.me.compute_s if self.settings.emulate_compute else None
+
+    @property
+    def fault(self) -> Fault | None:
+        return self.settings.fault
 
     def require_ready(self) -> None:
         self._require_ready()

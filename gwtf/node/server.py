@@ -229,6 +229,104 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         except (InvalidMessage, Refusal) as err:
             await _fail(context, err)
 
+    async def Prepared(
+        self, request: job_pb2.PreparedRequest, context: aio.ServicerContext
+    ) -> job_pb2.PreparedReply:
+        try:
+            return self._node.jobs.prepared(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Step(
+        self, request: job_pb2.StepRequest, context: aio.ServicerContext
+    ) -> job_pb2.StepReply:
+        try:
+            return self._node.jobs.step(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Report(
+        self, request: job_pb2.ReportRequest, context: aio.ServicerContext
+    ) -> job_pb2.ReportReply:
+        try:
+            return await self._node.jobs.report(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Recover(
+        self, request: job_pb2.RecoverRequest, context: aio.ServicerContext
+    ) -> job_pb2.RecoverReply:
+        try:
+            return self._node.jobs.recover(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Redirect(
+        self, request: job_pb2.RedirectRequest, context: aio.ServicerContext
+    ) -> job_pb2.RedirectReply:
+        try:
+            return self._node.jobs.redirect(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Replayed(
+        self, request: job_pb2.ReplayedRequest, context: aio.ServicerContext
+    ) -> job_pb2.ReplayedReply:
+        try:
+            return self._node.jobs.replayed(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Restart(
+        self, request: job_pb2.RestartRequest, context: aio.ServicerContext
+    ) -> job_pb2.RestartReply:
+        try:
+            return self._node.jobs.restart(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Sync(
+        self, request: job_pb2.SyncRequest, context: aio.ServicerContext
+    ) -> job_pb2.SyncReply:
+        try:
+            return self._node.jobs.sync(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Enter(
+        self, request: job_pb2.EnterRequest, context: aio.ServicerContext
+    ) -> job_pb2.EnterReply:
+        try:
+            return self._node.jobs.enter(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Admit(
+        self, request: job_pb2.AdmitRequest, context: aio.ServicerContext
+    ) -> job_pb2.AdmitReply:
+        try:
+            return self._node.jobs.admit(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def FetchState(
+        self, request: job_pb2.StateRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[job_pb2.StateChunk]:
+        try:
+            async for chunk in self._node.jobs.fetch_state(request):
+                yield chunk
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Backup(
+        self, request_iterator: AsyncIterator[job_pb2.StateChunk],
+        context: aio.ServicerContext,
+    ) -> job_pb2.BackupAck:
+        try:
+            return await self._node.jobs.backup(request_iterator)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
     async def Contribute(
         self, request_iterator: AsyncIterator[job_pb2.ContributionChunk],
         context: aio.ServicerContext,

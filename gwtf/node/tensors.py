@@ -149,6 +149,14 @@ class MicrobatchTag:
     sender: str
     path: tuple[str, ...]
     attempt: int = 0
+    mode: int = 0
+    """gwtf.recovery.Mode of a forward: 0 ordinary, 1 recompute, 2 replay (DESIGN.md 4)."""
+    round: int = 0
+    """The iteration's round (one more each time its coordinator starts it again)."""
+    downstream: str = ""
+    """Recompute and replay: the next-stage node that holds the microbatch."""
+    recovered_from: str = ""
+    """A recovery send: the dead node whose work the receiver does again."""
 
     def __post_init__(self) -> None:
         if self.direction not in _DIRECTIONS:
@@ -215,6 +223,10 @@ def _tag_to_pb(tag: MicrobatchTag) -> data_pb2.MicrobatchTag:
         sender=tag.sender,
         path=tag.path,
         attempt=tag.attempt,
+        mode=tag.mode,
+        round=tag.round,
+        downstream=tag.downstream,
+        recovered_from=tag.recovered_from,
     )
 
 
@@ -229,6 +241,12 @@ def _tag_from_pb(pb: data_pb2.MicrobatchTag) -> MicrobatchTag:
     if len(pb.path) > MAX_PATH:
         raise TensorError(f"the microbatch's path has {len(pb.path)} nodes (at most {MAX_PATH})")
     path = tuple(_check_id("a node id in the path", hop) for hop in pb.path)
+    if pb.mode > 2:
+        raise TensorError(f"microbatch mode {pb.mode} is not 0 (forward), 1 or 2 (recovery)")
+    if pb.downstream:
+        _check_id("downstream", pb.downstream)
+    if pb.recovered_from:
+        _check_id("recovered from", pb.recovered_from)
     return MicrobatchTag(
         job_id=pb.job_id,
         iteration=pb.iteration,
@@ -237,6 +255,10 @@ def _tag_from_pb(pb: data_pb2.MicrobatchTag) -> MicrobatchTag:
         sender=pb.sender,
         path=path,
         attempt=pb.attempt,
+        mode=pb.mode,
+        round=pb.round,
+        downstream=pb.downstream,
+        recovered_from=pb.recovered_from,
     )
 
 

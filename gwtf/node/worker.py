@@ -1,4 +1,4 @@
-"""StageWorker: one node's part of a training job, the torch side of the node (DESIGN.md 1, 3).
+"""StageWorker: one node's part of a training job, the torch side of the node (DESIGN.md 1, 3, 4).
 
 A microbatch's life, seen from the nodes it visits (`path`: the node ids so far, data holder
 first, each hop appending itself):
@@ -10,8 +10,7 @@ first, each hop appending itself):
 - the last stage computes the loss, runs its backward at once and sends the gradient w.r.t. its
   input back to the node before it on the path;
 - each node runs its backward, accumulates, and sends the input gradient to its own predecessor;
-  at the data holder the microbatch is done. When all of its microbatches are done, the holder
-  tells the job's coordinator.
+  at the data holder the microbatch is done, and the holder tells the job's coordinator.
 
 Memory slots. A node keeps the forward state of a microbatch until its backward (the last stage
 keeps none); `slots` bounds how many. A holder injects a microbatch only when it has a free slot,
@@ -24,19 +23,36 @@ uses to give the same bits), one item at a time, from a priority queue: commit w
 backward (it frees memory and finishes microbatches), then forwards, then new microbatches. The
 event loop stays free for gRPC and heartbeats meanwhile. With `emulate_compute_s`, each item is
 padded with sleep to the node's declared compute time (a third for a forward, two thirds for a
-backward, all of it on the last stage), as the emulated WAN pads messages: on one shared machine
-the swarm then runs at the speeds the flow was computed for.
+backward, all of it on the last stage), as the emulated WAN pads messages.
 
-Commit of iteration `k` (ordered by the coordinator once every microbatch is back): the node sends
-its gradient sums to every other replica of its stage (`gwtf.node.gradsync`), waits for theirs,
-combines them in node-id order (`gwtf.train.combine_contributions`, so every replica gets the
-same bits), steps AdamW, and reports the stage checksum (and, on the last stage, the losses and
-paths). Forwards of `k + 1` that arrive before the node has committed `k` are held until it has.
+Losing nothing (DESIGN.md 4). Every node keeps, for the iteration in progress, a
+`gwtf.recovery.Ledger` of what it sent where and what it accumulated, and the tensors of every send
+(`kept`), until the iteration steps. A send is recorded before it leaves, so a receiver that dies
+mid-call is still on the record. When a participant dies, the job's coordinator asks its live
+neighbours for their ledgers' evidence (`report`), plans with `gwtf.recovery.plan_crash`, and sends
+each recovery to the node that holds the microbatch's input (`recover`): that node resends its
+kept activation to a replacement chosen by its own flows, marked as a plain forward (rule 1),
+"recompute" (rule 2) or "replay" (rule 3). A replacement that recomputes or replays asks the
+next-stage node to send the gradient to it instead (`redirect`); that node resends its kept
+gradient if it sent it to the dead node already. Dropout is seeded by job, iteration, microbatch and
+model part, so the replacement computes the dead node's very bits. A replay accumulates and sends
+nothing on; the replacement tells the coordinator (`report_replayed`). A dead data holder's
+microbatches that left it are recovered by another holder, which rebuilds the token ids from its
+own copy of the data; the ones that never left it are dropped.
 
-What each node sent and received in the iteration is kept until the commit, in a
-`gwtf.recovery.Ledger` and with the tensors themselves (`kept`): what crash recovery (issue 6)
-resends. With no crash, nothing is resent and nothing is lost or counted twice: every stage
-accumulates each microbatch exactly once, which `combine_contributions` checks at every commit.
+Commit of iteration `k`, in two phases ordered by the coordinator once every microbatch is
+finished or dropped and every replay done: the node sends its gradient sums to the other members
+of its stage named in the order (`gwtf.node.gradsync`), collects theirs and reports `prepared`;
+when every member is prepared and the contributions cover each finished microbatch exactly once
+(`gwtf.recovery.check_commit`), the coordinator orders the step: the node combines the sums in
+node-id order (`gwtf.train.combine_contributions`, which checks the coverage again), steps AdamW,
+and reports its stage checksum. A member that dies in phase one voids the attempt: its sums are
+replayed elsewhere and the commit runs again. Forwards of `k + 1` that arrive before this node has
+stepped `k` are held until it has.
+
+An iteration may also start again from scratch as a new `round` (`restart`): the node forgets the
+iteration's work, with no step, and the holders inject it again. Messages of an older round are
+refused.
 """
 
 from __future__ import annotations
@@ -55,6 +71,7 @@ import torch
 from grpc import aio
 from torch import Tensor
 
+from gwtf.node.faults import Fault
 from gwtf.node.gradsync import (
     ContributionError,
     ContributionHeader,
@@ -62,12 +79,18 @@ from gwtf.node.gradsync import (
     flatten,
     unflatten,
 )
-from gwtf.node.iterations import CommitOrder, CommittedReport, assign
+from gwtf.node.iterations import (
+    CommitOrder,
+    CommittedReport,
+    PreparedReport,
+    StepOrder,
+    assign,
+)
 from gwtf.node.membership import MemberInfo
 from gwtf.node.server import Refusal
 from gwtf.node.tensors import DataPlaneStub, MicrobatchTag, TensorError, TensorSpec, send
 from gwtf.node.wrr import SmoothRoundRobin
-from gwtf.recovery.ledger import Ledger
+from gwtf.recovery import Ledger, Mode, NeighbourReport, Rule
 from gwtf.train import (
     ContributionError as CombineError,
 )
@@ -82,9 +105,9 @@ from gwtf.train import (
     job_microbatch,
     load_corpus,
 )
-from gwtf.v1 import job_pb2_grpc
+from gwtf.v1 import job_pb2, job_pb2_grpc
 
-__all__ = ["StageWorker", "WorkerConfig", "WorkerHost", "WorkerStopped"]
+__all__ = ["LastStep", "StageWorker", "WorkerConfig", "WorkerHost", "WorkerStopped"]
 
 T = TypeVar("T")
 
@@ -100,10 +123,16 @@ _FINAL_CODES = (
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.UNIMPLEMENTED,
 )
+# Outcomes of one send attempt.
+_SENT, _BUSY, _RETRY, _GIVE_UP = range(4)
 
 
 class WorkerStopped(Exception):
     """The job ended (completed, failed or aborted) while something was waiting on it."""
+
+
+class _Stale(Exception):
+    """The iteration (or its round) moved on while this work waited: its result is moot."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +146,20 @@ class WorkerConfig:
     """How long a replica waits for its stage peers' gradient sums."""
     rpc_timeout_s: float = 3.0
     send_attempts: int = 5
-    """Sends of a microbatch or contribution to a peer that does not answer (UNAVAILABLE)."""
+    """Sends of a contribution to a peer that does not answer (UNAVAILABLE)."""
     retry_s: float = 0.2
-    """First wait before a resend; doubles each attempt."""
+    """First wait before a resend; doubles each attempt, up to `retry_max_s`."""
+    retry_max_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class LastStep:
+    """The last step this node took (a coordinator that takes over asks for it)."""
+
+    iteration: int
+    loss: float
+    trained: int
+    dropped: tuple[int, ...]
 
 
 class WorkerHost(Protocol):
@@ -146,12 +186,26 @@ class WorkerHost(Protocol):
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
 
-    def report_done(self, job_id: str, iteration: int, microbatches: tuple[int, ...]) -> None:
-        """This holder's microbatches of `iteration` are all back: tell the coordinator."""
+    def report_done(self, job_id: str, iteration: int, round_: int, microbatches: tuple[int, ...]
+                    ) -> None:
+        """These microbatches finished at this holder: tell the coordinator."""
+        ...
+
+    def report_replayed(self, job_id: str, iteration: int, round_: int, mb: int, stage: int
+                        ) -> None:
+        """This node replayed a dead node's microbatch (rule 3): tell the coordinator."""
+        ...
+
+    def report_prepared(self, job_id: str, report: PreparedReport) -> None:
+        """Phase one of a commit is done here: tell the coordinator."""
         ...
 
     def report_committed(self, job_id: str, report: CommittedReport) -> None:
         """This node committed an iteration: tell the coordinator."""
+        ...
+
+    def on_stepped(self, job_id: str, iteration: int, alone: bool) -> None:
+        """This node stepped `iteration`; `alone`: it is its stage's only live replica."""
         ...
 
     def fail(self, job_id: str, reason: str) -> None:
@@ -161,24 +215,37 @@ class WorkerHost(Protocol):
 
 @dataclass
 class _Iteration:
-    """What this node holds of the iteration in progress (reset at each commit)."""
+    """What this node holds of the iteration in progress (reset at each step and restart)."""
 
     number: int
+    round: int = 0
     mine: tuple[int, ...] = ()
     """Holders: the microbatches this node injects."""
     finished: set[int] = field(default_factory=set)
-    """Holders: microbatches whose gradient came back."""
-    forwards: set[int] = field(default_factory=set)
-    """Microbatches whose forward arrived here (a second one is refused)."""
-    backwards: set[int] = field(default_factory=set)
+    """Holders: microbatches whose gradient came back here."""
+    forwards: dict[int, str] = field(default_factory=dict)
+    """Microbatches whose forward is here, and who sent it ("" for one this holder built)."""
+    backwards: dict[int, str] = field(default_factory=dict)
+    """Microbatches whose gradient came here, and who sent it."""
+    modes: dict[int, Mode] = field(default_factory=dict)
+    recovered: set[int] = field(default_factory=set)
+    """Microbatches that came here to redo a dead node's work (any rule)."""
+    fwd_done: dict[int, asyncio.Event] = field(default_factory=dict)
+    """Set when the microbatch's forward is done here: its backward waits for it (a recovered
+    microbatch's gradient may come before the replacement recomputed its forward)."""
     paths: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    """The path of each microbatch up to and including this node."""
-    labels: dict[int, Tensor] = field(default_factory=dict)
+    """The path of each microbatch up to and including this node (the whole path once its
+    gradient came; this node's own prefix is kept, a redirect rewrites the stage above)."""
     losses: dict[int, float] = field(default_factory=dict)
     routes: dict[tuple[str, ...], int] = field(default_factory=dict)
     kept: dict[tuple[int, str], tuple[str, dict[str, Tensor]]] = field(default_factory=dict)
     """(microbatch, direction) -> (receiver, tensors) of every send: what a recovery resends."""
-    contributions: dict[str, GradContribution] = field(default_factory=dict)
+    sending: set[tuple[int, str]] = field(default_factory=set)
+    """Sends with a loop running (a redirect only changes its target)."""
+    attempt: int = 0
+    """The latest commit attempt ordered here."""
+    prepared: tuple[CommitOrder, list[GradContribution]] | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
 def _busy(message: str) -> Refusal:
@@ -203,6 +270,7 @@ class StageWorker:
         slots: int,
         emulate_compute_s: float | None,
         config: WorkerConfig,
+        fault: Fault | None = None,
     ) -> None:
         self.host = host
         self.job = job
@@ -215,6 +283,7 @@ class StageWorker:
         self.corpus = corpus
         self.slots = slots
         self.config = config
+        self.fault = fault
         self._emulate_s = emulate_compute_s
         self._free = asyncio.Semaphore(slots)
         self._pool = ThreadPoolExecutor(
@@ -222,25 +291,32 @@ class StageWorker:
             initargs=(1,),
         )
         self._queue: asyncio.PriorityQueue[
-            tuple[int, int, Callable[[], Any], float, asyncio.Future[Any]]
+            tuple[int, int, Callable[[], Any], float, asyncio.Future[Any], _Iteration | None]
         ] = asyncio.PriorityQueue()
         self._seq = 0
         self._participants: dict[str, int] = {}
+        """Every node that took part in the job (a dead one too: paths still name it)."""
+        self._departed: set[str] = set()
         self._started = asyncio.Event()
         self._changed = asyncio.Event()
         """Set (and replaced) whenever the iteration advances or contributions arrive."""
-        self._orders: dict[int, CommitOrder] = {}
-        self._committing = False
-        self._it = _Iteration(0)
-        self._early: dict[str, GradContribution] = {}
-        """Contributions of stage peers for the next iteration, which came before its commit."""
-        self.ledger = Ledger(host.node_id, self.stage, 0)
+        self._it = _Iteration(executor.iteration)
+        self._sums: dict[tuple[int, int, int], dict[str, GradContribution]] = {}
+        """(iteration, round, attempt) -> the stage peers' gradient sums for that attempt."""
+        self._restarts: dict[int, tuple[int, tuple[str, ...]]] = {}
+        """Restarts ordered for an iteration this node has not reached yet."""
+        self.ledger = Ledger(host.node_id, self.stage, executor.iteration)
         self._rr = SmoothRoundRobin()
         self.route_sources: dict[str, int] = {}
         """How many next hops came from the flows and how many from capacities."""
+        self.last_step: LastStep | None = None
+        self.rerouted = 0
+        """Microbatches this node resent to a replacement (rules 1-3)."""
         self._stopped = False
         self.busy_s = 0.0
         """Seconds the compute thread was busy (with the emulated padding)."""
+        self._reported = (0.0, 0.0)
+        """(compute, replayed) seconds already reported to the coordinator."""
         self._since = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
         batch = (job.microbatch_size, job.model.seq_len)
@@ -262,22 +338,56 @@ class StageWorker:
         corpus = load_corpus(job.data) if stage == 0 else None
         return StageExecutor(job, stage, num_stages), corpus
 
+    @staticmethod
+    def build_from_state(
+        job: JobConfig, stage: int, num_stages: int, state: bytes
+    ) -> tuple[StageExecutor, Corpus | None]:
+        """A joiner's executor from a peer's state (blocking). Raises StateError, DataError."""
+        torch.set_num_threads(1)
+        corpus = load_corpus(job.data) if stage == 0 else None
+        return StageExecutor.from_state(job, stage, num_stages, state), corpus
+
     @property
     def iteration(self) -> int:
         return self._it.number
 
     @property
+    def round(self) -> int:
+        return self._it.round
+
+    @property
     def corpus_digest(self) -> str:
         return self.corpus.digest if self.corpus is not None else ""
 
+    @property
+    def participants(self) -> dict[str, int]:
+        return dict(self._participants)
+
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, participants: Mapping[str, int], holders: tuple[str, ...]) -> None:
-        """The job starts: route among `participants`; holders inject iteration 0."""
+    def start(
+        self, participants: Mapping[str, int], holders: tuple[str, ...], round_: int = 0
+    ) -> None:
+        """The job starts here (or this joiner enters it): route among `participants`; holders
+        inject the current iteration."""
         self._since = time.monotonic()
-        self._participants = dict(participants)
+        self._participants.update(participants)
+        self._it.round = round_
         self._started.set()
         self._begin(holders)
+
+    def admit(self, participants: Mapping[str, int]) -> None:
+        """Who takes part now (a node joined the job)."""
+        self._participants.update(participants)
+        self._signal()
+
+    def depart(self, node: str) -> None:
+        """`node` died or left: no microbatch goes to it (nor to a new process under its id,
+        until the coordinator admits that one)."""
+        self._departed.add(node)
+
+    def undepart(self, node: str) -> None:
+        self._departed.discard(node)
 
     async def stop(self) -> None:
         """The job ended: stop computing and sending, free the model."""
@@ -288,9 +398,10 @@ class StageWorker:
         stats = self.executor.stats
         wall = time.monotonic() - self._since
         self.host.log.info(
-            "job %s stage %d: %d forwards, %d backwards, torch %.2f s, busy %.2f s (%.0f%% of "
-            "%.1f s); next hops %s", self.job_id, self.stage, stats.forwards, stats.backwards,
-            stats.compute_s, self.busy_s, 100 * self.busy_s / max(wall, 1e-9), wall,
+            "job %s stage %d: %d forwards, %d recomputes, %d backwards, torch %.2f s (replayed "
+            "%.2f s), busy %.2f s (%.0f%% of %.1f s); next hops %s", self.job_id, self.stage,
+            stats.forwards, stats.recomputes, stats.backwards, stats.compute_s,
+            stats.replayed_s, self.busy_s, 100 * self.busy_s / max(wall, 1e-9), wall,
             ", ".join(f"{n} from {k}" for k, n in sorted(self.route_sources.items())) or "none",
         )
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
@@ -298,14 +409,18 @@ class StageWorker:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         while not self._queue.empty():
-            *_, future = self._queue.get_nowait()
+            *_, future, _ = self._queue.get_nowait()
             future.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str, it: _Iteration | None = None
+               ) -> None:
         task = self.host.spawn(coro, name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if it is not None:
+            it.tasks.add(task)
+            task.add_done_callback(it.tasks.discard)
 
     def _signal(self) -> None:
         self._changed.set()
@@ -322,21 +437,42 @@ class StageWorker:
         if not self._stopped:
             self.host.fail(self.job_id, reason)
 
+    def _current(self, it: _Iteration) -> bool:
+        return it is self._it and not self._stopped
+
+    def _hit(self, point: str, iteration: int, microbatch: int | None = None) -> None:
+        if self.fault is not None:
+            self.fault.hit(point, iteration, microbatch)
+
     # ------------------------------------------------------------------ compute
 
-    async def _compute(self, priority: int, work: Callable[[], T], emulate_s: float = 0.0) -> T:
+    async def _compute(
+        self,
+        priority: int,
+        work: Callable[[], T],
+        emulate_s: float = 0.0,
+        it: _Iteration | None = None,
+    ) -> T:
+        """Run `work` on the compute thread. With `it`: _Stale if that iteration (round) is over
+        before the work starts or when it ends (its result is then moot)."""
         if self._stopped:
             raise WorkerStopped
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._seq += 1
-        self._queue.put_nowait((priority, self._seq, work, emulate_s, future))
-        return await future
+        self._queue.put_nowait((priority, self._seq, work, emulate_s, future, it))
+        result = await future
+        if it is not None and not self._current(it):
+            raise _Stale
+        return result
 
     async def _compute_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            _, _, work, emulate_s, future = await self._queue.get()
+            _, _, work, emulate_s, future, it = await self._queue.get()
             if future.cancelled():
+                continue
+            if it is not None and it is not self._it:
+                future.set_exception(_Stale())
                 continue
             start = loop.time()
             try:
@@ -355,6 +491,13 @@ class StageWorker:
     def _emulated(self, share: float) -> float:
         return self._emulate_s * share if self._emulate_s is not None else 0.0
 
+    def compute_delta(self) -> tuple[float, float]:
+        """(compute, replayed) seconds since the last call: what the next report carries."""
+        stats = self.executor.stats
+        compute, replayed = self._reported
+        self._reported = (stats.compute_s, stats.replayed_s)
+        return stats.compute_s - compute, stats.replayed_s - replayed
+
     # ------------------------------------------------------------------ injecting (holders)
 
     def _begin(self, holders: tuple[str, ...]) -> None:
@@ -362,40 +505,52 @@ class StageWorker:
             return
         it = self._it
         it.mine = assign(self.job.microbatches, holders)[self.host.node_id]
-        self._spawn(self._inject(it), f"inject {it.number}")
+        self._spawn(self._inject(it), f"inject {it.number}", it)
 
     async def _inject(self, it: _Iteration) -> None:
-        if not it.mine:
-            self.host.report_done(self.job_id, it.number, ())
-            return
         for m in it.mine:
             await self._free.acquire()
-            if self._stopped or it is not self._it:
+            if not self._current(it):
                 self._free.release()
                 return
-            self._spawn(self._own_forward(it, m), f"forward {it.number}/{m}")
+            it.forwards[m] = ""
+            it.paths[m] = (self.host.node_id,)
+            it.modes[m] = Mode.FORWARD
+            it.fwd_done[m] = asyncio.Event()
+            self._spawn(self._own_forward(it, m), f"forward {it.number}/{m}", it)
 
     async def _own_forward(self, it: _Iteration, m: int) -> None:
         key = MicrobatchKey(self.job_id, it.number, m)
         corpus = self.corpus
         assert corpus is not None
+        mode = it.modes[m]
 
         def work() -> tuple[Tensor, Tensor]:
+            self._hit("forward", key.iteration, m)
             tokens, labels = job_microbatch(corpus, self.job, key.iteration, m)
-            result = self.executor.forward(key, tokens)
+            run = self.executor.forward if mode == Mode.FORWARD else self.executor.recompute
+            result = run(key, tokens)
             assert result.output is not None
             return result.output, labels
 
         try:
-            output, labels = await self._compute(_INJECT, work, self._emulated(FORWARD_SHARE))
-        except WorkerStopped:
+            output, labels = await self._compute(
+                _INJECT if mode == Mode.FORWARD else _FORWARD, work,
+                self._emulated(FORWARD_SHARE), it,
+            )
+        except (WorkerStopped, _Stale):
             return
         except ExecutorError as err:
             self._fail(f"{self.host.node_id} could not run microbatch {key}: {err}")
             return
-        it.forwards.add(m)
-        it.paths[m] = (self.host.node_id,)
-        await self._send_forward(it, m, {"activation": output, "labels": labels})
+        it.fwd_done[m].set()
+        tensors = {"activation": output, "labels": labels}
+        if mode == Mode.FORWARD:
+            await self._send_forward(it, m, tensors)
+        else:
+            downstream = self.ledger.activation_receiver(m)
+            assert downstream is not None
+            it.kept[(m, "forward")] = (downstream, tensors)
 
     # ------------------------------------------------------------------ receiving
 
@@ -422,6 +577,17 @@ class StageWorker:
                     f"a forward to stage {stage} must come from stage {stage - 1} with a path of "
                     f"{stage} nodes ending at its sender"
                 )
+            if tag.mode != Mode.FORWARD and (
+                not tag.downstream
+                or self.is_last
+                or self._participants.get(tag.downstream) != stage + 1
+            ):
+                raise TensorError(
+                    f"a recompute or replay of microbatch {tag.microbatch} must name its "
+                    f"stage-{stage + 1} node, and stage {stage} must not be the last"
+                )
+            if tag.mode == Mode.FORWARD and tag.downstream:
+                raise TensorError("an ordinary forward names no downstream node")
         else:
             if len(path) != self.num_stages or path[stage] != me or path[stage + 1] != tag.sender:
                 raise TensorError(
@@ -432,31 +598,36 @@ class StageWorker:
             if self._participants.get(hop) != index:
                 raise TensorError(f"{hop} is not a stage-{index} node of job {self.job_id}")
 
-    async def _reach(self, iteration: int, deadline: float) -> None:
-        """Wait until this node works on `iteration` (it may still be committing the one
-        before); TensorError for an iteration that is over or too far ahead."""
+    async def _reach(self, iteration: int, round_: int, deadline: float) -> None:
+        """Wait until this node works on `iteration` in `round_` (it may still be committing the
+        one before, or not know of the restart yet); TensorError for one that is over."""
         while True:
             if self._stopped:
                 raise TensorError(f"job {self.job_id} has ended here")
-            if iteration < self._it.number:
+            it = self._it
+            if (iteration, round_) < (it.number, it.round):
                 raise TensorError(
-                    f"iteration {iteration} is committed here (now at {self._it.number})"
+                    f"iteration {iteration} round {round_} is over here (now at {it.number} "
+                    f"round {it.round})"
                 )
-            if iteration > self._it.number + 1:
+            if iteration > it.number + 1:
                 raise TensorError(
-                    f"iteration {iteration} is ahead of this node's {self._it.number}"
+                    f"iteration {iteration} is ahead of this node's {it.number}"
                 )
-            if iteration == self._it.number:
+            if (iteration, round_) == (it.number, it.round):
                 return
             try:
                 await self._wait_change(deadline)
             except TimeoutError:
-                raise _busy(f"iteration {iteration - 1} did not commit here in time") from None
+                raise _busy(
+                    f"this node did not reach iteration {iteration} round {round_} in time"
+                ) from None
 
     async def on_tensors(self, tag: MicrobatchTag, tensors: dict[str, Tensor]) -> None:
         """The data plane's handler: a microbatch arrived (already checked against `expect`).
         Returns once the microbatch is taken (a forward needs a free slot); raises TensorError
-        (answered INVALID_ARGUMENT) for one this node must refuse."""
+        (answered INVALID_ARGUMENT) for one this node must refuse. A repeated send of a
+        microbatch already taken from the same sender is taken again, with no effect."""
         deadline = time.monotonic() + self.config.data_timeout_s
         if not self._started.is_set():
             try:
@@ -464,65 +635,98 @@ class StageWorker:
             except TimeoutError:
                 raise TensorError(f"job {self.job_id} has not started here") from None
         self._check_tag(tag)
-        await self._reach(tag.iteration, deadline)
+        await self._reach(tag.iteration, tag.round, deadline)
         it = self._it
         m = tag.microbatch
         if set(tensors) != ({"gradient"} if tag.direction == "backward" else
                             {"activation", "labels"}):
             raise TensorError(f"microbatch {m} lacks tensors: got {sorted(tensors)}")
         if tag.direction == "forward":
-            labels = tensors["labels"]
-            if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self._vocab):
-                raise TensorError(f"labels of microbatch {m} are outside 0..{self._vocab - 1}")
-            if m in it.forwards:
-                raise TensorError(f"microbatch {m} of iteration {it.number} already came here")
-            it.forwards.add(m)
-            if not self.is_last:
-                acquired = False
-                try:
-                    await asyncio.wait_for(self._free.acquire(), deadline - time.monotonic())
-                    acquired = True
-                except TimeoutError:
-                    raise _busy(f"no memory slot freed up for microbatch {m}") from None
-                finally:
-                    if not acquired:
-                        it.forwards.discard(m)
-                if it is not self._it:
-                    self._free.release()
-                    raise TensorError(f"iteration {tag.iteration} ended while microbatch waited")
-            it.paths[m] = (*tag.path, self.host.node_id)
-            self.ledger.activation_received(m, tag.sender)
-            self._spawn(self._forward(it, tag, tensors), f"forward {it.number}/{m}")
+            await self._take_forward(it, tag, tensors, deadline)
         else:
-            if m in it.backwards or m not in it.forwards:
-                raise TensorError(
-                    f"a gradient of microbatch {m} of iteration {it.number} was not expected "
-                    "here (no forward, or its gradient came already)"
-                )
-            receiver = self.ledger.activation_receiver(m)
-            if receiver != tag.sender:
-                raise TensorError(
-                    f"microbatch {m}'s activation went to {receiver}, not to {tag.sender}"
-                )
-            it.backwards.add(m)
-            it.paths[m] = tag.path  # the whole path: where this node's gradient goes
-            self.ledger.gradient_received(m, tag.sender)
-            self._spawn(self._backward(it, tag, tensors["gradient"]), f"backward {it.number}/{m}")
+            self._take_backward(it, tag, tensors["gradient"])
 
-    async def _forward(
-        self, it: _Iteration, tag: MicrobatchTag, tensors: dict[str, Tensor]
+    async def _take_forward(
+        self, it: _Iteration, tag: MicrobatchTag, tensors: dict[str, Tensor], deadline: float
     ) -> None:
         m = tag.microbatch
+        labels = tensors["labels"]
+        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self._vocab):
+            raise TensorError(f"labels of microbatch {m} are outside 0..{self._vocab - 1}")
+        prior = it.forwards.get(m)
+        if prior is not None:
+            if prior == tag.sender:
+                return
+            raise TensorError(f"microbatch {m} of iteration {it.number} already came here")
+        it.forwards[m] = tag.sender
+        if not self.is_last:
+            acquired = False
+            try:
+                await asyncio.wait_for(self._free.acquire(), deadline - time.monotonic())
+                acquired = True
+            except TimeoutError:
+                raise _busy(f"no memory slot freed up for microbatch {m}") from None
+            finally:
+                if not acquired and it.forwards.get(m) == tag.sender:
+                    del it.forwards[m]
+            if not self._current(it):
+                self._free.release()
+                raise TensorError(f"iteration {tag.iteration} ended while microbatch waited")
+        mode = Mode(tag.mode)
+        it.paths[m] = (*tag.path, self.host.node_id)
+        it.modes[m] = mode
+        if tag.recovered_from:
+            it.recovered.add(m)
+        it.fwd_done[m] = asyncio.Event()
+        self.ledger.activation_received(m, tag.sender)
+        if mode != Mode.FORWARD:
+            # The replacement keeps the input of the next-stage node that holds the microbatch
+            # (ledger docs), and asks it for the gradient at once: the recompute runs meanwhile.
+            self.ledger.activation_sent(m, tag.downstream)
+            self._spawn(self._redirect(it, m, tag.downstream, mode), f"redirect {m}", it)
+        self._spawn(self._forward(it, m, tensors), f"forward {it.number}/{m}", it)
+
+    def _take_backward(self, it: _Iteration, tag: MicrobatchTag, gradient: Tensor) -> None:
+        m = tag.microbatch
+        prior = it.backwards.get(m)
+        if prior is not None:
+            if prior == tag.sender:
+                return
+            raise TensorError(f"the gradient of microbatch {m} came here already")
+        if m not in it.forwards:
+            raise TensorError(
+                f"a gradient of microbatch {m} of iteration {it.number} was not expected here "
+                "(no forward)"
+            )
+        receiver = self.ledger.activation_receiver(m)
+        if receiver != tag.sender:
+            raise TensorError(
+                f"microbatch {m}'s activation went to {receiver}, not to {tag.sender}"
+            )
+        it.backwards[m] = tag.sender
+        # This node's own prefix (a redirect may have rewritten the stage above), the rest from
+        # the sender: where the microbatch went after this node.
+        it.paths[m] = (*it.paths[m][: self.stage + 1], *tag.path[self.stage + 1 :])
+        self.ledger.gradient_received(m, tag.sender)
+        self._spawn(self._backward(it, m, gradient), f"backward {it.number}/{m}", it)
+
+    async def _forward(self, it: _Iteration, m: int, tensors: dict[str, Tensor]) -> None:
         key = MicrobatchKey(self.job_id, it.number, m)
         activation, labels = tensors["activation"], tensors["labels"]
+        mode = it.modes[m]
         share = 1.0 if self.is_last else FORWARD_SHARE
+        redo = mode != Mode.FORWARD or m in it.recovered
+        run = self.executor.recompute if redo else self.executor.forward
+
+        def work() -> Any:
+            self._hit("forward", key.iteration, m)
+            if self.is_last:  # forward and backward are one step here
+                self._hit("backward", key.iteration, m)
+            return run(key, activation, labels if self.is_last else None)
+
         try:
-            result = await self._compute(
-                _FORWARD,
-                lambda: self.executor.forward(key, activation, labels if self.is_last else None),
-                self._emulated(share),
-            )
-        except WorkerStopped:
+            result = await self._compute(_FORWARD, work, self._emulated(share), it)
+        except (WorkerStopped, _Stale):
             return
         except ExecutorError as err:
             self._fail(f"{self.host.node_id} could not run microbatch {key}: {err}")
@@ -533,82 +737,157 @@ class StageWorker:
             path = it.paths[m]
             it.routes[path] = it.routes.get(path, 0) + 1
             self.ledger.accumulated(m)
+            self._hit("after-backward", key.iteration, m)
+            if mode == Mode.REPLAY:
+                self._replayed(it, m)
+                return
             await self._send_backward(it, m, result.grad_input)
+            return
+        assert result.output is not None
+        it.fwd_done[m].set()
+        out = {"activation": result.output, "labels": labels}
+        if mode == Mode.FORWARD:
+            await self._send_forward(it, m, out)
         else:
-            assert result.output is not None
-            await self._send_forward(it, m, {"activation": result.output, "labels": labels})
+            downstream = self.ledger.activation_receiver(m)
+            assert downstream is not None
+            it.kept[(m, "forward")] = (downstream, out)
 
-    async def _backward(self, it: _Iteration, tag: MicrobatchTag, gradient: Tensor) -> None:
-        m = tag.microbatch
+    async def _backward(self, it: _Iteration, m: int, gradient: Tensor) -> None:
         key = MicrobatchKey(self.job_id, it.number, m)
+        await it.fwd_done[m].wait()
+        if not self._current(it):
+            return
+
+        def work() -> Tensor | None:
+            self._hit("backward", key.iteration, m)
+            return self.executor.backward(key, gradient)
+
         try:
             grad_input = await self._compute(
-                _BACKWARD,
-                lambda: self.executor.backward(key, gradient),
-                self._emulated(1 - FORWARD_SHARE),
+                _BACKWARD, work, self._emulated(1 - FORWARD_SHARE), it,
             )
-        except WorkerStopped:
+        except (WorkerStopped, _Stale):
             return
         except ExecutorError as err:
             self._fail(f"{self.host.node_id} could not run the backward of {key}: {err}")
             return
         finally:
-            if not self._stopped and it is self._it:
+            if self._current(it):
                 self._free.release()
         self.ledger.accumulated(m)
+        self._hit("after-backward", key.iteration, m)
+        if it.modes.get(m) == Mode.REPLAY:
+            self._replayed(it, m)
+            return
         if not self.is_first:
             assert grad_input is not None
             await self._send_backward(it, m, grad_input)
             return
         it.finished.add(m)
-        if it.finished == set(it.mine):
-            self.host.report_done(self.job_id, it.number, tuple(sorted(it.finished)))
+        self.host.report_done(self.job_id, it.number, it.round, (m,))
+
+    def _replayed(self, it: _Iteration, m: int) -> None:
+        self.host.log.info(
+            "job %s it %d mb %d: replayed stage %d here (rule 3)", self.job_id, it.number, m,
+            self.stage,
+        )
+        self.host.report_replayed(self.job_id, it.number, it.round, m, self.stage)
 
     # ------------------------------------------------------------------ sending
 
-    def _candidates(self) -> dict[str, float]:
+    def _candidates(self, exclude: str = "") -> dict[str, float]:
         out: dict[str, float] = {}
         for peer, stage in self._participants.items():
-            if stage != self.stage + 1:
+            if stage != self.stage + 1 or peer == exclude or peer in self._departed:
                 continue
             member = self.host.member(peer)
             if member is not None:
                 out[peer] = member.capacity
         return out
 
-    async def _send_forward(self, it: _Iteration, m: int, tensors: dict[str, Tensor]) -> None:
+    def _backoff(self, attempt: int) -> float:
+        return float(min(self.config.retry_max_s, self.config.retry_s * 2 ** max(0, attempt)))
+
+    async def _send_forward(
+        self,
+        it: _Iteration,
+        m: int,
+        tensors: dict[str, Tensor],
+        *,
+        mode: Mode = Mode.FORWARD,
+        dead: str = "",
+        downstream: str = "",
+    ) -> None:
+        """Send `m`'s activation to a next-stage node picked by the flows (for a recovery, with
+        `mode`, never to `dead`). The send is on the record before it leaves; a receiver that
+        dies with it is left to the recovery of its death (the record is the evidence)."""
         excluded: set[str] = set()
-        for attempt in range(self.config.send_attempts):
-            weights, source = self.host.next_hop_weights(self._candidates())
+        attempt = 0
+        waited = False
+        while self._current(it):
+            weights, source = self.host.next_hop_weights(self._candidates(exclude=dead))
             target = self._rr.pick(weights, excluded) or self._rr.pick(weights)
-            if target is None:  # no live next-stage node right now: wait a little
-                await asyncio.sleep(self.config.retry_s * 2**attempt)
+            if target is None:
+                if mode != Mode.FORWARD and not waited:
+                    self.host.log.warning(
+                        "job %s it %d mb %d: stage %d has no live node; the recovery waits for "
+                        "one to join (rule 5)", self.job_id, it.number, m, self.stage + 1,
+                    )
+                    waited = True
+                await asyncio.sleep(self._backoff(attempt))
+                attempt += 1
                 continue
             self.route_sources[source] = self.route_sources.get(source, 0) + 1
-            if await self._send(it, m, "forward", target, tensors, attempt):
-                if it is self._it:
-                    self.ledger.activation_sent(m, target)
+            self.ledger.activation_sent(m, target, mode)
+            outcome = await self._send(
+                it, m, "forward", target, tensors, attempt, mode=mode, downstream=downstream,
+                recovered_from=dead,
+            )
+            if outcome == _SENT:
+                if mode != Mode.FORWARD or dead:
+                    self.rerouted += 1
+                    self.host.log.info(
+                        "job %s it %d mb %d: rerouted from dead %s to %s (%s)", self.job_id,
+                        it.number, m, dead, target, Rule(int(mode) + 1 if mode else 1).name,
+                    )
                 return
-            excluded.add(target)
-        self._fail(
-            f"{self.host.node_id} found no stage-{self.stage + 1} node to take microbatch {m} "
-            f"of iteration {it.number}"
-        )
+            if outcome == _GIVE_UP or self.ledger.activation_receiver(m) != target:
+                return
+            if outcome == _BUSY:
+                excluded.add(target)  # it did not take it: another node may
+            elif self.host.member(target) is None:
+                return  # it died with the microbatch: the recovery of its death resends it
+            attempt += 1
 
     async def _send_backward(self, it: _Iteration, m: int, gradient: Tensor) -> None:
-        path = it.paths[m]
-        target = path[self.stage - 1]
-        for attempt in range(self.config.send_attempts):
-            if await self._send(it, m, "backward", target, {"gradient": gradient}, attempt):
-                # The iteration may have committed while the call returned (the gradient's
-                # arrival upstream is what finishes it): the record is then moot.
-                if it is self._it:
-                    self.ledger.gradient_sent(m, target)
-                return
-        self._fail(
-            f"{self.host.node_id} could not send the gradient of microbatch {m} of iteration "
-            f"{it.number} to {target}"
-        )
+        """Send `m`'s input gradient to the node of the stage above on its path; a redirect
+        changes that node while this runs. Kept for a resend until the iteration steps."""
+        key = (m, "backward")
+        target = it.paths[m][self.stage - 1]
+        it.kept[key] = (target, {"gradient": gradient})
+        if key in it.sending:
+            return
+        it.sending.add(key)
+        try:
+            attempt = 0
+            while self._current(it):
+                target = it.paths[m][self.stage - 1]
+                self.ledger.gradient_sent(m, target)
+                outcome = await self._send(
+                    it, m, "backward", target, {"gradient": gradient}, attempt
+                )
+                if outcome == _GIVE_UP:
+                    return
+                if outcome == _SENT and it.paths[m][self.stage - 1] == target:
+                    return
+                if outcome != _SENT and self.host.member(target) is None and (
+                    it.paths[m][self.stage - 1] == target
+                ):
+                    return  # dead: a recovery will redirect this gradient (it is kept)
+                attempt += 1
+        finally:
+            it.sending.discard(key)
 
     async def _send(
         self,
@@ -618,21 +897,34 @@ class StageWorker:
         target: str,
         tensors: dict[str, Tensor],
         attempt: int,
-    ) -> bool:
-        """One attempt: True once `target` took the microbatch. A refusal fails the job."""
+        *,
+        mode: Mode = Mode.FORWARD,
+        downstream: str = "",
+        recovered_from: str = "",
+    ) -> int:
+        """One attempt: _SENT once `target` took the microbatch, _BUSY when it refused it for
+        now, _RETRY on a failed call, _GIVE_UP when the job failed or the iteration moved on."""
         if attempt:
-            await asyncio.sleep(self.config.retry_s * 2 ** (attempt - 1))
+            await asyncio.sleep(self._backoff(attempt - 1))
+        if not self._current(it):
+            return _GIVE_UP
         member = self.host.member(target)
-        if member is None or self._stopped or it is not self._it:
-            return False
+        if member is None:
+            return _RETRY
         tag = MicrobatchTag(
             job_id=self.job_id,
             iteration=it.number,
             microbatch=m,
             direction=direction,
             sender=self.host.node_id,
-            path=it.paths[m],
+            # Forward: the path up to this node (a resend after the gradient came back knows
+            # the whole path); backward: all of it.
+            path=it.paths[m][: self.stage + 1] if direction == "forward" else it.paths[m],
             attempt=attempt,
+            mode=int(mode),
+            round=it.round,
+            downstream=downstream,
+            recovered_from=recovered_from,
         )
         it.kept[(m, direction)] = (target, tensors)
 
@@ -647,19 +939,181 @@ class StageWorker:
                 timeout=self.config.data_timeout_s, delay=wan,
             )
         except aio.AioRpcError as err:
+            if not self._current(it):
+                return _GIVE_UP
             if err.code() in _FINAL_CODES:
+                if "is over here" in (err.details() or ""):
+                    return _GIVE_UP  # the receiver moved on (a restart): so will this node
                 self._fail(f"{target} refused microbatch {m} of iteration {it.number}: "
                            f"{err.details()}")
-                return False
+                return _GIVE_UP
             self.host.log.warning(
                 "job %s it %d mb %d: %s to %s failed (%s), attempt %d",
                 self.job_id, it.number, m, direction, target, err.code().name, attempt + 1,
             )
-            return False
+            if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return _BUSY
+            return _RETRY
         except TensorError as err:
             self._fail(f"microbatch {m} of iteration {it.number} could not be sent: {err}")
-            return False
-        return True
+            return _GIVE_UP
+        return _SENT
+
+    # ------------------------------------------------------------------ recovery
+
+    async def report(self, iteration: int, round_: int, dead: str) -> NeighbourReport:
+        """This node's ledger evidence about `dead` for the iteration in progress."""
+        deadline = time.monotonic() + self.config.rpc_timeout_s
+        try:
+            await self._reach(iteration, round_, deadline)
+        except TensorError as err:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+        return self.ledger.report_about(dead)
+
+    def _check_recovery(self, iteration: int, round_: int, m: int) -> _Iteration | None:
+        it = self._it
+        if self._stopped or (iteration, round_) != (it.number, it.round):
+            return None
+        if not 0 <= m < self.job.microbatches:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"no microbatch {m} in the job")
+        return it
+
+    def recover(self, request: job_pb2.RecoverRequest) -> None:
+        """The coordinator's order: carry out one recovery of a dead node's microbatch."""
+        it = self._check_recovery(request.iteration, request.round, request.microbatch)
+        if it is None:
+            return  # the iteration moved on: moot
+        m = request.microbatch
+        rule = Rule(request.rule)
+        mode = rule.mode
+        if request.stage == self.stage == 0:
+            if m in it.forwards:
+                return  # recovered here already
+            if not request.gradient_from:
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a stage-0 recovery names no "
+                              "downstream node")
+            self._spawn(self._recover_holder(it, m, mode, request.gradient_from),
+                        f"recover {m}", it)
+            return
+        if request.stage != self.stage + 1:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"stage {self.stage} cannot recover stage {request.stage}")
+        if self.ledger.activation_receiver(m) != request.dead:
+            return  # already moved on from the dead node (a repeated order)
+        kept = it.kept.get((m, "forward"))
+        if kept is None:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{self.host.node_id} keeps no activation of microbatch {m}")
+        downstream = request.gradient_from if mode != Mode.FORWARD else ""
+        if mode != Mode.FORWARD and not downstream:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a recompute or replay names no "
+                          "downstream node")
+        self._spawn(
+            self._send_forward(it, m, kept[1], mode=mode, dead=request.dead,
+                               downstream=downstream),
+            f"resend {m}", it,
+        )
+
+    async def _recover_holder(self, it: _Iteration, m: int, mode: Mode, downstream: str) -> None:
+        """Stage 0 of a dead holder's microbatch, again, here: the token ids from this holder's
+        copy of the data, forward recomputed, the gradient asked from `downstream`."""
+        await self._free.acquire()
+        if not self._current(it) or m in it.forwards:
+            self._free.release()
+            return
+        it.forwards[m] = ""
+        it.paths[m] = (self.host.node_id,)
+        it.modes[m] = mode
+        it.fwd_done[m] = asyncio.Event()
+        self.ledger.activation_sent(m, downstream)
+        self.rerouted += 1
+        self.host.log.info(
+            "job %s it %d mb %d: stage 0 of a dead holder's microbatch is recovered here (%s)",
+            self.job_id, it.number, m, mode.name.lower(),
+        )
+        self._spawn(self._redirect(it, m, downstream, mode), f"redirect {m}", it)
+        await self._own_forward(it, m)
+
+    async def _redirect(self, it: _Iteration, m: int, downstream: str, mode: Mode) -> None:
+        """Ask `downstream` to send `m`'s gradient here (again, if the dead node had it)."""
+        request = job_pb2.RedirectRequest(
+            sender=self.host.node_id, job_id=self.job_id, iteration=it.number, round=it.round,
+            microbatch=m, stage=self.stage, mode=int(mode),
+        )
+        attempt = 0
+        while self._current(it):
+            member = self.host.member(downstream)
+            if member is None:
+                return  # it died too: its own recovery takes the microbatch from here
+            try:
+                await self.host.job_stub(member).Redirect(
+                    request, timeout=self.config.rpc_timeout_s
+                )
+                return
+            except aio.AioRpcError as err:
+                if err.code() in _FINAL_CODES:
+                    self.host.log.warning(
+                        "job %s it %d mb %d: %s refused the redirect: %s", self.job_id,
+                        it.number, m, downstream, err.details(),
+                    )
+                    return
+            await asyncio.sleep(self._backoff(attempt))
+            attempt += 1
+
+    def redirect(self, request: job_pb2.RedirectRequest) -> None:
+        """A replacement of the stage above took over microbatch `m`: its gradient goes there
+        (resent now if it went to the dead node already)."""
+        it = self._check_recovery(request.iteration, request.round, request.microbatch)
+        if it is None:
+            return
+        m = request.microbatch
+        new = request.sender
+        if request.stage != self.stage - 1 or self._participants.get(new) != request.stage:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{new[:40]!r} is not a stage-{self.stage - 1} node of the job")
+        if request.mode not in (Mode.RECOMPUTE, Mode.REPLAY):
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a redirect is for a recompute or "
+                          "a replay")
+        if m not in it.forwards or m not in it.paths:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"microbatch {m} never came to {self.host.node_id}")
+        self.ledger.gradient_target(m, new, Mode(request.mode))
+        path = list(it.paths[m])
+        path[self.stage - 1] = new
+        it.paths[m] = tuple(path)
+        kept = it.kept.get((m, "backward"))
+        if kept is not None:
+            self._spawn(self._send_backward(it, m, kept[1]["gradient"]), f"regrad {m}", it)
+
+    # ------------------------------------------------------------------ restarts
+
+    def restart(self, iteration: int, round_: int, holders: tuple[str, ...],
+                participants: Mapping[str, int]) -> None:
+        """Start `iteration` again from scratch as `round_` (see the module docstring)."""
+        self._participants.update(participants)
+        it = self._it
+        if (iteration, round_) <= (it.number, it.round):
+            return
+        if iteration > it.number:
+            self._restarts[iteration] = (round_, holders)
+            return
+        self._abandon(it, round_, holders)
+
+    def _abandon(self, old: _Iteration, round_: int, holders: tuple[str, ...]) -> None:
+        self.host.log.warning(
+            "job %s iteration %d starts again as round %d", self.job_id, old.number, round_
+        )
+        for task in list(old.tasks):
+            task.cancel()
+        self._it = _Iteration(old.number, round_)
+        self._sums = {k: v for k, v in self._sums.items() if k[0] > old.number}
+        self.ledger.reset(old.number)
+        stale, self._free = self._free, asyncio.Semaphore(self.slots)
+        for _ in range(self.slots):
+            stale.release()  # wake whoever waited for a slot of the old round: it gives up
+        self._spawn(self._compute(_COMMIT, self.executor.abandon), "abandon")
+        self._signal()
+        self._begin(holders)
 
     # ------------------------------------------------------------------ commit
 
@@ -692,13 +1146,14 @@ class StageWorker:
         return self._numel
 
     def on_contribution(self, header: ContributionHeader, flat: Tensor) -> None:
-        """A stage peer's gradient sums for this iteration (or the next)."""
+        """A stage peer's gradient sums for an attempt of this iteration's commit (or the
+        next iteration's)."""
         self.contribution_numel(header)
-        it = self._it if header.iteration == self._it.number else None
-        store = it.contributions if it is not None else self._early
+        store = self._sums.setdefault((header.iteration, header.round, header.attempt), {})
         if header.sender in store:
             raise ContributionError(
-                f"{header.sender} sent two contributions for iteration {header.iteration}"
+                f"{header.sender} sent two contributions for iteration {header.iteration} "
+                f"attempt {header.attempt}"
             )
         store[header.sender] = GradContribution(
             node_id=header.sender,
@@ -710,56 +1165,34 @@ class StageWorker:
         self._signal()
 
     def order_commit(self, order: CommitOrder) -> None:
-        """The coordinator's order to commit an iteration. Orders are carried out in iteration
-        order, whatever order they arrive in; a repeated one is ignored."""
-        if order.iteration < self._it.number or self._stopped:
+        """Phase one of an attempt of the coordinator's commit (a repeated one is ignored)."""
+        if self._stopped:
             return
-        self._orders[order.iteration] = order
-        if not self._committing:
-            self._committing = True
-            self._spawn(self._commits(), "commits")
+        self._spawn(self._prepare(order), f"prepare {order.iteration}/{order.attempt}")
 
-    async def _commits(self) -> None:
-        try:
-            try:
-                await asyncio.wait_for(self._started.wait(), self.config.commit_timeout_s)
-            except TimeoutError:
-                self._fail(f"job {self.job_id} was ordered to commit but never started on "
-                           f"{self.host.node_id}")
-                return
-            while self._it.number in self._orders and not self._stopped:
-                order = self._orders.pop(self._it.number)
-                try:
-                    if not await self._commit(order):
-                        return
-                except WorkerStopped:
-                    return
-                except (CombineError, ExecutorError, ContributionError) as err:
-                    self._fail(
-                        f"stage {self.stage} could not commit iteration {order.iteration} on "
-                        f"{self.host.node_id}: {err}"
-                    )
-                    return
-                except TimeoutError:
-                    missing = sorted(set(self._peers()) - set(self._it.contributions))
-                    self._fail(
-                        f"{self.host.node_id} waited {self.config.commit_timeout_s:g} s for the "
-                        f"gradient sums of {', '.join(missing)} for iteration {order.iteration}"
-                    )
-                    return
-        finally:
-            self._committing = False
-
-    def _peers(self) -> list[str]:
-        me = self.host.node_id
-        return sorted(p for p, s in self._participants.items() if s == self.stage and p != me)
-
-    async def _commit(self, order: CommitOrder) -> bool:
-        """False when the job failed meanwhile."""
+    async def _prepare(self, order: CommitOrder) -> None:
         deadline = time.monotonic() + self.config.commit_timeout_s
+        try:
+            await asyncio.wait_for(self._started.wait(), self.config.commit_timeout_s)
+            await self._reach(order.iteration, order.round, deadline)
+        except (TimeoutError, TensorError, Refusal):
+            return  # over, or never reached: the coordinator orders another attempt
         it = self._it
+        if order.attempt <= it.attempt:
+            return
+        it.attempt = order.attempt
+        it.prepared = None
         me = self.host.node_id
-        mine = await self._compute(_COMMIT, lambda: self.executor.contribution(me))
+        try:
+            mine = await self._compute(_COMMIT, lambda: self.executor.contribution(me), 0.0, it)
+        except (WorkerStopped, _Stale):
+            return
+        if set(mine.microbatch_ids) != set(self.ledger.contributions()):
+            self._fail(
+                f"{me}'s gradient sums hold microbatches {sorted(mine.microbatch_ids)[:8]} but its "
+                f"ledger says {sorted(self.ledger.contributions())[:8]}"
+            )
+            return
         names = sorted(self._shapes)
         flat = flatten(mine.grad_sums, names, self._grad_dtype)
         header = ContributionHeader(
@@ -770,54 +1203,54 @@ class StageWorker:
             microbatches=mine.microbatch_ids,
             dtype=self.job.grad_accum,
             numel=flat.numel(),
+            round=it.round,
+            attempt=order.attempt,
         )
-        peers = self._peers()
-        sends = [self._contribute(peer, header, flat, deadline) for peer in peers]
-        results = await asyncio.gather(*sends)
-        if not all(results):
-            return False
-        while set(it.contributions) != set(peers):
-            await self._wait_change(deadline)
-        contributions = [mine, *it.contributions.values()]
-        expected = order.microbatches
-
-        def step() -> tuple[str, dict[str, str]]:
-            aggregated = combine_contributions(contributions, expected_ids=expected)
-            checksum = self.executor.commit(aggregated)
-            return checksum, self.executor.digests() if order.final else {}
-
-        checksum, digests = await self._compute(_COMMIT, step)
-        report = CommittedReport(
+        peers = sorted(p for p, s in order.members.items() if s == self.stage and p != me)
+        for index, peer in enumerate(peers):
+            if index == 1:
+                self._hit("aggregation", it.number)
+            ok = await self._contribute(peer, header, flat, deadline, it, order.attempt)
+            if not ok:
+                return
+        if len(peers) == 1:
+            self._hit("aggregation", it.number)
+        key = (it.number, it.round, order.attempt)
+        while not set(peers) <= set(self._sums.get(key, {})):
+            if not self._current(it) or it.attempt != order.attempt:
+                return
+            if any(self.host.member(p) is None for p in peers):
+                return  # a member died: the coordinator voids the attempt and orders another
+            try:
+                await self._wait_change(deadline)
+            except TimeoutError:
+                return
+        got = self._sums.get(key, {})
+        it.prepared = (order, [mine, *(got[p] for p in peers)])
+        compute_s, replayed_s = self.compute_delta()
+        self.host.report_prepared(self.job_id, PreparedReport(
             sender=me,
             iteration=it.number,
+            round=it.round,
+            attempt=order.attempt,
             stage=self.stage,
-            checksum=checksum,
+            contributed=self.ledger.contributions(),
             losses=dict(it.losses),
             routes=dict(it.routes),
-            digests=digests,
-        )
-        self._advance(order)
-        self.host.report_committed(self.job_id, report)
-        return True
-
-    def _advance(self, order: CommitOrder) -> None:
-        number = order.iteration + 1
-        self._it = _Iteration(number, contributions=self._early)
-        self._early = {}
-        self.ledger.reset(number)
-        self._signal()
-        if not order.final:
-            self._begin(order.next_holders)
+            compute_s=compute_s,
+            replayed_s=replayed_s,
+        ))
 
     async def _contribute(
-        self, peer: str, header: ContributionHeader, flat: Tensor, deadline: float
+        self, peer: str, header: ContributionHeader, flat: Tensor, deadline: float,
+        it: _Iteration, attempt: int,
     ) -> bool:
-        for attempt in range(self.config.send_attempts):
-            if attempt:
-                await asyncio.sleep(self.config.retry_s * 2 ** (attempt - 1))
+        for tries in range(self.config.send_attempts):
+            if tries:
+                await asyncio.sleep(self._backoff(tries - 1))
             member = self.host.member(peer)
-            if member is None or self._stopped:
-                break
+            if member is None or not self._current(it) or it.attempt != attempt:
+                return False
             nbytes = flat.numel() * flat.element_size()
             delay = self.host.wan_delay(member, nbytes)
             if delay > 0:
@@ -829,9 +1262,103 @@ class StageWorker:
                 return True
             except aio.AioRpcError as err:
                 if err.code() in _FINAL_CODES:
-                    self._fail(f"{peer} refused the gradient sums of {header.sender} for "
-                               f"iteration {header.iteration}: {err.details()}")
+                    self.host.log.warning(
+                        "job %s: %s refused the gradient sums for iteration %d attempt %d: %s",
+                        self.job_id, peer, header.iteration, attempt, err.details(),
+                    )
                     return False
-        self._fail(f"{peer} did not take the gradient sums of {header.sender} for iteration "
-                   f"{header.iteration}")
         return False
+
+    def step(self, order: StepOrder) -> None:
+        """Phase two: every member is prepared, step."""
+        it = self._it
+        if (order.iteration, order.round) != (it.number, it.round) or self._stopped:
+            return  # a repeated order
+        prepared = it.prepared
+        if prepared is None or prepared[0].attempt != order.attempt:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.host.node_id} is not prepared for attempt {order.attempt} of iteration "
+                f"{order.iteration}",
+            )
+        self._spawn(self._step(it, order, prepared[0], prepared[1]), f"step {order.iteration}")
+
+    async def _step(
+        self, it: _Iteration, order: StepOrder, commit: CommitOrder,
+        contributions: list[GradContribution],
+    ) -> None:
+        expected = commit.microbatches
+
+        def step() -> tuple[str, dict[str, str]]:
+            aggregated = combine_contributions(contributions, expected_ids=expected)
+            checksum = self.executor.commit(aggregated)
+            return checksum, self.executor.digests() if order.final else {}
+
+        try:
+            checksum, digests = await self._compute(_COMMIT, step, 0.0, it)
+        except (WorkerStopped, _Stale):
+            return
+        except (CombineError, ExecutorError) as err:
+            self._fail(
+                f"stage {self.stage} could not commit iteration {order.iteration} on "
+                f"{self.host.node_id}: {err}"
+            )
+            return
+        self.last_step = LastStep(order.iteration, order.loss, order.trained, order.dropped)
+        report = CommittedReport(
+            sender=self.host.node_id,
+            iteration=it.number,
+            stage=self.stage,
+            checksum=checksum,
+            digests=digests,
+        )
+        self._participants.update(order.participants)
+        self._advance(order)
+        self.host.report_committed(self.job_id, report)
+        alone = not any(
+            s == self.stage and p != self.host.node_id and self.host.member(p) is not None
+            for p, s in order.participants.items()
+        )
+        self.host.on_stepped(self.job_id, order.iteration, alone)
+
+    def _advance(self, order: StepOrder) -> None:
+        number = order.iteration + 1
+        self._it = _Iteration(number)
+        self._sums = {k: v for k, v in self._sums.items() if k[0] >= number}
+        self.ledger.reset(number)
+        self._signal()
+        if order.final:
+            return
+        pending = self._restarts.pop(number, None)
+        if pending is not None:
+            self._it.round = pending[0]
+            self._begin(pending[1])
+        else:
+            self._begin(order.next_holders)
+
+    # ------------------------------------------------------------------ state
+
+    async def state_bytes(self) -> tuple[int, bytes]:
+        """(iteration, this stage's weights and optimizer state at its start), for a joiner."""
+        it = self._it
+        data = await self._compute(_COMMIT, self.executor.state_bytes)
+        return it.number, data
+
+    def sync(self) -> job_pb2.SyncReply:
+        it = self._it
+        reply = job_pb2.SyncReply(
+            iteration=it.number,
+            round=it.round,
+            prepared=it.prepared is not None,
+            attempt=it.prepared[0].attempt if it.prepared is not None else 0,
+        )
+        last = self.last_step
+        if last is not None:
+            reply.stepped = True
+            reply.stepped_iteration = last.iteration
+            reply.stepped_loss = last.loss
+            reply.stepped_trained = last.trained
+            if last.dropped:
+                reply.stepped_dropped.append(job_pb2.IterationMicrobatches(
+                    iteration=last.iteration, microbatches=last.dropped))
+        return reply

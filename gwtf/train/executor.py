@@ -12,6 +12,7 @@ Life of a microbatch `key = (job_id, iteration, microbatch)` at stage s:
 - `recompute(key, inputs, labels)`: the same computation as `forward`, for a replacement node
   (DESIGN.md 4 rules 2 and 3); counted apart, as replayed work.
 - `drop(key)`: forget a microbatch in flight (its sender chose another route, or it was dropped).
+- `abandon()`: forget the whole iteration's work, no step (the iteration starts again).
 - `contribution(node_id)` -> the sums and the ids accumulated, for the stage's commit;
   `commit(aggregated)` -> one AdamW step with the combined gradient, then the next iteration.
 
@@ -320,6 +321,17 @@ class StageExecutor:
         self._sums = {}
         self.iteration += 1
         return self.checksum()
+
+    def abandon(self) -> None:
+        """Forget the iteration's work, forward state and gradient sums, without a step.
+
+        For an iteration started again from scratch (its coordinator died, or a microbatch could
+        not be recovered): what was accumulated here would be accumulated again, so it must go.
+        The parameters and the iteration stay as they are.
+        """
+        self._in_flight.clear()
+        self._accumulated = {}
+        self._sums = {}
 
     # -- state transfer ----------------------------------------------------------------------
 

@@ -1,13 +1,16 @@
-"""The coordinator's commit bookkeeping (gwtf.node.iterations), with no I/O."""
+"""The coordinator's commit and recovery bookkeeping (gwtf.node.iterations), with no I/O."""
 
 import pytest
 
 from gwtf.node.iterations import (
     CommittedReport,
     IterationCoordinator,
+    PreparedReport,
     ReportError,
+    StepOrder,
     assign,
 )
+from gwtf.recovery import CrashPlan, Recovery, Rule
 from gwtf.train.data import assign_microbatches
 
 PARTICIPANTS = {"h0": 0, "h1": 0, "a": 1, "b": 1, "z": 2}
@@ -23,17 +26,35 @@ def coordinator(iterations: int = 3, microbatches: int = 5) -> IterationCoordina
     )
 
 
-def report(sender: str, k: int, checksum: str = "c", **kw: object) -> CommittedReport:
-    return CommittedReport(sender, k, PARTICIPANTS[sender], checksum + str(PARTICIPANTS[sender]),
-                           **kw)  # type: ignore[arg-type]
+def prepared(
+    c: IterationCoordinator, sender: str, contributed: range | list[int], **kw: object
+) -> StepOrder | str | None:
+    stage = PARTICIPANTS[sender]
+    ids = frozenset(contributed)
+    if stage == 2 and "losses" not in kw:
+        kw = {"losses": {m: float(m) for m in ids}, "routes": {("h0", "a", "z"): len(ids)},
+              **kw}
+    return c.prepared(PreparedReport(sender, c.injecting, c.round, c.attempt, stage, ids,
+                                     **kw))  # type: ignore[arg-type]
 
 
-def last(k: int, ids: range | list[int], **kw: object) -> CommittedReport:
+def all_prepared(c: IterationCoordinator, ids: range | list[int]) -> StepOrder:
     ids = list(ids)
-    return report(
-        "z", k, losses={m: float(m) for m in ids},
-        routes={("h0", "a", "z"): len(ids)}, **kw,
-    )
+    half = len(ids) // 2
+    prepared(c, "h0", ids[:half])
+    prepared(c, "h1", ids[half:])
+    prepared(c, "a", ids)
+    prepared(c, "b", [])
+    order = prepared(c, "z", ids)
+    assert isinstance(order, StepOrder), order
+    return order
+
+
+def committed(c: IterationCoordinator, k: int, sender: str, checksum: str = "c",
+              **kw: object) -> list:  # type: ignore[type-arg]
+    return c.committed(CommittedReport(sender, k, PARTICIPANTS[sender],
+                                       checksum + str(PARTICIPANTS[sender]),
+                                       **kw))  # type: ignore[arg-type]
 
 
 def test_assign_is_the_trainers_assignment() -> None:
@@ -41,121 +62,194 @@ def test_assign_is_the_trainers_assignment() -> None:
         assert assign(count, holders) == assign_microbatches(count, holders)
 
 
-def test_an_iteration_commits_once_every_holder_is_done_and_completes_in_order() -> None:
+def test_an_iteration_commits_in_two_phases_once_every_microbatch_is_done() -> None:
     c = coordinator()
     assert c.assignment() == {"h0": (0, 2, 4), "h1": (1, 3)}
-    assert c.done("h0", 0, [4, 0, 2]) is None
-    order = c.done("h1", 0, [1, 3])
+    c.done("h0", 0, 0, [4, 0])
+    c.done("h1", 0, 0, [1, 3])
+    assert c.commit_order() is None  # microbatch 2 is still out
+    c.done("h0", 0, 0, [2])
+    order = c.commit_order()
     assert order is not None
-    assert (order.iteration, order.microbatches, order.final) == (0, (0, 1, 2, 3, 4), False)
-    assert order.next_holders == ("h0", "h1")
-    # The holders go on with iteration 1 while the commit of 0 is being reported.
-    assert c.done("h0", 1, [0, 2, 4]) is None
+    assert (order.iteration, order.microbatches, order.final, order.attempt) == (
+        0, (0, 1, 2, 3, 4), False, 1)
+    assert dict(order.members) == PARTICIPANTS and order.next_holders == ("h0", "h1")
+    assert c.commit_order() is None  # one attempt at a time
+    step = all_prepared(c, range(5))
+    assert (step.iteration, step.trained, step.loss) == (0, 5, sum(range(5)) / 5)
+    # The holders go on with iteration 1 while the step of 0 is being reported.
+    assert c.injecting == 1 and c.committing() == [0]
+    c.done("h0", 1, 0, [0, 2, 4])
     for sender in ("h0", "h1", "a", "b"):
-        assert c.committed(report(sender, 0)) == []
-    assert c.done("h1", 1, [1, 3]) is not None
-    (outcome,) = c.committed(last(0, range(5)))
+        assert committed(c, 0, sender) == []
+    (outcome,) = committed(c, 0, "z")
     assert outcome.iteration == 0 and outcome.microbatches == 5 and not outcome.final
-    assert outcome.loss == sum(range(5)) / 5
-    assert outcome.mismatched == ()
+    assert outcome.loss == sum(range(5)) / 5 and outcome.mismatched == ()
     assert outcome.routes == {("h0", "a", "z"): 5}
-    assert c.completed == 1 and c.committing() == [1]
+    assert c.completed == 1
 
 
-def test_a_later_iteration_completes_only_after_the_earlier_one() -> None:
+def test_rule_6_voids_an_attempt_whose_contributions_miss_or_repeat_a_microbatch() -> None:
     c = coordinator()
-    c.done("h0", 0, [0, 2, 4])
-    c.done("h1", 0, [1, 3])
-    c.done("h0", 1, [0, 2, 4])
-    c.done("h1", 1, [1, 3])
-    for sender in ("h0", "h1", "a", "b"):
-        c.committed(report(sender, 1))
-    assert c.committed(last(1, range(5))) == []  # iteration 0 is not complete yet
-    for sender in ("h0", "h1", "a", "b"):
-        c.committed(report(sender, 0))
-    outcomes = c.committed(last(0, range(5)))
-    assert [o.iteration for o in outcomes] == [0, 1]
+    c.done("h0", 0, 0, range(5))
+    c.commit_order()
+    prepared(c, "h0", range(5))
+    prepared(c, "h1", [])
+    prepared(c, "a", [0, 1, 2, 3])  # 4 is missing at stage 1
+    prepared(c, "b", [])
+    reason = prepared(c, "z", range(5))
+    assert isinstance(reason, str) and "stage 1: 1 missing" in reason
+    order = c.commit_order()
+    assert order is not None and order.attempt == 2
+    prepared(c, "h0", range(5))
+    prepared(c, "h1", [])
+    prepared(c, "a", range(5))
+    prepared(c, "b", [4])  # counted twice at stage 1
+    reason = prepared(c, "z", range(5))
+    assert isinstance(reason, str) and "duplicated" in reason
 
 
-def test_the_final_iteration_gathers_the_digests_and_names_a_diverging_replica() -> None:
+def test_a_death_in_phase_one_voids_the_attempt_and_the_replays_hold_the_next() -> None:
+    c = coordinator()
+    c.done("h0", 0, 0, range(5))
+    c.commit_order()
+    prepared(c, "h0", range(5))
+    prepared(c, "a", [0, 1, 2])
+    assert c.member_down("b")  # b held 3 and 4: its sums died with it
+    assert prepared(c, "z", range(5)) is None  # a report of the voided attempt
+    c.recovering(CrashPlan("b", 1, (Recovery(3, 1, Rule.REPLAY, "h0", "z"),
+                                    Recovery(4, 1, Rule.REPLAY, "h0", "z")), frozenset()))
+    assert c.commit_order() is None
+    c.replayed("a", 0, 0, 3, 1)
+    assert c.commit_order() is None
+    c.replayed("a", 0, 0, 4, 1)
+    order = c.commit_order()
+    assert order is not None and order.attempt == 2 and "b" not in order.members
+    prepared(c, "h0", range(5))
+    prepared(c, "h1", [])
+    prepared(c, "a", range(5))
+    assert isinstance(prepared(c, "z", range(5)), StepOrder)
+
+
+def test_a_dead_holders_drops_leave_the_commit_and_its_share_is_known() -> None:
+    c = coordinator()
+    c.done("h1", 0, 0, [1])
+    assert c.held_by("h1") == (3,)
+    c.member_down("h1")
+    c.recovering(CrashPlan("h1", 0, (), frozenset({3})))
+    c.done("h0", 0, 0, [0, 2, 4])
+    order = c.commit_order()
+    assert order is not None and order.microbatches == (0, 1, 2, 4)
+    assert order.next_holders == ("h0",)
+    prepared(c, "h0", [0, 1, 2, 4])
+    prepared(c, "a", [0, 1, 2, 4])
+    prepared(c, "b", [])
+    step = prepared(c, "z", [0, 1, 2, 4])
+    assert isinstance(step, StepOrder) and step.dropped == (3,) and step.trained == 4
+    with pytest.raises(ReportError, match="dropped"):
+        c2 = coordinator()
+        c2.recovering(CrashPlan("h1", 0, (), frozenset({3})))
+        c2.done("h0", 0, 0, [3])
+
+
+def test_a_death_after_the_step_order_only_stops_waiting_for_its_report() -> None:
     c = coordinator(iterations=1)
-    c.done("h0", 0, [0, 2, 4])
-    order = c.done("h1", 0, [1, 3])
-    assert order is not None and order.final and order.next_holders == ()
-    c.committed(report("h0", 0, digests={"embed.w": "e"}))
-    c.committed(report("h1", 0, digests={"embed.w": "e"}))
-    c.committed(report("a", 0, digests={"blocks.0.w": "a"}))
-    c.committed(report("b", 0, checksum="other", digests={"blocks.0.w": "B"}))
-    (outcome,) = c.committed(last(0, range(5), digests={"head.w": "h"}))
-    assert outcome.final
-    # a and b disagree 1:1: which is right cannot be told, both are named.
-    assert outcome.mismatched == ("a", "b")
-    assert set(outcome.digests) == {"embed.w", "blocks.0.w", "head.w"}
+    c.done("h0", 0, 0, range(5))
+    c.commit_order()
+    step = all_prepared(c, range(5))
+    assert step.final and step.next_holders == ()
+    committed(c, 0, "h0", digests={"embed.w": "e"})
+    committed(c, 0, "h1", digests={"embed.w": "e"})
+    committed(c, 0, "a", digests={"blocks.0.w": "a"})
+    committed(c, 0, "z", digests={"head.w": "h"})
+    assert not c.member_down("b")
+    (outcome,) = c.completions()
+    assert outcome.final and set(outcome.digests) == {"embed.w", "blocks.0.w", "head.w"}
+
+
+def test_the_final_iteration_names_replicas_that_diverge() -> None:
+    c = coordinator(iterations=1)
+    c.done("h0", 0, 0, range(5))
+    c.commit_order()
+    all_prepared(c, range(5))
+    committed(c, 0, "h0")
+    committed(c, 0, "h1")
+    committed(c, 0, "a")
+    committed(c, 0, "b", checksum="other")
+    (outcome,) = committed(c, 0, "z")
+    assert outcome.mismatched == ("a", "b")  # 1:1, which is right cannot be told
+
+
+def test_a_restart_forgets_the_round_and_its_late_reports() -> None:
+    c = coordinator()
+    c.done("h0", 0, 0, [0, 2])
+    c.member_down("h1")
+    assert c.restart("test") == (0, 1, ("h0",))
+    assert c.finished == set() and c.assignment() == {"h0": (0, 1, 2, 3, 4)}
+    c.done("h0", 0, 0, [4])  # round 0: stale, ignored
+    assert c.finished == set()
+    c.done("h0", 0, 1, range(5))
+    assert c.commit_order() is not None
+
+
+def test_a_joiner_takes_part_from_its_admission() -> None:
+    c = IterationCoordinator(iterations=2, microbatches=2, participants={"h": 0, "z": 1},
+                             num_stages=2, holders=["h"])
+    c.member_down("z")
+    assert c.empty_stages() == [1]
+    c.done("h", 0, 0, [0, 1])
+    assert c.commit_order() is None  # paused: stage 1 has no node
+    c.admit("y", 1)
+    order = c.commit_order()
+    assert order is not None and dict(order.members) == {"h": 0, "y": 1}
 
 
 def test_wrong_reports_are_refused_and_change_nothing() -> None:
     c = coordinator()
-    with pytest.raises(ReportError, match="not a data holder"):
-        c.done("a", 0, [0])
-    with pytest.raises(ReportError, match="share"):
-        c.done("h0", 0, [0, 2])
+    with pytest.raises(ReportError, match="not a live data holder"):
+        c.done("a", 0, 0, [0])
+    with pytest.raises(ReportError, match="outside the job"):
+        c.done("h0", 0, 0, [7])
     with pytest.raises(ReportError, match="in progress"):
-        c.done("h0", 2, [0, 2, 4])
-    c.done("h0", 0, [0, 2, 4])
-    c.done("h1", 0, [1, 3])
-    with pytest.raises(ReportError, match="not being committed"):
-        c.committed(report("a", 1))
+        c.done("h0", 2, 0, [0])
+    c.done("h0", 0, 0, range(5))
+    c.commit_order()
+    with pytest.raises(ReportError, match="not on the last stage"):
+        prepared(c, "a", range(5), losses={0: 1.0})
+    with pytest.raises(ReportError, match="not finished"):
+        prepared(c, "z", [], losses={9: 1.0}, routes={("h0", "a", "z"): 1})
+    with pytest.raises(ReportError, match="routes"):
+        prepared(c, "z", [0], losses={0: 1.0}, routes={})
+    with pytest.raises(ReportError, match="holds stage"):
+        c.prepared(PreparedReport("a", 0, 0, 1, 2, frozenset()))
+    step = all_prepared(c, range(5))
+    assert step.iteration == 0
     with pytest.raises(ReportError, match="does not take part"):
         c.committed(CommittedReport("stranger", 0, 1, "x"))
     with pytest.raises(ReportError, match="holds stage"):
         c.committed(CommittedReport("a", 0, 2, "x"))
-    with pytest.raises(ReportError, match="not on the last stage"):
-        c.committed(report("a", 0, losses={0: 1.0}))
-    with pytest.raises(ReportError, match="not in iteration"):
-        c.committed(report("z", 0, losses={9: 1.0}, routes={("h0", "a", "z"): 1}))
-    with pytest.raises(ReportError, match="routes"):
-        c.committed(report("z", 0, losses={0: 1.0}))
-    for sender in ("h0", "h1", "a", "b"):
-        c.committed(report(sender, 0))
+    committed(c, 0, "a")
+    assert committed(c, 0, "a") == []  # a retry
     with pytest.raises(ReportError, match="another commit"):
-        c.committed(report("a", 0, checksum="changed"))
-    # The last report must cover every microbatch of the commit.
-    with pytest.raises(ReportError, match="no last-stage node reported the loss"):
-        c.committed(last(0, [0, 1, 2]))
-    assert c.completed == 0
-    (outcome,) = c.committed(last(0, range(5)))
-    assert outcome.iteration == 0
+        committed(c, 0, "a", checksum="changed")
+    with pytest.raises(ReportError, match="not being committed"):
+        committed(c, 5, "a")
 
 
-def test_a_report_repeated_by_a_retry_is_ignored() -> None:
-    c = coordinator()
-    c.done("h0", 0, [0, 2, 4])
-    assert c.done("h0", 0, [0, 2, 4]) is None
-    c.done("h1", 0, [1, 3])
-    assert c.done("h1", 0, [1, 3]) is None  # iteration 0 is already ordered
-    c.committed(report("a", 0))
-    assert c.committed(report("a", 0)) == []
-    for sender in ("h0", "h1", "b"):
-        c.committed(report(sender, 0))
-    c.committed(last(0, range(5)))
-    assert c.committed(last(0, range(5))) == []  # iteration 0 is complete
+def test_two_last_stage_replicas_cannot_both_count_a_loss() -> None:
+    c = IterationCoordinator(iterations=1, microbatches=2, participants={"h": 0, "y": 1, "z": 1},
+                             num_stages=2, holders=["h"])
+    c.done("h", 0, 0, [0, 1])
+    c.commit_order()
+    c.prepared(PreparedReport("h", 0, 0, 1, 0, frozenset({0, 1})))
+    c.prepared(PreparedReport("y", 0, 0, 1, 1, frozenset({0, 1}), {0: 1.0, 1: 1.0},
+                              {("h", "y"): 2}))
+    reason = c.prepared(PreparedReport("z", 0, 0, 1, 1, frozenset(), {0: 1.0},
+                                       {("h", "z"): 1}))
+    assert isinstance(reason, str) and "two last-stage nodes" in reason
 
 
-def test_two_last_stage_replicas_cannot_both_count_a_microbatch() -> None:
-    participants = {"h": 0, "y": 1, "z": 1}
-    c = IterationCoordinator(
-        iterations=1, microbatches=2, participants=participants, num_stages=2, holders=["h"]
-    )
-    c.done("h", 0, [0, 1])
-    c.committed(CommittedReport("y", 0, 1, "c", losses={0: 1.0}, routes={("h", "y"): 1}))
-    with pytest.raises(ReportError, match="reported by both"):
-        c.committed(CommittedReport("z", 0, 1, "c", losses={0: 1.0}, routes={("h", "z"): 1}))
-
-
-def test_a_job_needs_a_participant_on_every_stage_and_holders_on_stage_0() -> None:
-    with pytest.raises(ValueError, match="stage 2"):
-        IterationCoordinator(iterations=1, microbatches=1, participants={"h": 0, "a": 1},
-                             num_stages=3, holders=["h"])
+def test_holders_must_be_data_holders() -> None:
     with pytest.raises(ValueError, match="not a data holder"):
         IterationCoordinator(iterations=1, microbatches=1, participants=PARTICIPANTS,
                              num_stages=3, holders=["a"])

@@ -1,0 +1,566 @@
+"""JobCoordinator: the coordinator's side of a running job, with I/O (DESIGN.md 1 and 4).
+
+The bookkeeping is pure (`gwtf.node.iterations.IterationCoordinator`); this drives it with the
+calls between nodes:
+
+- holders report finished microbatches (`done`), replacements report replays (`replayed`);
+- once the iteration may commit, phase one (`Commit`) to every live participant, their
+  `prepared` reports, rule 6 (`gwtf.recovery.check_commit`), then phase two (`Step`);
+- a participant's death (`member_down`): the live neighbours of the dead node are asked for their
+  ledgers' evidence (`Report`), `gwtf.recovery.plan_crash` decides, the drops are recorded and
+  each recovery goes to the node that holds the microbatch's input (`Recover`); for a dead data
+  holder, to a live holder, which rebuilds the token ids from its own copy of the data;
+- a watchdog: an iteration that makes no progress for `stall_s` (a death whose evidence came late,
+  a recovery whose source died too) is swept again, and if that does not help, started again from
+  scratch as a new round (`Restart`): safe, since parameters only change at a step;
+- joiners (`enter`): whom to fetch the stage's state from, and admission once they hold the
+  state of the iteration in progress;
+- a node that becomes coordinator because the previous one died (`take_over`) asks every
+  participant where it is (`Sync`), finishes a step its predecessor ordered, and starts the
+  iteration in progress again (its predecessor's bookkeeping died with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from gwtf.node.iterations import (
+    CommitOrder,
+    CommittedReport,
+    IterationCoordinator,
+    IterationOutcome,
+    PreparedReport,
+    ReportError,
+    StepOrder,
+)
+from gwtf.node.membership import MemberInfo
+from gwtf.node.transport import Stubs
+from gwtf.recovery import CrashPlan, Evidence, NeighbourReport, Rule, plan_crash
+from gwtf.v1 import job_pb2
+
+if TYPE_CHECKING:
+    from gwtf.node.jobs import JobManager, _Active
+
+__all__ = ["JobCoordinator"]
+
+
+def participants_pb(participants: dict[str, int]) -> list[job_pb2.Participant]:
+    return [job_pb2.Participant(id=p, stage=s) for p, s in sorted(participants.items())]
+
+
+def _step_call(request: job_pb2.StepRequest) -> Callable[[Stubs, float], Awaitable[Any]]:
+    def call(stubs: Stubs, timeout: float) -> Awaitable[Any]:
+        return stubs.jobs.Step(request, timeout=timeout)
+
+    return call
+
+
+class JobCoordinator:
+    """The coordinator of one running job on this node."""
+
+    def __init__(self, manager: JobManager, active: _Active, plan: IterationCoordinator) -> None:
+        self.manager = manager
+        self.host = manager.host
+        self.active = active
+        self.plan = plan
+        self.job = active.job
+        self.job_id = active.job_id
+        self.log = manager.host.log
+        self.planned: dict[str, set[int]] = {}
+        """Per dead node, the microbatches of this round already recovered or dropped."""
+        self.dead: dict[str, int] = {}
+        """Nodes that died in this round, with their stage (a sweep plans them again)."""
+        self._last_progress = time.monotonic()
+        self._swept = False
+        self._paused_since: float | None = None
+        self._stopped = False
+        self._holder_turn = 0
+        self.stall_s = manager.host.config.recovery_stall_s
+
+    # ------------------------------------------------------------------ helpers
+
+    def _progress(self) -> job_pb2.JobProgress:
+        return self.manager.progress_record(self.job_id)
+
+    def _moved(self) -> None:
+        self._last_progress = time.monotonic()
+        self._swept = False
+
+    def live_participants(self) -> dict[str, int]:
+        me = self.host.node_id
+        return {
+            p: s for p, s in self.plan.participants.items()
+            if p == me or self.host.member(p) is not None
+        }
+
+    async def _to(
+        self,
+        node: str,
+        remote: Callable[[Stubs, float], Awaitable[Any]],
+        local: Callable[[], Any],
+        *,
+        attempts: int = 5,
+    ) -> Any:
+        """A call to a participant (this node: `local`); None when it did not take it."""
+        if node == self.host.node_id:
+            try:
+                result = local()
+                if asyncio.iscoroutine(result):
+                    result = await result
+                return result if result is not None else True
+            except Exception as err:  # the same refusals a remote caller would get
+                self.log.warning("job %s: local call failed: %s", self.job_id, err)
+                return None
+        member = self.host.member(node)
+        if member is None:
+            return None
+        try:
+            return await self.manager.call(remote, member, self.host.config.rpc_timeout_s,
+                                           attempts=attempts)
+        except RuntimeError as err:
+            self.log.warning("job %s: %s did not take a call: %s", self.job_id, node, err)
+            return None
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        self.host.spawn(coro, name)
+
+    def start(self) -> None:
+        self._spawn(self._watch(), "coordinator watchdog")
+        self._update_pause()
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    # ------------------------------------------------------------------ reports
+
+    def done(self, request: job_pb2.DoneRequest) -> None:
+        self.plan.done(request.sender, request.iteration, request.round,
+                       tuple(request.microbatches))
+        self._moved()
+        self._try_commit()
+
+    def replayed(self, request: job_pb2.ReplayedRequest) -> None:
+        self.plan.replayed(request.sender, request.iteration, request.round,
+                           request.microbatch, request.stage)
+        self._moved()
+        self._try_commit()
+
+    def prepared(self, request: job_pb2.PreparedRequest) -> None:
+        losses: dict[int, float] = {}
+        for entry in request.losses:
+            if entry.microbatch in losses:
+                raise ReportError(f"{request.sender} reports a loss twice")
+            losses[entry.microbatch] = entry.loss
+        routes: dict[tuple[str, ...], int] = {}
+        for route in request.routes:
+            path = tuple(route.path)
+            if len(path) != self.plan.num_stages:
+                raise ReportError(f"{request.sender} sent a route that is no path")
+            routes[path] = routes.get(path, 0) + route.microbatches
+        report = PreparedReport(
+            sender=request.sender,
+            iteration=request.iteration,
+            round=request.round,
+            attempt=request.attempt,
+            stage=request.stage,
+            contributed=frozenset(request.contributed),
+            losses=losses,
+            routes=routes,
+            compute_s=request.compute_s,
+            replayed_s=request.replayed_s,
+        )
+        outcome = self.plan.prepared(report)
+        self._moved()
+        if isinstance(outcome, str):
+            self.log.warning(
+                "job %s iteration %d attempt %d cannot commit: %s; it starts again",
+                self.job_id, request.iteration, request.attempt, outcome,
+            )
+            self._restart(f"the commit check failed: {outcome}")
+        elif outcome is not None:
+            self._step(outcome)
+
+    def committed(self, report: CommittedReport) -> list[IterationOutcome]:
+        outcomes = self.plan.committed(report)
+        self._moved()
+        return outcomes
+
+    # ------------------------------------------------------------------ the commit
+
+    def _try_commit(self) -> None:
+        if self._stopped:
+            return
+        order = self.plan.commit_order()
+        if order is None:
+            return
+        self.log.info(
+            "job %s iteration %d round %d: commit attempt %d over %d microbatches (%d dropped)",
+            self.job_id, order.iteration, order.round, order.attempt, len(order.microbatches),
+            len(self.plan.dropped),
+        )
+        request = job_pb2.CommitRequest(
+            sender=self.host.node_id, job_id=self.job_id, iteration=order.iteration,
+            microbatches=order.microbatches, final=order.final,
+            next_holders=order.next_holders, round=order.round, attempt=order.attempt,
+            members=participants_pb(dict(order.members)),
+        )
+        for node in sorted(order.members):
+            self._spawn(self._send_commit(node, request, order), "commit")
+
+    async def _send_commit(self, node: str, request: job_pb2.CommitRequest,
+                           order: CommitOrder) -> None:
+        await self._to(
+            node,
+            lambda stubs, t: stubs.jobs.Commit(request, timeout=t),
+            lambda: self.manager.commit(request),
+        )
+
+    def _step(self, order: StepOrder) -> None:
+        self.log.info(
+            "job %s iteration %d: every member is prepared and every stage covers the %d "
+            "finished microbatches once: step", self.job_id, order.iteration, order.trained,
+        )
+        request = job_pb2.StepRequest(
+            sender=self.host.node_id, job_id=self.job_id, iteration=order.iteration,
+            round=order.round, attempt=order.attempt, final=order.final,
+            next_holders=order.next_holders,
+            participants=participants_pb(dict(order.participants)),
+            loss=order.loss, trained=order.trained,
+        )
+        self.planned = {}
+        self.dead = {}
+        for node in sorted(order.participants):
+            self._spawn(
+                self._to(node, lambda stubs, t: stubs.jobs.Step(request, timeout=t),
+                         lambda: self.manager.step(request)),
+                "step",
+            )
+
+    # ------------------------------------------------------------------ deaths
+
+    def member_down(self, member: MemberInfo, verb: str) -> None:
+        stage = self.plan.participants.get(member.id)
+        if stage is None:
+            return
+        voided = self.plan.member_down(member.id)
+        if voided:
+            self.log.warning(
+                "job %s: %s %s during the commit of iteration %d: the commit runs again once "
+                "its work is replayed", self.job_id, member.id, verb, self.plan.injecting,
+            )
+        self.dead[member.id] = stage
+        for outcome in self.plan.completions():
+            self.manager.completed(self.active, outcome)
+        self._update_pause()
+        self._moved()
+        self._spawn(self._recover(member.id, stage), f"recover {member.id}")
+
+    async def _report_from(self, node: str, iteration: int, round_: int, dead: str
+                           ) -> NeighbourReport | None:
+        request = job_pb2.ReportRequest(
+            sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,
+            dead=dead,
+        )
+        reply = await self._to(
+            node,
+            lambda stubs, t: stubs.jobs.Report(request, timeout=t),
+            lambda: self.manager.report(request),
+            attempts=3,
+        )
+        if not isinstance(reply, job_pb2.ReportReply):
+            return None
+        return NeighbourReport(
+            reply.node, reply.stage,
+            tuple((e.microbatch, Evidence(min(e.evidence, 2))) for e in reply.evidence),
+        )
+
+    async def _recover(self, dead: str, stage: int) -> None:
+        """Plan the recovery of `dead`'s microbatches of the round in progress and carry it out
+        (again for a sweep: what was planned already is left alone)."""
+        plan = self.plan
+        iteration, round_ = plan.injecting, plan.round
+        if iteration >= plan.iterations or self._stopped:
+            return
+        neighbours = sorted(
+            p for p, s in self.live_participants().items() if s in (stage - 1, stage + 1)
+        )
+        replies = await asyncio.gather(
+            *(self._report_from(n, iteration, round_, dead) for n in neighbours)
+        )
+        if (plan.injecting, plan.round) != (iteration, round_) or self._stopped:
+            return  # the iteration moved on meanwhile: nothing of it is left to recover
+        reports = [r for r in replies if r is not None]
+        held = plan.held_by(dead) if stage == 0 else ()
+        crash = plan_crash(
+            dead, stage, plan.num_stages, reports, finished=plan.finished, held_by_dead=held
+        )
+        done = self.planned.setdefault(dead, set())
+        recoveries = tuple(r for r in crash.recoveries if r.mb not in done)
+        dropped = frozenset(m for m in crash.dropped if m not in done and m not in plan.finished)
+        if not recoveries and not dropped:
+            return
+        done.update(r.mb for r in recoveries)
+        done.update(dropped)
+        fresh = CrashPlan(dead, stage, recoveries, dropped)
+        plan.recovering(fresh)
+        progress = self._progress()
+        progress.rerouted_microbatches += len(recoveries)
+        progress.replayed_microbatches += fresh.count(Rule.RECOMPUTE) + fresh.count(Rule.REPLAY)
+        if dropped:
+            self._record_drops(iteration, dropped)
+        self.log.warning(
+            "job %s iteration %d: recovery of %s (stage %d): %d resent, %d recomputed, "
+            "%d replayed, %d dropped (from %d neighbour reports)", self.job_id, iteration, dead,
+            stage, fresh.count(Rule.RESEND), fresh.count(Rule.RECOMPUTE),
+            fresh.count(Rule.REPLAY), len(dropped), len(reports),
+        )
+        self.manager.changed(self.active)
+        for recovery in recoveries:
+            if recovery.activation_from is None:
+                self._restart(
+                    f"microbatch {recovery.mb} of {dead} has no live node holding its input"
+                )
+                return
+            self._spawn(self._dispatch(recovery.mb, stage, recovery.rule, dead,
+                                       recovery.activation_from, recovery.gradient_from or "",
+                                       iteration, round_), f"dispatch {recovery.mb}")
+        self._try_commit()
+
+    def _record_drops(self, iteration: int, dropped: frozenset[int]) -> None:
+        progress = self._progress()
+        for entry in progress.dropped:
+            if entry.iteration == iteration:
+                entry.microbatches.extend(sorted(dropped))
+                break
+        else:
+            progress.dropped.append(
+                job_pb2.IterationMicrobatches(iteration=iteration, microbatches=sorted(dropped))
+            )
+        progress.dropped_microbatches += len(dropped)
+
+    async def _dispatch(self, mb: int, stage: int, rule: Rule, dead: str, source: str,
+                        gradient_from: str, iteration: int, round_: int) -> None:
+        if stage == 0:
+            holders = [h for h in self.plan.live_holders() if h != dead]
+            if not holders:
+                self._restart("no live data holder can recover a dead holder's microbatch")
+                return
+            source = holders[self._holder_turn % len(holders)]
+            self._holder_turn += 1
+        request = job_pb2.RecoverRequest(
+            sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,
+            microbatch=mb, stage=stage, rule=int(rule), dead=dead, gradient_from=gradient_from,
+        )
+        took = await self._to(
+            source,
+            lambda stubs, t: stubs.jobs.Recover(request, timeout=t),
+            lambda: self.manager.recover(request),
+        )
+        if took is None and (self.plan.injecting, self.plan.round) == (iteration, round_):
+            self._restart(f"{source} could not recover microbatch {mb} of {dead}")
+
+    # ------------------------------------------------------------------ restarts, pauses
+
+    def _restart(self, reason: str) -> None:
+        if self._stopped or self.plan.injecting >= self.plan.iterations:
+            return
+        try:
+            iteration, round_, holders = self.plan.restart(reason)
+        except ValueError as err:
+            self.manager.fail(self.job_id, str(err))
+            return
+        self.planned = {}
+        self.dead = {}
+        self._moved()
+        progress = self._progress()
+        progress.restarts += 1
+        entries = [e for e in progress.dropped if e.iteration != iteration]
+        lost = sum(len(e.microbatches) for e in progress.dropped) - sum(
+            len(e.microbatches) for e in entries)
+        del progress.dropped[:]
+        progress.dropped.extend(entries)
+        progress.dropped_microbatches -= lost  # they are injected again
+        self.log.warning("job %s iteration %d starts again as round %d: %s", self.job_id,
+                         iteration, round_, reason)
+        self.manager.changed(self.active)
+        request = job_pb2.RestartRequest(
+            sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,
+            holders=holders, participants=participants_pb(self.plan.participants),
+            reason=reason[:300],
+        )
+        for node in sorted(self.plan.participants):
+            self._spawn(
+                self._to(node, lambda stubs, t: stubs.jobs.Restart(request, timeout=t),
+                         lambda: self.manager.restart(request)),
+                "restart",
+            )
+
+    def _update_pause(self) -> None:
+        empty = self.plan.empty_stages()
+        progress = self._progress()
+        now = time.monotonic()
+        if empty and self._paused_since is None:
+            self._paused_since = now
+            progress.paused = (
+                f"stage {empty[0]} has no live node: the job waits for a node to join it"
+            )
+            self.log.warning("job %s paused: %s", self.job_id, progress.paused)
+            self.manager.changed(self.active)
+        elif not empty and self._paused_since is not None:
+            progress.paused_s += now - self._paused_since
+            self._paused_since = None
+            progress.paused = ""
+            self.log.info("job %s resumes: every stage has a live node", self.job_id)
+            self.manager.changed(self.active)
+
+    async def _watch(self) -> None:
+        while not self._stopped and self.plan.injecting < self.plan.iterations:
+            await asyncio.sleep(1.0)
+            if self._paused_since is not None:
+                self._moved()
+                continue
+            if time.monotonic() - self._last_progress < self.stall_s:
+                continue
+            if not self._swept and self.dead:
+                self._swept = True
+                self._last_progress = time.monotonic()
+                self.log.warning(
+                    "job %s iteration %d made no progress for %.0f s: the dead nodes' ledgers "
+                    "are swept again", self.job_id, self.plan.injecting, self.stall_s,
+                )
+                for dead, stage in sorted(self.dead.items()):
+                    self._spawn(self._recover(dead, stage), f"sweep {dead}")
+                continue
+            self._restart(f"no progress for {self.stall_s:.0f} s")
+
+    # ------------------------------------------------------------------ joiners
+
+    def enter(self, request: job_pb2.EnterRequest) -> job_pb2.EnterReply:
+        plan = self.plan
+        stage = request.stage
+        if not 0 <= stage < plan.num_stages:
+            raise ReportError(f"stage {stage} is outside the job's 0..{plan.num_stages - 1}")
+        live = self.live_participants()
+        reply = job_pb2.EnterReply(
+            iteration=plan.injecting, round=plan.round, coordinator=self.host.node_id,
+        )
+        donors = sorted(p for p, s in live.items() if s == stage and p != request.sender)
+        keeper = self.manager.keeper_of(self.job_id, stage)
+        reply.donors.extend(donors or ([keeper] if keeper else []))
+        if (
+            request.has_state
+            and request.state_iteration == plan.injecting
+            and not plan.in_commit
+            and plan.injecting < plan.iterations
+        ):
+            plan.admit(request.sender, stage)
+            reply.admitted = True
+            reply.participants.extend(participants_pb(plan.participants))
+            reply.holders.extend(plan.holders)
+            progress = self._progress()
+            progress.joins += 1
+            self.log.info("job %s: %s enters stage %d at iteration %d", self.job_id,
+                          request.sender, stage, plan.injecting)
+            self._update_pause()
+            self._moved()
+            admit = job_pb2.AdmitRequest(
+                sender=self.host.node_id, job_id=self.job_id,
+                participants=participants_pb(plan.participants),
+            )
+            for node in sorted(plan.participants):
+                if node == request.sender:
+                    continue
+                self._spawn(
+                    self._to(node, lambda stubs, t: stubs.jobs.Admit(admit, timeout=t),
+                             lambda: self.manager.admit(admit)),
+                    "admit",
+                )
+            self.manager.changed(self.active)
+        return reply
+
+    # ------------------------------------------------------------------ taking over
+
+    @classmethod
+    async def take_over(cls, manager: JobManager, active: _Active) -> JobCoordinator | None:
+        """This node coordinates now (the previous coordinator died): see the module doc."""
+        host = manager.host
+        me = host.node_id
+        live = {
+            p: s for p, s in active.participants.items()
+            if (p == me or host.member(p) is not None) and p not in active.departed
+        }
+        holders = sorted(p for p, s in live.items() if s == 0)
+        if not holders or me not in holders:
+            return None
+        request = job_pb2.SyncRequest(sender=me, job_id=active.job_id)
+        replies: dict[str, job_pb2.SyncReply] = {}
+
+        async def ask(node: str) -> None:
+            if node == me:
+                reply = manager.sync(request)
+            else:
+                member = host.member(node)
+                if member is None:
+                    return
+                try:
+                    reply = await manager.call(
+                        lambda stubs, t: stubs.jobs.Sync(request, timeout=t), member,
+                        host.config.rpc_timeout_s, attempts=5,
+                    )
+                except RuntimeError:
+                    return
+            replies[node] = reply
+
+        await asyncio.gather(*(ask(n) for n in sorted(live)))
+        if not replies:
+            return None
+        top = max(r.iteration for r in replies.values())
+        job = active.job
+        ahead = [r for r in replies.values() if r.iteration == top and r.stepped]
+        progress = manager.progress_record(active.job_id)
+        if ahead and ahead[0].stepped_iteration == top - 1:
+            last = ahead[0]
+            # The predecessor ordered the step of top - 1: finish it where it did not arrive.
+            for node, reply in sorted(replies.items()):
+                if reply.iteration == top - 1 and reply.prepared:
+                    step = job_pb2.StepRequest(
+                        sender=me, job_id=active.job_id, iteration=top - 1, round=reply.round,
+                        attempt=reply.attempt, final=top >= job.iterations,
+                        next_holders=holders, participants=participants_pb(live),
+                        loss=last.stepped_loss, trained=last.stepped_trained,
+                    )
+                    if node == me:
+                        manager.step(step)
+                    else:
+                        member = host.member(node)
+                        if member is not None:
+                            try:
+                                await manager.call(
+                                    _step_call(step),
+                                    member, host.config.rpc_timeout_s, attempts=3,
+                                )
+                            except RuntimeError:
+                                pass
+            while progress.iterations_completed < top:
+                manager.completed(active, IterationOutcome(
+                    iteration=progress.iterations_completed, loss=last.stepped_loss,
+                    microbatches=last.stepped_trained,
+                    final=progress.iterations_completed + 1 >= job.iterations,
+                    mismatched=(), routes={}, digests={},
+                    dropped=tuple(m for e in last.stepped_dropped for m in e.microbatches),
+                ))
+        if top >= job.iterations:
+            return None
+        round_ = max((r.round for r in replies.values() if r.iteration == top), default=0)
+        plan = IterationCoordinator(
+            iterations=job.iterations, microbatches=job.microbatches, participants=live,
+            num_stages=host.num_stages(), holders=holders, iteration=top, round_=round_,
+        )
+        coordinator = cls(manager, active, plan)
+        host.log.warning("job %s: %s coordinates from iteration %d", active.job_id, me, top)
+        coordinator.start()
+        coordinator._restart("its coordinator died")
+        return coordinator
