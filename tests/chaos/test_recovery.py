@@ -1,0 +1,171 @@
+"""Losing nothing when nodes die (DESIGN.md 4), with real node processes killed by SIGKILL.
+
+One swarm of 6 nodes in 3 stages (2 data holders, 2 nodes in each other stage) trains one short
+tiny-gpt job per case. Each case adds a node armed with a fault (`gwtf node --fault`, the node
+SIGKILLs itself at that exact point: in a forward, in a backward, after a backward before its
+gradient leaves, during the commit's exchange of gradient sums, while streaming its state to a
+joiner), or kills or stops one from the test, and checks what the job ends with:
+
+- the same loss curve and parameters as `gwtf.train.train_reference` over the microbatches the
+  swarm trained. Tolerance: none, bit for bit. A replacement recomputes the dead node's work with
+  the same seeds (dropout by job seed, iteration, microbatch and model part) and one torch thread,
+  and gradient sums are float64, where summing a handful of float32 gradients is exact whatever
+  node holds which (see tests/integration/test_train_cluster.py);
+- no lost microbatch; dropped ones only where a data holder died, and the reference is then
+  trained over the microbatches that were actually trained (the dropped ids per iteration are
+  in the job's summary);
+- the summary's crash count, and rerouted and replayed work where the rule says there is some.
+
+The cases share the swarm in order: each armed node dies in its case, so the swarm is back to its
+6 nodes for the next one; the last cases empty a stage and refill it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+import torch
+from cluster import LocalSwarm, Proc, wait_for
+
+from gwtf.client import GwtfClient, JobResult
+from gwtf.train import PRESETS, JobConfig, train_reference
+
+pytestmark = pytest.mark.chaos
+
+NODES = [
+    ("h0", 0, 0.05),
+    ("h1", 0, 0.08),
+    ("a0", 1, 0.06),
+    ("a1", 1, 0.09),
+    ("z0", 2, 0.05),
+    ("z1", 2, 0.07),
+]
+ITERATIONS = 4
+WAIT_S = 150.0
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
+    logs = tmp_path_factory.mktemp("chaos")
+    with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=3.0, train=True) as s:
+        s.start(NODES, num_stages=3)
+        wait_formed(s)
+        yield s
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """The reference runs with the nodes' thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def wait_formed(swarm: LocalSwarm) -> None:
+    """Every live node knows exactly the live nodes (a joiner learns them by gossip)."""
+    def formed() -> bool:
+        everyone = {p.id for p in swarm.live()}
+        for proc in swarm.live():
+            view = swarm.status(proc.id, swarm=False)
+            if view is None or {m["id"] for m in view["members"] if m["alive"]} != everyone:
+                return False
+        return True
+
+    wait_for(formed, 60, "every node to know every live member")
+
+
+def job_for(case: str, iterations: int = ITERATIONS) -> JobConfig:
+    return dataclasses.replace(PRESETS["tiny-gpt"], name=f"chaos-{case}", iterations=iterations)
+
+
+def armed(swarm: LocalSwarm, node_id: str, stage: int, fault: str) -> Proc:
+    proc = swarm.join(node_id, stage, 0.07, "--fault", fault)
+    wait_formed(swarm)
+    return proc
+
+
+def train(swarm: LocalSwarm, job: JobConfig, to: str = "z0") -> JobResult:
+    client = GwtfClient(swarm.procs[to].address)
+    job_id = client.submit(job)
+    return client.wait(job_id, timeout_s=WAIT_S)
+
+
+def died(proc: Proc) -> None:
+    wait_for(lambda: proc.popen.poll() is not None, 30, f"{proc.id} to die")
+    assert proc.popen.returncode == -9, (proc.id, proc.popen.returncode)
+
+
+def assert_equals_reference(result: JobResult, job: JobConfig, *, dropped: bool = False) -> None:
+    assert result.state == "completed", result.error
+    assert result.iterations_completed == job.iterations
+    assert result.lost_microbatches == 0
+    assert result.checksum_mismatches == 0
+    if not dropped:
+        assert result.dropped_microbatches == 0, result.dropped
+    assert result.dropped_microbatches == sum(len(ids) for _, ids in result.dropped)
+    assert result.microbatches_trained == (
+        job.iterations * job.microbatches - result.dropped_microbatches
+    )
+    ref = train_reference(job, microbatch_ids=result.trained_ids(job.microbatches))
+    assert result.loss == ref.loss
+    assert result.param_checksum == ref.param_checksum
+
+
+def test_a_crash_in_a_forward_is_resent_to_another_node(swarm: LocalSwarm) -> None:
+    victim = armed(swarm, "a2", 1, "crash-in:forward:iteration=1")
+    job = job_for("forward")
+    result = train(swarm, job)
+    died(victim)
+    assert_equals_reference(result, job)
+    assert result.crashes == 1 and result.rerouted_microbatches >= 1
+    assert result.restarts == 0
+
+
+def test_a_crash_in_a_backward_is_recomputed_only_at_its_stage(swarm: LocalSwarm) -> None:
+    victim = armed(swarm, "a3", 1, "crash-in:backward:iteration=1")
+    job = job_for("backward")
+    result = train(swarm, job)
+    died(victim)
+    assert_equals_reference(result, job)
+    assert result.crashes == 1
+    # The microbatch in its backward had finished its forward there: rule 2 recomputes it.
+    assert result.replayed_microbatches >= 1 and result.replayed_s > 0
+    assert result.restarts == 0
+
+
+def test_a_crash_after_a_backward_before_its_gradient_left_is_redone(swarm: LocalSwarm) -> None:
+    # On the last stage forward and backward are one step: with no proof that it finished
+    # (its gradient never left), the microbatch is resent whole to the other last-stage node.
+    victim = armed(swarm, "z2", 2, "crash-in:after-backward:iteration=2")
+    job = job_for("after-backward")
+    result = train(swarm, job)
+    died(victim)
+    assert_equals_reference(result, job)
+    assert result.crashes == 1 and result.rerouted_microbatches >= 1
+    assert result.replayed_s > 0  # the replacement's work for the dead node is counted
+    assert result.restarts == 0
+
+
+def test_a_crash_during_aggregation_reruns_it(swarm: LocalSwarm) -> None:
+    victim = armed(swarm, "a4", 1, "crash-in:aggregation:iteration=1")
+    job = job_for("aggregation")
+    result = train(swarm, job)
+    died(victim)
+    assert_equals_reference(result, job)
+    # Everything it accumulated in iteration 1 died with it: replayed at its stage peers.
+    assert result.crashes == 1 and result.replayed_microbatches >= 1
+    assert result.restarts == 0
+
+
+def test_a_dead_data_holder_drops_only_what_never_left_it(swarm: LocalSwarm) -> None:
+    victim = armed(swarm, "h2", 0, "crash-in:forward:iteration=1")
+    job = job_for("holder")
+    result = train(swarm, job)
+    died(victim)
+    assert_equals_reference(result, job, dropped=True)
+    assert result.crashes == 1
+    assert [k for k, ids in result.dropped if ids] == [1], result.dropped
+    assert result.restarts == 0
