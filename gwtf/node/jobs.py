@@ -411,7 +411,11 @@ class JobManager:
         host.log.info("job %s: building stage %d", job.job_id, host.own_stage())
         try:
             executor, corpus = await asyncio.to_thread(
-                module.StageWorker.build, job, host.own_stage(), host.num_stages()
+                module.StageWorker.build,
+                job,
+                host.own_stage(),
+                host.num_stages(),
+                host.memory_slots,
             )
         except (PartitionError, DataError) as err:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None

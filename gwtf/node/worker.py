@@ -173,7 +173,6 @@ class _Iteration:
     backwards: set[int] = field(default_factory=set)
     paths: dict[int, tuple[str, ...]] = field(default_factory=dict)
     """The path of each microbatch up to and including this node."""
-    labels: dict[int, Tensor] = field(default_factory=dict)
     losses: dict[int, float] = field(default_factory=dict)
     routes: dict[tuple[str, ...], int] = field(default_factory=dict)
     kept: dict[tuple[int, str], tuple[str, dict[str, Tensor]]] = field(default_factory=dict)
@@ -191,7 +190,7 @@ def _spec(dtype: torch.dtype, shape: tuple[int, ...]) -> TensorSpec:
 
 
 class StageWorker:
-    """The job's stage on this node. Build with `prepare` (it loads the data and the model)."""
+    """The job's stage on this node, around an executor from `StageWorker.build`."""
 
     def __init__(
         self,
@@ -255,12 +254,15 @@ class StageWorker:
     # ------------------------------------------------------------------ building
 
     @staticmethod
-    def build(job: JobConfig, stage: int, num_stages: int) -> tuple[StageExecutor, Corpus | None]:
+    def build(
+        job: JobConfig, stage: int, num_stages: int, slots: int
+    ) -> tuple[StageExecutor, Corpus | None]:
         """The executor and, on a data holder, the corpus (blocking: run it in a thread).
-        Raises PartitionError, DataError."""
+        Raises PartitionError, DataError. The executor refuses a forward beyond `slots` too: the
+        worker's own bound, checked a second time."""
         torch.set_num_threads(1)
         corpus = load_corpus(job.data) if stage == 0 else None
-        return StageExecutor(job, stage, num_stages), corpus
+        return StageExecutor(job, stage, num_stages, capacity=slots), corpus
 
     @property
     def iteration(self) -> int:

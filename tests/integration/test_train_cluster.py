@@ -54,7 +54,12 @@ WAIT_S = 240.0
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
     logs = tmp_path_factory.mktemp("train")
-    with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=5.0, train=True) as s:
+    # Two memory slots: fewer than a holder's share of an iteration (4), so that holders wait
+    # for slots and relays hold streams open (back-pressure) all the time; a node that took
+    # more would fail the job (its executor refuses a third forward).
+    with LocalSwarm(
+        logs, heartbeat_s=0.25, failure_timeout_s=5.0, train=True, extra=("--memory-slots", "2")
+    ) as s:
         s.start(NODES, num_stages=3)
         everyone = {n[0] for n in NODES}
 
