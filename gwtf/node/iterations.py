@@ -4,12 +4,12 @@ One member coordinates a job: the data holder with the smallest id among those t
 (it owns data and injects microbatches, so it is where an iteration starts; issue 6 will let the
 next one take over when it dies). Every iteration `k` goes:
 
-1. the data holders of `k`, each with its share of the microbatch ids
-   (`gwtf.train.assign_microbatches` over the holders, sorted), inject them;
+1. the data holders of `k`, each with its share of the microbatch ids (`assign`), inject them;
 2. each holder reports `done(k, ids)` when the gradient of every one of its microbatches is back
-   (every stage has then run that microbatch's backward and accumulated it);
+   (every stage has then run that microbatch's backward and accumulated it), with the flow out
+   of it (its rate in the routing's solution) once the flows are settled;
 3. once every holder is done, the coordinator orders the commit of `k` over exactly the ids
-   reported (`CommitOrder`), with the holders of `k + 1`;
+   reported (`CommitOrder`), with the holders of `k + 1` and their weights;
 4. every participant combines its stage's gradient sums with its stage peers, steps AdamW, and
    reports `committed(k)`: its stage's parameter checksum, and on the last stage the loss and the
    path of each microbatch it computed (on the final iteration, its parameter digests);
@@ -19,6 +19,14 @@ next one take over when it dies). Every iteration `k` goes:
 
 Holders start `k + 1` right after their own commit of `k`, so `done(k + 1)` may arrive before
 every `committed(k)`: the coordinator collects both at once and completes iterations in order.
+
+Shares. An iteration ends when its slowest holder's microbatches are back, so the holders'
+shares should be in the proportions of their flows: the flow may send twice as many microbatches
+per second through one holder as through another, and equal shares would leave the faster path
+idle at the end of every iteration. Any split trains the same model (a microbatch's data does not
+depend on its holder, and the gradient sums are exact), so the coordinator weights the next
+iteration's shares by the flows the holders reported, once every holder reported settled flows;
+until then the shares are equal, which is `gwtf.train.assign_microbatches` exactly.
 
 Everything a peer reports is checked against what the coordinator expects (the sender takes
 part, holds that stage, the iteration is the one in progress, the ids are its own, no microbatch
@@ -30,6 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from gwtf.node.wrr import SmoothRoundRobin
 
 __all__ = [
     "CommitOrder",
@@ -45,23 +55,45 @@ class ReportError(ValueError):
     """A report the coordinator cannot accept (one sentence)."""
 
 
-def assign(microbatches: int, holders: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """`gwtf.train.assign_microbatches`, without torch: ids dealt round-robin over the holders
-    sorted by id (a test checks both agree)."""
+def assign(
+    microbatches: int, holders: Sequence[str], weights: Mapping[str, int] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Microbatch ids `0..microbatches-1` dealt over the holders by smooth weighted round-robin
+    (`gwtf.node.wrr`): each holder gets ids in the proportion of its weight, interleaved. Equal
+    weights (or none) deal them round-robin over the holders sorted by id, which is
+    `gwtf.train.assign_microbatches` (a test checks both agree). A holder with weight 0 gets
+    none; if every weight is 0 they count as equal."""
     ordered = sorted(set(holders))
     if not ordered:
         raise ValueError("no data holder to assign microbatches to")
-    return {h: tuple(range(j, microbatches, len(ordered))) for j, h in enumerate(ordered)}
+    if weights is None or not any(weights.get(h, 0) > 0 for h in ordered):
+        weights = {h: 1 for h in ordered}
+    dealt: dict[str, list[int]] = {h: [] for h in ordered}
+    rr = SmoothRoundRobin()
+    active = {h: weights.get(h, 0) for h in ordered}
+    for mb in range(microbatches):
+        holder = rr.pick(active)
+        assert holder is not None
+        dealt[holder].append(mb)
+    return {h: tuple(ids) for h, ids in dealt.items()}
 
 
 @dataclass(frozen=True)
 class CommitOrder:
-    """Commit `iteration` over `microbatches`; `next_holders` inject the next one."""
+    """Commit `iteration` over `microbatches`; `next_holders` inject the next one, with shares
+    in the proportions of `next_weights` (empty: equal shares)."""
 
     iteration: int
     microbatches: tuple[int, ...]
     final: bool
     next_holders: tuple[str, ...]
+    next_weights: tuple[int, ...] = ()
+
+    def weights(self) -> dict[str, int] | None:
+        """The next iteration's weights by holder, None for equal shares."""
+        if not self.next_weights:
+            return None
+        return dict(zip(self.next_holders, self.next_weights, strict=True))
 
 
 @dataclass(frozen=True)
@@ -110,6 +142,7 @@ class IterationCoordinator:
         participants: Mapping[str, int],
         num_stages: int,
         holders: Sequence[str],
+        weights: Mapping[str, int] | None = None,
     ) -> None:
         if iterations < 1 or microbatches < 1:
             raise ValueError("a job needs at least one iteration and one microbatch")
@@ -124,7 +157,9 @@ class IterationCoordinator:
         """The iteration whose `done` reports are being collected."""
         self._holders = tuple(sorted(holders))
         self._check_holders(self._holders)
+        self._weights: dict[str, int] | None = dict(weights) if weights else None
         self._done: dict[str, tuple[int, ...]] = {}
+        self._flows: dict[str, int | None] = {}
         self._commits: dict[int, _Commit] = {}
         self.completed = 0
         """Iterations completed, in order (the outcomes returned so far)."""
@@ -142,15 +177,21 @@ class IterationCoordinator:
         return self._holders
 
     def assignment(self) -> dict[str, tuple[int, ...]]:
-        return assign(self.microbatches, self._holders)
+        """Each holder's share of the iteration being injected."""
+        return assign(self.microbatches, self._holders, self._weights)
 
     def committing(self) -> list[int]:
         """Iterations ordered to commit and not complete yet."""
         return sorted(self._commits)
 
-    def done(self, holder: str, iteration: int, ids: Sequence[int]) -> CommitOrder | None:
-        """A holder's microbatches of `iteration` are all back; the commit order once every
-        holder of the iteration is done."""
+    def done(
+        self, holder: str, iteration: int, ids: Sequence[int], flow: int | None = None
+    ) -> CommitOrder | None:
+        """A holder's microbatches of `iteration` are all back (`flow`: the flow units out of
+        it, None while its flows are not settled); the commit order once every holder of the
+        iteration is done."""
+        if flow is not None and flow < 0:
+            raise ReportError(f"{holder} reports a negative flow")
         if iteration < self.injecting:
             return None  # a retried report of an iteration already ordered to commit
         if iteration != self.injecting or self.injecting >= self.iterations:
@@ -167,13 +208,22 @@ class IterationCoordinator:
                 f"but its share is {list(mine[:8])}"
             )
         self._done[holder] = mine
+        self._flows[holder] = flow
         if len(self._done) < len(self._holders):
             return None
         ids_done = tuple(sorted(mb for share in self._done.values() for mb in share))
         final = iteration == self.iterations - 1
-        order = CommitOrder(iteration, ids_done, final, () if final else self._holders)
+        flows = [self._flows[h] for h in self._holders]
+        weights: tuple[int, ...] = ()
+        if not final and all(f is not None for f in flows) and any(flows):
+            weights = tuple(f or 0 for f in flows)
+        order = CommitOrder(
+            iteration, ids_done, final, () if final else self._holders, weights
+        )
         self._commits[iteration] = _Commit(order)
+        self._weights = order.weights()
         self._done = {}
+        self._flows = {}
         self.injecting += 1
         return order
 

@@ -62,6 +62,9 @@ LOG = logging.getLogger("gwtf.node.jobs")
 MAX_JOB_JSON = 64 * 1024
 """Largest job description accepted (a job file is a few hundred bytes)."""
 
+MAX_WEIGHT = 2**40
+"""Largest holder weight accepted in a commit (flow units; far above any real flow)."""
+
 UNDER_WAY = (job_pb2.JOB_STATE_PREPARING, job_pb2.JOB_STATE_RUNNING)
 OVER = (job_pb2.JOB_STATE_COMPLETED, job_pb2.JOB_STATE_FAILED)
 
@@ -319,12 +322,18 @@ class JobManager:
             await self._spread_fail(job_id, reason, members)
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, reason)
         holders = sorted(by_stage[0])
+        flows = {
+            m.id: r.flow_units for m, r in zip(members, replies, strict=True)
+            if m.stage == 0 and isinstance(r, job_pb2.PrepareReply) and r.flows_settled
+        }
+        weights = [flows[h] for h in holders] if len(flows) == len(holders) else []
         start = job_pb2.StartRequest(
             sender=host.node_id,
             job_id=job_id,
             coordinator=holders[0],
             participants=[job_pb2.Participant(id=m.id, stage=m.stage) for m in members],
             holders=holders,
+            weights=weights if any(weights) else [],
         )
         started = await asyncio.gather(
             *(self._start_at(m, start) for m in members), return_exceptions=True
@@ -401,7 +410,7 @@ class JobManager:
             if active.job_id == job.job_id and state == job_pb2.JOB_STATE_PREPARING and (
                 active.worker is not None
             ):
-                return job_pb2.PrepareReply(corpus_digest=active.worker.corpus_digest)
+                return self._prepared(active)
             # A job prepared and never started (its submission failed), or one that is over.
             self._stop_worker(active)
         module = await self._load()
@@ -435,7 +444,7 @@ class JobManager:
             ),
         )
         job_json = json.dumps(job.to_dict(), sort_keys=True)
-        self._active = _Active(job, job.job_id, job_json, worker)
+        self._active = active = _Active(job, job.job_id, job_json, worker)
         self._record(
             job_pb2.JobProgress(
                 job_id=job.job_id,
@@ -445,7 +454,16 @@ class JobManager:
                 job_json=job_json,
             )
         )
-        return job_pb2.PrepareReply(corpus_digest=worker.corpus_digest)
+        return self._prepared(active)
+
+    def _prepared(self, active: _Active) -> job_pb2.PrepareReply:
+        assert active.worker is not None
+        reply = job_pb2.PrepareReply(corpus_digest=active.worker.corpus_digest)
+        if self.host.own_stage() == 0 and self.host.settled():
+            # The participants are not known yet: every stage-1 peer counts.
+            reply.flow_units = sum(self.host.routes().values())
+            reply.flows_settled = True
+        return reply
 
     def start(self, request: job_pb2.StartRequest) -> job_pb2.StartReply:
         host = self.host
@@ -465,8 +483,11 @@ class JobManager:
                 raise InvalidMessage(f"participant {p.id} has stage {p.stage}, outside the swarm")
             participants[p.id] = p.stage
         holders = tuple(request.holders)
+        weights = tuple(request.weights)
         if (
             not holders
+            or (weights and len(weights) != len(holders))
+            or any(w > MAX_WEIGHT for w in weights)
             or any(participants.get(h) != 0 for h in holders)
             or request.coordinator not in holders
             or set(participants.values()) != set(range(stages))
@@ -485,6 +506,7 @@ class JobManager:
                 participants=participants,
                 num_stages=stages,
                 holders=holders,
+                weights=dict(zip(holders, weights, strict=True)) if weights else None,
             )
         progress = self._records[active.job_id]
         progress.state = job_pb2.JOB_STATE_RUNNING
@@ -496,7 +518,9 @@ class JobManager:
             if worker is not None:
                 host.spawn(worker.stop(), "stop worker")
         elif worker is not None:
-            worker.start(participants, holders)
+            worker.start(
+                participants, holders, dict(zip(holders, weights, strict=True)) if weights else None
+            )
         host.log.info(
             "job %s started: coordinator %s, %d participants", active.job_id,
             request.coordinator, len(participants),
@@ -529,12 +553,23 @@ class JobManager:
         active = self._active
         if active is None or active.job_id != job_id:
             return
+        flow = self._holder_flow(active)
         request = job_pb2.DoneRequest(
             sender=self.host.node_id, job_id=job_id, iteration=iteration,
-            microbatches=microbatches,
+            microbatches=microbatches, flow_units=flow or 0, flows_settled=flow is not None,
         )
         self._to_coordinator(
             active, request, lambda stubs, t: stubs.jobs.Done(request, timeout=t), self.done
+        )
+
+    def _holder_flow(self, active: _Active) -> int | None:
+        """The flow units out of this holder to the job's stage-1 nodes; None while the
+        swarm's flows are not settled."""
+        if not self.host.settled():
+            return None
+        return sum(
+            units for peer, units in self.host.routes().items()
+            if active.participants.get(peer) == 1
         )
 
     def report_committed(self, job_id: str, report: CommittedReport) -> None:
@@ -593,8 +628,11 @@ class JobManager:
         active, plan = self._coordinating(request.job_id)
         if active.participants.get(request.sender) != 0:
             raise InvalidMessage(f"{request.sender[:40]!r} is not a data holder of the job")
+        flow = request.flow_units if request.flows_settled else None
         try:
-            order = plan.done(request.sender, request.iteration, tuple(request.microbatches))
+            order = plan.done(
+                request.sender, request.iteration, tuple(request.microbatches), flow
+            )
         except ReportError as err:
             raise InvalidMessage(str(err)) from None
         if order is not None:
@@ -609,6 +647,7 @@ class JobManager:
             microbatches=order.microbatches,
             final=order.final,
             next_holders=order.next_holders,
+            next_weights=order.next_weights,
         )
         for peer in sorted(active.participants):
             if peer == self.host.node_id:
@@ -646,8 +685,18 @@ class JobManager:
             raise InvalidMessage(f"iteration {request.iteration} is past the job's last")
         if any(active.participants.get(h) != 0 for h in request.next_holders):
             raise InvalidMessage("the commit names next holders that are not data holders")
+        if request.next_weights and len(request.next_weights) != len(request.next_holders):
+            raise InvalidMessage("the commit's weights do not match its holders")
+        if any(w > MAX_WEIGHT for w in request.next_weights):
+            raise InvalidMessage(f"a holder's weight is over {MAX_WEIGHT}")
         worker.order_commit(
-            CommitOrder(request.iteration, ids, request.final, tuple(request.next_holders))
+            CommitOrder(
+                request.iteration,
+                ids,
+                request.final,
+                tuple(request.next_holders),
+                tuple(request.next_weights),
+            )
         )
         return job_pb2.CommitReply()
 

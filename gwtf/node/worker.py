@@ -274,12 +274,18 @@ class StageWorker:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, participants: Mapping[str, int], holders: tuple[str, ...]) -> None:
-        """The job starts: route among `participants`; holders inject iteration 0."""
+    def start(
+        self,
+        participants: Mapping[str, int],
+        holders: tuple[str, ...],
+        weights: Mapping[str, int] | None = None,
+    ) -> None:
+        """The job starts: route among `participants`; holders inject iteration 0, with shares
+        in the proportions of `weights` (None: equal)."""
         self._since = time.monotonic()
         self._participants = dict(participants)
         self._started.set()
-        self._begin(holders)
+        self._begin(holders, weights)
 
     async def stop(self) -> None:
         """The job ended: stop computing and sending, free the model."""
@@ -359,11 +365,11 @@ class StageWorker:
 
     # ------------------------------------------------------------------ injecting (holders)
 
-    def _begin(self, holders: tuple[str, ...]) -> None:
+    def _begin(self, holders: tuple[str, ...], weights: Mapping[str, int] | None = None) -> None:
         if not self.is_first or self.host.node_id not in holders:
             return
         it = self._it
-        it.mine = assign(self.job.microbatches, holders)[self.host.node_id]
+        it.mine = assign(self.job.microbatches, holders, weights)[self.host.node_id]
         self._spawn(self._inject(it), f"inject {it.number}")
 
     async def _inject(self, it: _Iteration) -> None:
@@ -809,7 +815,7 @@ class StageWorker:
         self.ledger.reset(number)
         self._signal()
         if not order.final:
-            self._begin(order.next_holders)
+            self._begin(order.next_holders, order.weights())
 
     async def _contribute(
         self, peer: str, header: ContributionHeader, flat: Tensor, deadline: float
