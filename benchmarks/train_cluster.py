@@ -298,8 +298,9 @@ def report(results: dict[str, Any], command: str) -> str:
                 lines.append(f"- base {row['base_compute_s']:g} s: {row['nodes']}")
         lines += [
             "",
-            "The microbatches went where the flows said (split error near 0: smooth weighted "
-            "round-robin over the settled flows). The flow value is a steady-state rate; a "
+            "The microbatches went where the flows said: each node split its microbatches over "
+            "its arcs as its flows do (split error near 0: smooth weighted round-robin), and the "
+            "holders' shares of each iteration followed their flows. The flow value is a steady-state rate; a "
             "synchronous iteration also fills the pipeline over the WAN, drains it (the last "
             "microbatches' backward through every stage and link), and waits for the commit "
             "(holders to the coordinator, the commit order to every node, the gradient sums "
