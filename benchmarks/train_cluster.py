@@ -300,9 +300,10 @@ def report(results: dict[str, Any], command: str) -> str:
             "",
             "The microbatches went where the flows said: each node split its microbatches over "
             "its arcs as its flows do (split error near 0: smooth weighted round-robin), and the "
-            "holders' shares of each iteration followed their flows. The flow value is a steady-state rate; a "
-            "synchronous iteration also fills the pipeline over the WAN, drains it (the last "
-            "microbatches' backward through every stage and link), and waits for the commit "
+            "holders' shares of each iteration followed their flows. The flow value is a "
+            "steady-state rate; a synchronous iteration also fills the pipeline over the WAN, "
+            "drains it (the last microbatches' backward through every stage and link), and "
+            "waits for the commit "
             "(holders to the coordinator, the commit order to every node, the gradient sums "
             "between replicas: three one-way trips of up to 100 ms on these links), while the "
             "bottleneck idles: a cost per iteration, which weighs less the more microbatches an "
