@@ -1,8 +1,8 @@
 """The commit of a job's iterations, as its coordinator sees it (DESIGN.md 1), pure.
 
 One member coordinates a job: the data holder with the smallest id among those that take part
-(it owns data and injects microbatches, so it is where an iteration starts; issue 6 will let the
-next one take over when it dies). Every iteration `k` goes:
+(it owns data and injects microbatches, so it is where an iteration starts; crash recovery will
+let the next one take over when it dies). Every iteration `k` goes:
 
 1. the data holders of `k`, each with its share of the microbatch ids (`assign`), inject them;
 2. each holder reports `done(k, ids)` when the gradient of every one of its microbatches is back

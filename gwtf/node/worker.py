@@ -34,7 +34,7 @@ same bits), steps AdamW, and reports the stage checksum (and, on the last stage,
 paths). Forwards of `k + 1` that arrive before the node has committed `k` are held until it has.
 
 What each node sent and received in the iteration is kept until the commit, in a
-`gwtf.recovery.Ledger` and with the tensors themselves (`kept`): what crash recovery (issue 6)
+`gwtf.recovery.Ledger` and with the tensors themselves (`kept`): what crash recovery
 resends. With no crash, nothing is resent and nothing is lost or counted twice: every stage
 accumulates each microbatch exactly once, which `combine_contributions` checks at every commit.
 """
