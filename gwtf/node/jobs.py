@@ -65,6 +65,9 @@ LOG = logging.getLogger("gwtf.node.jobs")
 MAX_JOB_JSON = 64 * 1024
 """Largest job description accepted (a job file is a few hundred bytes)."""
 
+MAX_MICROBATCHES = 2**16
+"""Most microbatches per iteration a node accepts: each is dealt, tracked and reported."""
+
 MAX_WEIGHT = 2**40
 """Largest holder weight accepted in a commit (flow units; far above any real flow)."""
 
@@ -181,9 +184,24 @@ class JobManager:
         if not isinstance(table, dict):
             raise InvalidMessage("the job description is not a JSON object")
         try:
-            return job_from_dict(table)
+            job = job_from_dict(table)
         except (JobError, TypeError) as err:
             raise InvalidMessage(f"invalid job: {err}") from None
+        if job.microbatches > MAX_MICROBATCHES:
+            raise InvalidMessage(
+                f"a job of {job.microbatches} microbatches per iteration is more than a swarm "
+                f"takes ({MAX_MICROBATCHES}); use fewer, larger microbatches"
+            )
+        from gwtf.node.tensors import TensorLimits
+        from gwtf.train.costs import activation_bytes
+
+        limit = TensorLimits().max_tensor_bytes  # what the data plane takes of one tensor
+        if activation_bytes(job) > limit:
+            raise InvalidMessage(
+                f"one activation of this job is {activation_bytes(job)} bytes, more than the "
+                f"{limit} a node accepts; use smaller microbatches"
+            )
+        return job
 
     @property
     def loaded(self) -> bool:

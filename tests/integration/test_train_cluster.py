@@ -197,6 +197,11 @@ def test_a_model_that_does_not_cut_into_the_stages_is_refused(swarm: LocalSwarm)
         GwtfClient(swarm.procs["z0"].address).submit(job)
     assert refused.value.exit_code == 2
     assert "2 layers cannot be cut into 3 stages" in str(refused.value)
+    # More microbatches than a node will track: refused before any node builds anything.
+    huge = dataclasses.replace(PRESETS["tiny-gpt"], microbatches=100_000, iterations=1)
+    with pytest.raises(ClientError, match="100000 microbatches per iteration") as refused:
+        GwtfClient(swarm.procs["a1"].address).submit(huge)
+    assert refused.value.exit_code == 2
 
 
 def test_a_job_for_a_swarm_with_an_empty_stage_is_refused(swarm: LocalSwarm) -> None:
