@@ -28,6 +28,15 @@ at once), or a new coordinator takes over, the iteration starts again from scrat
 `round` (`restart`): every node forgets its work of the iteration; parameters only change at a
 step, so nothing is counted twice, only compute is wasted.
 
+Shares. An iteration ends when its slowest holder's microbatches are back, so the holders'
+shares should be in the proportions of their flows: the flow may send twice as many microbatches
+per second through one holder as through another, and equal shares would leave the faster path
+idle at the end of every iteration. Any split trains the same model (a microbatch's data does not
+depend on its holder, and the gradient sums are exact), so the coordinator weights the next
+iteration's shares by the flows the holders reported with their `done`, once every holder of the
+next iteration reported settled flows; until then the shares are equal, which is
+`gwtf.train.assign_microbatches` exactly.
+
 Holders start `k + 1` right after their own step of `k`, so `done(k + 1)` may arrive before every
 `committed(k)`: iterations complete in order. Everything a peer reports is checked against what
 is expected; a bad report raises `ReportError` and changes nothing. A report repeated by a retry
@@ -39,10 +48,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gwtf.node.wrr import SmoothRoundRobin
 from gwtf.recovery import CrashPlan, Rule, check_commit
 
 __all__ = [
     "CommitOrder",
+    "weights_of",
     "CommittedReport",
     "IterationCoordinator",
     "IterationOutcome",
@@ -57,13 +68,27 @@ class ReportError(ValueError):
     """A report the coordinator cannot accept (one sentence)."""
 
 
-def assign(microbatches: int, holders: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """`gwtf.train.assign_microbatches`, without torch: ids dealt round-robin over the holders
-    sorted by id (a test checks both agree)."""
+def assign(
+    microbatches: int, holders: Sequence[str], weights: Mapping[str, int] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Microbatch ids `0..microbatches-1` dealt over the holders by smooth weighted round-robin
+    (`gwtf.node.wrr`): each holder gets ids in the proportion of its weight, interleaved. Equal
+    weights (or none) deal them round-robin over the holders sorted by id, which is
+    `gwtf.train.assign_microbatches` (a test checks both agree). A holder with weight 0 gets
+    none; if every weight is 0 they count as equal."""
     ordered = sorted(set(holders))
     if not ordered:
         raise ValueError("no data holder to assign microbatches to")
-    return {h: tuple(range(j, microbatches, len(ordered))) for j, h in enumerate(ordered)}
+    if weights is None or not any(weights.get(h, 0) > 0 for h in ordered):
+        weights = {h: 1 for h in ordered}
+    dealt: dict[str, list[int]] = {h: [] for h in ordered}
+    rr = SmoothRoundRobin()
+    active = {h: weights.get(h, 0) for h in ordered}
+    for mb in range(microbatches):
+        holder = rr.pick(active)
+        assert holder is not None
+        dealt[holder].append(mb)
+    return {h: tuple(ids) for h, ids in dealt.items()}
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,13 @@ class CommitOrder:
     round: int = 0
     attempt: int = 0
     members: Mapping[str, int] = field(default_factory=dict)
+
+
+def weights_of(holders: Sequence[str], weights: Sequence[int]) -> dict[str, int] | None:
+    """Weights by holder from the wire's parallel lists, None for equal shares."""
+    if not weights:
+        return None
+    return dict(zip(holders, weights, strict=True))
 
 
 @dataclass(frozen=True)
@@ -108,6 +140,11 @@ class StepOrder:
     loss: float
     trained: int
     dropped: tuple[int, ...]
+    next_weights: tuple[int, ...] = ()
+    """The next holders' weights in their order (empty: equal shares)."""
+
+    def weights(self) -> dict[str, int] | None:
+        return weights_of(self.next_holders, self.next_weights)
 
 
 @dataclass(frozen=True)
@@ -161,6 +198,7 @@ class IterationCoordinator:
         participants: Mapping[str, int],
         num_stages: int,
         holders: Sequence[str],
+        weights: Mapping[str, int] | None = None,
         iteration: int = 0,
         round_: int = 0,
     ) -> None:
@@ -175,6 +213,9 @@ class IterationCoordinator:
         self.round = round_
         self._holders = tuple(sorted(holders))
         self._check_holders(self._holders)
+        self._weights: dict[str, int] | None = dict(weights) if weights else None
+        self._flows: dict[str, int | None] = {}
+        """The flow units each holder reported last (None: its flows were not settled)."""
         self.finished: set[int] = set()
         self.dropped: set[int] = set()
         self.replays: set[tuple[int, int]] = set()
@@ -202,7 +243,8 @@ class IterationCoordinator:
         return self._holders
 
     def assignment(self) -> dict[str, tuple[int, ...]]:
-        return assign(self.microbatches, self._holders)
+        """Each holder's share of the iteration being injected."""
+        return assign(self.microbatches, self._holders, self._weights)
 
     def committing(self) -> list[int]:
         """Iterations ordered to step and not complete yet."""
@@ -241,10 +283,28 @@ class IterationCoordinator:
             f"{self.injecting} round {self.round} is in progress"
         )
 
-    def done(self, holder: str, iteration: int, round_: int, ids: Iterable[int]) -> None:
-        """Microbatches of `iteration` finished at data holder `holder`."""
+    @property
+    def weights(self) -> dict[str, int] | None:
+        """The shares' weights of the iteration being injected (None: equal)."""
+        return dict(self._weights) if self._weights else None
+
+    def next_weights(self, holders: Sequence[str]) -> tuple[int, ...]:
+        """Weights for `holders` from their latest flows; () unless every one reported
+        settled flows and some flow is positive."""
+        flows = [self._flows.get(h) for h in holders]
+        if not holders or any(f is None for f in flows) or not any(flows):
+            return ()
+        return tuple(f or 0 for f in flows)
+
+    def done(self, holder: str, iteration: int, round_: int, ids: Iterable[int],
+             flow: int | None = None) -> None:
+        """Microbatches of `iteration` finished at data holder `holder`; `flow`: the flow
+        units out of it (None while its flows are not settled)."""
         if self.participants.get(holder) != 0:
             raise ReportError(f"{holder} is not a live data holder of the job")
+        if flow is not None and flow < 0:
+            raise ReportError(f"{holder} reports a negative flow")
+        self._flows[holder] = flow
         if not self._current(iteration, round_):
             return
         ids = set(ids)
@@ -334,25 +394,28 @@ class IterationCoordinator:
                 routes[path] = routes.get(path, 0) + count
         loss = sum(losses[m] for m in sorted(losses)) / len(losses) if losses else float("nan")
         final = self.injecting == self.iterations - 1
+        next_holders = () if final else self.live_holders()
         order = StepOrder(
             iteration=self.injecting,
             round=self.round,
             attempt=self.attempt,
             final=final,
-            next_holders=() if final else self.live_holders(),
+            next_holders=next_holders,
             participants=dict(self.participants),
             loss=loss,
             trained=len(self.finished),
             dropped=tuple(sorted(self.dropped)),
+            next_weights=self.next_weights(next_holders),
         )
         self._stepping[self.injecting] = _Stepping(
             order, set(self._members), routes,
             sum(r.compute_s for r in reports), sum(r.replayed_s for r in reports),
         )
-        self._next_iteration(order.next_holders)
+        self._next_iteration(order.next_holders, order.weights())
         return order
 
-    def _next_iteration(self, holders: Sequence[str]) -> None:
+    def _next_iteration(self, holders: Sequence[str], weights: Mapping[str, int] | None
+                        ) -> None:
         self.injecting += 1
         self.round = 0
         self.attempt = 0
@@ -363,13 +426,14 @@ class IterationCoordinator:
         self._prepared = {}
         if holders:
             self._holders = tuple(sorted(holders))
+            self._weights = dict(weights) if weights else None
 
     def stepped(self, order: StepOrder, members: Iterable[str]) -> None:
         """A step ordered by an earlier coordinator (a new one takes over after it): wait for
         the committed reports of `members`."""
         self._stepping[order.iteration] = _Stepping(order, set(members), {}, 0.0, 0.0)
         if order.iteration >= self.injecting:
-            self._next_iteration(order.next_holders)
+            self._next_iteration(order.next_holders, order.weights())
 
     def committed(self, report: CommittedReport) -> list[IterationOutcome]:
         """A participant's report; the iterations it completes, in order (usually none or one)."""
@@ -422,12 +486,14 @@ class IterationCoordinator:
             raise ReportError(f"stage {stage} is outside the job's 0..{self.num_stages - 1}")
         self.participants[node] = stage
 
-    def restart(self, reason: str = "") -> tuple[int, int, tuple[str, ...]]:
+    def restart(self, reason: str = "") -> tuple[int, int, tuple[str, ...], tuple[int, ...]]:
         """Start the iteration again from scratch with the live participants: (iteration, new
-        round, its holders). ValueError when no data holder is left."""
+        round, its holders, their weights). ValueError when no data holder is left."""
         holders = self.live_holders()
         if not holders:
             raise ValueError("no data holder is left to start the iteration again")
+        weights = self.next_weights(holders)
+        self._weights = weights_of(holders, weights)
         self.round += 1
         self.attempt = 0
         self.finished = set()
@@ -436,7 +502,7 @@ class IterationCoordinator:
         self._members = {}
         self._prepared = {}
         self._holders = holders
-        return self.injecting, self.round, holders
+        return self.injecting, self.round, holders, weights
 
     # ------------------------------------------------------------------ completion
 

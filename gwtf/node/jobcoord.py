@@ -137,8 +137,9 @@ class JobCoordinator:
     # ------------------------------------------------------------------ reports
 
     def done(self, request: job_pb2.DoneRequest) -> None:
+        flow = request.flow_units if request.flows_settled else None
         self.plan.done(request.sender, request.iteration, request.round,
-                       tuple(request.microbatches))
+                       tuple(request.microbatches), flow)
         self._moved()
         self._try_commit()
 
@@ -228,7 +229,7 @@ class JobCoordinator:
             round=order.round, attempt=order.attempt, final=order.final,
             next_holders=order.next_holders,
             participants=participants_pb(dict(order.participants)),
-            loss=order.loss, trained=order.trained,
+            loss=order.loss, trained=order.trained, next_weights=order.next_weights,
         )
         self.planned = {}
         self.dead = {}
@@ -368,7 +369,7 @@ class JobCoordinator:
         if self._stopped or self.plan.injecting >= self.plan.iterations:
             return
         try:
-            iteration, round_, holders = self.plan.restart(reason)
+            iteration, round_, holders, weights = self.plan.restart(reason)
         except ValueError as err:
             self.manager.fail(self.job_id, str(err))
             return
@@ -389,7 +390,7 @@ class JobCoordinator:
         request = job_pb2.RestartRequest(
             sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,
             holders=holders, participants=participants_pb(self.plan.participants),
-            reason=reason[:300],
+            reason=reason[:300], weights=weights,
         )
         for node in sorted(self.plan.participants):
             self._spawn(

@@ -24,8 +24,10 @@ at another node, so that a stage that loses every node resumes when one joins it
 leaves gracefully first lets the iteration in progress step (`drain`).
 
 One job runs at a time; a submission while one runs is refused (the same job again returns its
-id). torch is imported only when a job arrives (`_load`), in a thread, so that a node that only
-routes starts fast and its event loop keeps answering heartbeats meanwhile.
+id). torch and the worker are imported once (`_load`): by a node that trains, before it enters
+its swarm (`preload`: importing torch holds the interpreter for seconds, in which a member would
+miss its heartbeats and be declared dead; measured, six nodes loading it at once on two cores
+declared each other dead), and otherwise only when a job description must be read.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from gwtf.node.iterations import (
     PreparedReport,
     ReportError,
     StepOrder,
+    weights_of,
 )
 from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.membership import MemberInfo
@@ -76,6 +79,12 @@ STATE_CHUNK_BYTES = 2**20
 """A stage's state travels in chunks of 1 MiB (STYLE: 1-4 MiB, under the 4 MiB message limit)."""
 MAX_STATE_BYTES = 8 * 2**30
 """Largest stage state a joiner or a backup keeper accepts."""
+
+MAX_MICROBATCHES = 2**16
+"""Most microbatches per iteration a node accepts: each is dealt, tracked and reported."""
+
+MAX_WEIGHT = 2**40
+"""Largest holder weight accepted in a commit (flow units; far above any real flow)."""
 
 UNDER_WAY = (job_pb2.JOB_STATE_PREPARING, job_pb2.JOB_STATE_RUNNING)
 OVER = (job_pb2.JOB_STATE_COMPLETED, job_pb2.JOB_STATE_FAILED)
@@ -212,9 +221,24 @@ class JobManager:
         if not isinstance(table, dict):
             raise InvalidMessage("the job description is not a JSON object")
         try:
-            return job_from_dict(table)
+            job = job_from_dict(table)
         except (JobError, TypeError) as err:
             raise InvalidMessage(f"invalid job: {err}") from None
+        if job.microbatches > MAX_MICROBATCHES:
+            raise InvalidMessage(
+                f"a job of {job.microbatches} microbatches per iteration is more than a swarm "
+                f"takes ({MAX_MICROBATCHES}); use fewer, larger microbatches"
+            )
+        from gwtf.node.tensors import TensorLimits
+        from gwtf.train.costs import activation_bytes
+
+        limit = TensorLimits().max_tensor_bytes  # what the data plane takes of one tensor
+        if activation_bytes(job) > limit:
+            raise InvalidMessage(
+                f"one activation of this job is {activation_bytes(job)} bytes, more than the "
+                f"{limit} a node accepts; use smaller microbatches"
+            )
+        return job
 
     @property
     def loaded(self) -> bool:
@@ -356,12 +380,18 @@ class JobManager:
             await self._spread_fail(job_id, reason, members)
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, reason)
         holders = sorted(by_stage[0])
+        flows = {
+            m.id: r.flow_units for m, r in zip(members, replies, strict=True)
+            if m.stage == 0 and isinstance(r, job_pb2.PrepareReply) and r.flows_settled
+        }
+        weights = [flows[h] for h in holders] if len(flows) == len(holders) else []
         start = job_pb2.StartRequest(
             sender=host.node_id,
             job_id=job_id,
             coordinator=holders[0],
             participants=[job_pb2.Participant(id=m.id, stage=m.stage) for m in members],
             holders=holders,
+            weights=weights if any(weights) else [],
         )
         started = await asyncio.gather(
             *(self._start_at(m, start) for m in members), return_exceptions=True
@@ -438,7 +468,7 @@ class JobManager:
             if active.job_id == job.job_id and state == job_pb2.JOB_STATE_PREPARING and (
                 active.worker is not None
             ):
-                return job_pb2.PrepareReply(corpus_digest=active.worker.corpus_digest)
+                return self._prepared(active)
             # A job prepared and never started (its submission failed), or one that is over.
             self._stop_worker(active)
         module = await self._load()
@@ -448,7 +478,11 @@ class JobManager:
         host.log.info("job %s: building stage %d", job.job_id, host.own_stage())
         try:
             executor, corpus = await asyncio.to_thread(
-                module.StageWorker.build, job, host.own_stage(), host.num_stages()
+                module.StageWorker.build,
+                job,
+                host.own_stage(),
+                host.num_stages(),
+                host.memory_slots,
             )
         except (PartitionError, DataError) as err:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
@@ -456,7 +490,7 @@ class JobManager:
             raise Refusal(grpc.StatusCode.ABORTED, "another job arrived meanwhile")
         worker = self._new_worker(module, job, executor, corpus)
         job_json = json.dumps(job.to_dict(), sort_keys=True)
-        self._active = _Active(job, job.job_id, job_json, worker)
+        self._active = active = _Active(job, job.job_id, job_json, worker)
         self._record(
             job_pb2.JobProgress(
                 job_id=job.job_id,
@@ -466,7 +500,16 @@ class JobManager:
                 job_json=job_json,
             )
         )
-        return job_pb2.PrepareReply(corpus_digest=worker.corpus_digest)
+        return self._prepared(active)
+
+    def _prepared(self, active: _Active) -> job_pb2.PrepareReply:
+        assert active.worker is not None
+        reply = job_pb2.PrepareReply(corpus_digest=active.worker.corpus_digest)
+        if self.host.own_stage() == 0 and self.host.settled():
+            # The participants are not known yet: every stage-1 peer counts.
+            reply.flow_units = sum(self.host.routes().values())
+            reply.flows_settled = True
+        return reply
 
     def _new_worker(self, module: ModuleType, job: Any, executor: Any, corpus: Any) -> Any:
         host = self.host
@@ -503,8 +546,11 @@ class JobManager:
                 raise InvalidMessage(f"participant {p.id} has stage {p.stage}, outside the swarm")
             participants[p.id] = p.stage
         holders = tuple(request.holders)
+        weights = tuple(request.weights)
         if (
             not holders
+            or (weights and len(weights) != len(holders))
+            or any(w > MAX_WEIGHT for w in weights)
             or any(participants.get(h) != 0 for h in holders)
             or request.coordinator not in holders
             or set(participants.values()) != set(range(stages))
@@ -527,6 +573,7 @@ class JobManager:
                 participants=participants,
                 num_stages=stages,
                 holders=holders,
+                weights=dict(zip(holders, weights, strict=True)) if weights else None,
             ))
             active.coord.start()
         worker = active.worker
@@ -535,7 +582,9 @@ class JobManager:
             if worker is not None:
                 host.spawn(worker.stop(), "stop worker")
         elif worker is not None:
-            worker.start(participants, holders)
+            worker.start(
+                participants, holders, dict(zip(holders, weights, strict=True)) if weights else None
+            )
         host.log.info(
             "job %s started: coordinator %s, %d participants", active.job_id,
             request.coordinator, len(participants),
@@ -771,12 +820,16 @@ class JobManager:
         participants = {p.id: p.stage for p in request.participants}
         if any(participants.get(h) != 0 for h in request.next_holders):
             raise InvalidMessage("the step names next holders that are not data holders")
+        if request.next_weights and len(request.next_weights) != len(request.next_holders) or any(
+            w > MAX_WEIGHT for w in request.next_weights
+        ):
+            raise InvalidMessage("the step's weights do not match its holders")
         active.participants.update(participants)
         worker.step(StepOrder(
             iteration=request.iteration, round=request.round, attempt=request.attempt,
             final=request.final, next_holders=tuple(request.next_holders),
             participants=participants, loss=request.loss, trained=request.trained,
-            dropped=(),
+            dropped=(), next_weights=tuple(request.next_weights),
         ))
         return job_pb2.StepReply()
 
@@ -807,7 +860,11 @@ class JobManager:
         active, worker = self._participating(request.job_id, request.sender)
         participants = {p.id: p.stage for p in request.participants}
         active.participants.update(participants)
-        worker.restart(request.iteration, request.round, tuple(request.holders), participants)
+        weights = tuple(request.weights)
+        if weights and len(weights) != len(request.holders) or any(w > MAX_WEIGHT for w in weights):
+            raise InvalidMessage("the restart's weights do not match its holders")
+        worker.restart(request.iteration, request.round, tuple(request.holders),
+                       weights_of(tuple(request.holders), weights), participants)
         return job_pb2.RestartReply()
 
     def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply:
@@ -1012,7 +1069,8 @@ class JobManager:
             iteration, data = state
             try:
                 executor, corpus = await asyncio.to_thread(
-                    module.StageWorker.build_from_state, job, stage, host.num_stages(), data
+                    module.StageWorker.build_from_state, job, stage, host.num_stages(),
+                host.memory_slots, data,
                 )
             except (StateError, DataError) as err:
                 self.fail(job.job_id, f"{host.node_id} could not use its stage's state: {err}")
@@ -1065,6 +1123,17 @@ class JobManager:
             await asyncio.sleep(0.05)
 
     # ================================================================== reports to the coordinator
+
+    def holder_flow(self) -> int | None:
+        """The flow units out of this holder to the job's stage-1 nodes; None while the
+        swarm's flows are not settled (the coordinator weights the holders' shares by them)."""
+        active = self._active
+        if active is None or not self.host.settled():
+            return None
+        return sum(
+            units for peer, units in self.host.routes().items()
+            if active.participants.get(peer) == 1 and peer not in active.departed
+        )
 
     def to_coordinator(
         self,
@@ -1326,8 +1395,10 @@ class _WorkerHost:
 
     def report_done(self, job_id: str, iteration: int, round_: int,
                     microbatches: tuple[int, ...]) -> None:
+        flow = self._manager.holder_flow()
         request = job_pb2.DoneRequest(sender=self.node_id, job_id=job_id, iteration=iteration,
-                                      round=round_, microbatches=microbatches)
+                                      round=round_, microbatches=microbatches,
+                                      flow_units=flow or 0, flows_settled=flow is not None)
         self._manager.to_coordinator(
             job_id, lambda stubs, t: stubs.jobs.Done(request, timeout=t),
             lambda: self._manager.done(request),

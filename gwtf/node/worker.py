@@ -258,7 +258,7 @@ def _spec(dtype: torch.dtype, shape: tuple[int, ...]) -> TensorSpec:
 
 
 class StageWorker:
-    """The job's stage on this node. Build with `prepare` (it loads the data and the model)."""
+    """The job's stage on this node, around an executor from `StageWorker.build`."""
 
     def __init__(
         self,
@@ -303,7 +303,9 @@ class StageWorker:
         self._it = _Iteration(executor.iteration)
         self._sums: dict[tuple[int, int, int], dict[str, GradContribution]] = {}
         """(iteration, round, attempt) -> the stage peers' gradient sums for that attempt."""
-        self._restarts: dict[int, tuple[int, tuple[str, ...]]] = {}
+        self._restarts: dict[
+            int, tuple[int, tuple[str, ...], Mapping[str, int] | None]
+        ] = {}
         """Restarts ordered for an iteration this node has not reached yet."""
         self.ledger = Ledger(host.node_id, self.stage, executor.iteration)
         self._rr = SmoothRoundRobin()
@@ -331,21 +333,25 @@ class StageWorker:
     # ------------------------------------------------------------------ building
 
     @staticmethod
-    def build(job: JobConfig, stage: int, num_stages: int) -> tuple[StageExecutor, Corpus | None]:
+    def build(
+        job: JobConfig, stage: int, num_stages: int, slots: int
+    ) -> tuple[StageExecutor, Corpus | None]:
         """The executor and, on a data holder, the corpus (blocking: run it in a thread).
-        Raises PartitionError, DataError."""
+        Raises PartitionError, DataError. The executor refuses a forward beyond `slots` too: the
+        worker's own bound, checked a second time."""
         torch.set_num_threads(1)
         corpus = load_corpus(job.data) if stage == 0 else None
-        return StageExecutor(job, stage, num_stages), corpus
+        return StageExecutor(job, stage, num_stages, capacity=slots), corpus
 
     @staticmethod
     def build_from_state(
-        job: JobConfig, stage: int, num_stages: int, state: bytes
+        job: JobConfig, stage: int, num_stages: int, slots: int, state: bytes
     ) -> tuple[StageExecutor, Corpus | None]:
         """A joiner's executor from a peer's state (blocking). Raises StateError, DataError."""
         torch.set_num_threads(1)
         corpus = load_corpus(job.data) if stage == 0 else None
-        return StageExecutor.from_state(job, stage, num_stages, state), corpus
+        executor = StageExecutor.from_state(job, stage, num_stages, state, capacity=slots)
+        return executor, corpus
 
     @property
     def iteration(self) -> int:
@@ -366,15 +372,20 @@ class StageWorker:
     # ------------------------------------------------------------------ lifecycle
 
     def start(
-        self, participants: Mapping[str, int], holders: tuple[str, ...], round_: int = 0
+        self,
+        participants: Mapping[str, int],
+        holders: tuple[str, ...],
+        weights: Mapping[str, int] | None = None,
+        round_: int = 0,
     ) -> None:
         """The job starts here (or this joiner enters it): route among `participants`; holders
-        inject the current iteration."""
+        inject the current iteration, with shares in the proportions of `weights` (None:
+        equal)."""
         self._since = time.monotonic()
         self._participants.update(participants)
         self._it.round = round_
         self._started.set()
-        self._begin(holders)
+        self._begin(holders, weights)
 
     def admit(self, participants: Mapping[str, int]) -> None:
         """Who takes part now (a node joined the job)."""
@@ -500,11 +511,11 @@ class StageWorker:
 
     # ------------------------------------------------------------------ injecting (holders)
 
-    def _begin(self, holders: tuple[str, ...]) -> None:
+    def _begin(self, holders: tuple[str, ...], weights: Mapping[str, int] | None = None) -> None:
         if not self.is_first or self.host.node_id not in holders:
             return
         it = self._it
-        it.mine = assign(self.job.microbatches, holders)[self.host.node_id]
+        it.mine = assign(self.job.microbatches, holders, weights)[self.host.node_id]
         self._spawn(self._inject(it), f"inject {it.number}", it)
 
     async def _inject(self, it: _Iteration) -> None:
@@ -1088,18 +1099,19 @@ class StageWorker:
     # ------------------------------------------------------------------ restarts
 
     def restart(self, iteration: int, round_: int, holders: tuple[str, ...],
-                participants: Mapping[str, int]) -> None:
+                weights: Mapping[str, int] | None, participants: Mapping[str, int]) -> None:
         """Start `iteration` again from scratch as `round_` (see the module docstring)."""
         self._participants.update(participants)
         it = self._it
         if (iteration, round_) <= (it.number, it.round):
             return
         if iteration > it.number:
-            self._restarts[iteration] = (round_, holders)
+            self._restarts[iteration] = (round_, holders, weights)
             return
-        self._abandon(it, round_, holders)
+        self._abandon(it, round_, holders, weights)
 
-    def _abandon(self, old: _Iteration, round_: int, holders: tuple[str, ...]) -> None:
+    def _abandon(self, old: _Iteration, round_: int, holders: tuple[str, ...],
+                 weights: Mapping[str, int] | None) -> None:
         self.host.log.warning(
             "job %s iteration %d starts again as round %d", self.job_id, old.number, round_
         )
@@ -1113,7 +1125,7 @@ class StageWorker:
             stale.release()  # wake whoever waited for a slot of the old round: it gives up
         self._spawn(self._compute(_COMMIT, self.executor.abandon), "abandon")
         self._signal()
-        self._begin(holders)
+        self._begin(holders, weights)
 
     # ------------------------------------------------------------------ commit
 
@@ -1332,9 +1344,9 @@ class StageWorker:
         pending = self._restarts.pop(number, None)
         if pending is not None:
             self._it.round = pending[0]
-            self._begin(pending[1])
+            self._begin(pending[1], pending[2])
         else:
-            self._begin(order.next_holders)
+            self._begin(order.next_holders, order.weights())
 
     # ------------------------------------------------------------------ state
 

@@ -54,7 +54,12 @@ WAIT_S = 240.0
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
     logs = tmp_path_factory.mktemp("train")
-    with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=5.0, train=True) as s:
+    # Two memory slots: fewer than a holder's share of an iteration (4), so that holders wait
+    # for slots and relays hold streams open (back-pressure) all the time; a node that took
+    # more would fail the job (its executor refuses a third forward).
+    with LocalSwarm(
+        logs, heartbeat_s=0.25, failure_timeout_s=5.0, train=True, extra=("--memory-slots", "2")
+    ) as s:
         s.start(NODES, num_stages=3)
         everyone = {n[0] for n in NODES}
 
@@ -192,6 +197,11 @@ def test_a_model_that_does_not_cut_into_the_stages_is_refused(swarm: LocalSwarm)
         GwtfClient(swarm.procs["z0"].address).submit(job)
     assert refused.value.exit_code == 2
     assert "2 layers cannot be cut into 3 stages" in str(refused.value)
+    # More microbatches than a node will track: refused before any node builds anything.
+    huge = dataclasses.replace(PRESETS["tiny-gpt"], microbatches=100_000, iterations=1)
+    with pytest.raises(ClientError, match="100000 microbatches per iteration") as refused:
+        GwtfClient(swarm.procs["a1"].address).submit(huge)
+    assert refused.value.exit_code == 2
 
 
 def test_a_job_for_a_swarm_with_an_empty_stage_is_refused(swarm: LocalSwarm) -> None:

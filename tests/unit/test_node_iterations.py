@@ -62,6 +62,34 @@ def test_assign_is_the_trainers_assignment() -> None:
         assert assign(count, holders) == assign_microbatches(count, holders)
 
 
+def test_shares_follow_the_weights_and_equal_weights_are_the_trainers() -> None:
+    assert assign(8, ["a", "b"], {"a": 5, "b": 5}) == assign_microbatches(8, ["a", "b"])
+    assert assign(8, ["a", "b"], {"a": 0, "b": 0}) == assign_microbatches(8, ["a", "b"])
+    shares = assign(12, ["a", "b", "c"], {"a": 2000, "b": 1000, "c": 0})
+    assert {h: len(ids) for h, ids in shares.items()} == {"a": 8, "b": 4, "c": 0}
+    assert sorted(shares["a"] + shares["b"]) == list(range(12))
+    assert shares["a"][:3] == (0, 2, 3)  # interleaved, not in one run
+
+
+def test_the_next_shares_follow_the_holders_flows_once_all_are_settled() -> None:
+    c = coordinator(iterations=4, microbatches=8)
+    c.done("h0", 0, 0, [0, 2, 4, 6], flow=3000)
+    c.done("h1", 0, 0, [1, 3, 5, 7], flow=1000)
+    c.commit_order()
+    order = all_prepared(c, range(8))
+    assert order.weights() == {"h0": 3000, "h1": 1000}
+    shares = c.assignment()
+    assert (len(shares["h0"]), len(shares["h1"])) == (6, 2)
+    c.done("h0", 1, 0, list(shares["h0"]), flow=3000)
+    c.done("h1", 1, 0, list(shares["h1"]), flow=None)  # not settled: equal shares again
+    c.commit_order()
+    order = all_prepared(c, range(8))
+    assert order.weights() is None
+    assert c.assignment() == assign_microbatches(8, ["h0", "h1"])
+    with pytest.raises(ReportError, match="negative"):
+        c.done("h0", 2, 0, [0, 2, 4, 6], flow=-1)
+
+
 def test_an_iteration_commits_in_two_phases_once_every_microbatch_is_done() -> None:
     c = coordinator()
     assert c.assignment() == {"h0": (0, 2, 4), "h1": (1, 3)}
@@ -184,7 +212,7 @@ def test_a_restart_forgets_the_round_and_its_late_reports() -> None:
     c = coordinator()
     c.done("h0", 0, 0, [0, 2])
     c.member_down("h1")
-    assert c.restart("test") == (0, 1, ("h0",))
+    assert c.restart("test") == (0, 1, ("h0",), ())
     assert c.finished == set() and c.assignment() == {"h0": (0, 1, 2, 3, 4)}
     c.done("h0", 0, 0, [4])  # round 0: stale, ignored
     assert c.finished == set()
