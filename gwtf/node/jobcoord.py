@@ -451,6 +451,16 @@ class JobCoordinator:
         donors = sorted(p for p, s in live.items() if s == stage and p != request.sender)
         keeper = self.manager.keeper_of(self.job_id, stage)
         reply.donors.extend(donors or ([keeper] if keeper else []))
+        kept = self.manager.backup_iteration(self.job_id, stage)
+        if not donors and keeper == self.host.node_id and kept is not None and (
+            kept < plan.injecting
+        ):
+            # Its last replica died after a step and before its new state was kept: the stage's
+            # parameters of this iteration exist nowhere.
+            self.manager.fail(
+                self.job_id, f"stage {stage} lost its last replica before its state of "
+                f"iteration {plan.injecting} could be kept elsewhere; submit the job again",
+            )
         if (
             request.has_state
             and request.state_iteration == plan.injecting

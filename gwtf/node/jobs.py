@@ -911,12 +911,12 @@ class JobManager:
                           f"{self.host.node_id} holds no state of stage {request.stage}")
         fault = self.host.fault
         for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
-            if seq == 1 and fault is not None:
-                fault.hit("state-transfer", iteration)
             yield job_pb2.StateChunk(
                 seq=seq, stage=request.stage, iteration=iteration, total_bytes=len(data),
                 payload=data[offset: offset + STATE_CHUNK_BYTES],
             )
+            if seq == 0 and fault is not None:
+                fault.hit("state-transfer", iteration)  # the first chunk is on its way
 
     async def backup(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
         """A lone replica's state, kept here so that a node joining its empty stage finds it."""
@@ -945,54 +945,55 @@ class JobManager:
                            first.job_id, first.stage, first.iteration, first.sender)
         return job_pb2.BackupAck(received_bytes=len(data))
 
-    def on_stepped(self, job_id: str, iteration: int, alone: bool) -> None:
-        """A lone replica backs its state up after each step (the state of the next iteration)."""
-        if alone:
-            self._send_backup(job_id)
-
     def _send_backup(self, job_id: str) -> None:
+        """This node became the last live replica of its stage mid-iteration: keep its state
+        (of the iteration's start: parameters only change at a step) at another node now."""
         active = self._active
         if active is None or active.job_id != job_id or active.worker is None:
             return
         worker = active.worker
-        stage = worker.stage
-        live = [p for p, s in sorted(active.participants.items())
-                if s != stage and p not in active.departed and self.host.member(p) is not None]
-        keeper = active.coordinator if active.coordinator in live else (live[0] if live else "")
-        if not keeper or worker.iteration >= active.job.iterations:
-            return
-        member = self.host.member(keeper)
-        if member is None:
-            return
 
         async def send() -> None:
             iteration, data = await worker.state_bytes()
-
-            def chunks() -> Iterator[job_pb2.StateChunk]:
-                for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
-                    yield job_pb2.StateChunk(
-                        seq=seq, stage=stage, iteration=iteration, total_bytes=len(data),
-                        payload=data[offset: offset + STATE_CHUNK_BYTES], job_id=job_id,
-                        sender=self.host.node_id,
-                    )
-
-            try:
-                await self.host.stubs(member).jobs.Backup(
-                    chunks(), timeout=self.host.config.prepare_timeout_s
-                )
-            except aio.AioRpcError as err:
-                self.host.log.warning("job %s: the backup of stage %d at %s failed: %s", job_id,
-                                      stage, keeper, err.details())
-                return
-            self._tell_keeper(job_id, stage, keeper)
+            await self.keep_backup(job_id, worker.stage, iteration, data)
 
         self.host.spawn(send(), "backup")
 
-    def _tell_keeper(self, job_id: str, stage: int, keeper: str) -> None:
+    async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
+        """Send a lone replica's state to the job's coordinator (or, for the coordinator's own
+        stage, to the first live participant of another stage) and remember who keeps it."""
         active = self._active
-        if active is None or active.job_id != job_id:
+        if active is None or active.job_id != job_id or iteration >= active.job.iterations:
+            return
+        me = self.host.node_id
+        live = [p for p, s in sorted(active.participants.items())
+                if s != stage and p not in active.departed and self.host.member(p) is not None]
+        keeper = active.coordinator if active.coordinator in live else (live[0] if live else "")
+        member = self.host.member(keeper) if keeper else None
+        if member is None:
+            return
+
+        def chunks() -> Iterator[job_pb2.StateChunk]:
+            for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
+                yield job_pb2.StateChunk(
+                    seq=seq, stage=stage, iteration=iteration, total_bytes=len(data),
+                    payload=data[offset: offset + STATE_CHUNK_BYTES], job_id=job_id, sender=me,
+                )
+
+        try:
+            await self.host.stubs(member).jobs.Backup(
+                chunks(), timeout=self.host.config.prepare_timeout_s
+            )
+        except aio.AioRpcError as err:
+            self.host.log.warning("job %s: the backup of stage %d at %s failed: %s", job_id,
+                                  stage, keeper, err.details())
             return
         active.keepers[stage] = keeper
+
+    def backup_iteration(self, job_id: str, stage: int) -> int | None:
+        """The iteration of the backup of `stage` this node keeps, if any."""
+        kept = self._backups.get((job_id, stage))
+        return kept[0] if kept is not None else None
 
     async def _fetch_from(self, donor: str, job_id: str, stage: int) -> tuple[int, bytes]:
         member = self.host.member(donor)
@@ -1087,6 +1088,7 @@ class JobManager:
             if not reply.admitted:
                 host.log.info("job %s: the state of iteration %d is stale (now %d): again",
                               job.job_id, iteration, reply.iteration)
+                await asyncio.sleep(0.2)
                 continue
             worker = self._new_worker(module, job, executor, corpus)
             active = self._active
@@ -1433,8 +1435,8 @@ class _WorkerHost:
     def report_committed(self, job_id: str, report: CommittedReport) -> None:
         self._manager.report_committed(job_id, report)
 
-    def on_stepped(self, job_id: str, iteration: int, alone: bool) -> None:
-        self._manager.on_stepped(job_id, iteration, alone)
+    async def keep_backup(self, job_id: str, stage: int, iteration: int, state: bytes) -> None:
+        await self._manager.keep_backup(job_id, stage, iteration, state)
 
     def fail(self, job_id: str, reason: str) -> None:
         self._manager.fail(job_id, reason)

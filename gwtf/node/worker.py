@@ -204,8 +204,10 @@ class WorkerHost(Protocol):
         """This node committed an iteration: tell the coordinator."""
         ...
 
-    def on_stepped(self, job_id: str, iteration: int, alone: bool) -> None:
-        """This node stepped `iteration`; `alone`: it is its stage's only live replica."""
+    async def keep_backup(self, job_id: str, stage: int, iteration: int, state: bytes) -> None:
+        """Keep this lone replica's state (of the start of `iteration`) at another node, so
+        that a node joining the stage finds it if this one dies; returns once it is kept (or
+        could not be)."""
         ...
 
     def fail(self, job_id: str, reason: str) -> None:
@@ -1300,38 +1302,45 @@ class StageWorker:
         contributions: list[GradContribution],
     ) -> None:
         expected = commit.microbatches
+        me = self.host.node_id
+        alone = not any(
+            s == self.stage and p != me and p not in self._departed
+            and self.host.member(p) is not None
+            for p, s in order.participants.items()
+        )
 
-        def step() -> tuple[str, dict[str, str]]:
+        def step() -> tuple[str, dict[str, str], bytes | None]:
             aggregated = combine_contributions(contributions, expected_ids=expected)
             checksum = self.executor.commit(aggregated)
-            return checksum, self.executor.digests() if order.final else {}
+            digests = self.executor.digests() if order.final else {}
+            # The last replica of a stage keeps its new state elsewhere before it does anything
+            # of the next iteration: a node joining the stage after it died starts from there.
+            state = self.executor.state_bytes() if alone and not order.final else None
+            return checksum, digests, state
 
         try:
-            checksum, digests = await self._compute(_COMMIT, step, 0.0, it)
+            checksum, digests, state = await self._compute(_COMMIT, step, 0.0, it)
         except (WorkerStopped, _Stale):
             return
         except (CombineError, ExecutorError) as err:
             self._fail(
                 f"stage {self.stage} could not commit iteration {order.iteration} on "
-                f"{self.host.node_id}: {err}"
+                f"{me}: {err}"
             )
             return
         self.last_step = LastStep(order.iteration, order.loss, order.trained, order.dropped)
         report = CommittedReport(
-            sender=self.host.node_id,
+            sender=me,
             iteration=it.number,
             stage=self.stage,
             checksum=checksum,
             digests=digests,
         )
         self._participants.update(order.participants)
+        if state is not None:
+            await self.host.keep_backup(self.job_id, self.stage, order.iteration + 1, state)
         self._advance(order)
         self.host.report_committed(self.job_id, report)
-        alone = not any(
-            s == self.stage and p != self.host.node_id and self.host.member(p) is not None
-            for p, s in order.participants.items()
-        )
-        self.host.on_stepped(self.job_id, order.iteration, alone)
 
     def _advance(self, order: StepOrder) -> None:
         number = order.iteration + 1

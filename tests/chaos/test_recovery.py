@@ -169,3 +169,84 @@ def test_a_dead_data_holder_drops_only_what_never_left_it(swarm: LocalSwarm) -> 
     assert result.crashes == 1
     assert [k for k, ids in result.dropped if ids] == [1], result.dropped
     assert result.restarts == 0
+
+
+def test_a_holder_dead_after_its_backward_has_stage_0_redone_by_another(swarm: LocalSwarm) -> None:
+    # Its microbatches had left it: another holder rebuilds their token ids from its own copy
+    # of the data, recomputes stage 0 and takes the stage-1 node's gradient. Nothing dropped.
+    victim = armed(swarm, "h3", 0, "crash-in:after-backward:iteration=1")
+    job = job_for("holder-backward")
+    result = train(swarm, job)
+    died(victim)
+    assert_equals_reference(result, job)
+    assert result.crashes == 1 and result.replayed_microbatches >= 1
+    assert result.restarts == 0
+
+
+def test_the_coordinator_dies_and_the_next_holder_takes_over(swarm: LocalSwarm) -> None:
+    # The smallest holder id coordinates: g0 < h0. Its bookkeeping dies with it, so h0 asks
+    # every participant where it is and starts the iteration in progress again.
+    victim = armed(swarm, "g0", 0, "crash-in:forward:iteration=1")
+    job = job_for("coordinator")
+    result = train(swarm, job, to="z1")
+    died(victim)
+    assert_equals_reference(result, job)
+    assert result.crashes == 1 and result.restarts == 1
+    assert result.coordinator == "h0"
+
+
+def test_a_joiner_gets_its_state_from_another_donor_when_the_first_dies(
+    swarm: LocalSwarm,
+) -> None:
+    # Joiners ask the live replicas of their stage in id order: "a-donor" first, which dies
+    # once the first chunk of its state is on its way; the joiner fetches it from a0 instead.
+    # Meanwhile a1 leaves gracefully: it lets the iteration it is in step, then goes.
+    donor = armed(swarm, "a-donor", 1, "crash-in:state-transfer")
+    job = job_for("join", iterations=24)
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S,
+             "two iterations")
+    joiner = swarm.join("a9", 1, 0.07)
+    wait_for(lambda: client.progress(job_id).joins >= 1, WAIT_S, "a9 to enter the job")
+    swarm.terminate("a1")
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    died(donor)
+    assert swarm.procs["a1"].popen.wait(timeout=30) == 0
+    assert joiner.alive
+    assert_equals_reference(result, job)
+    assert (result.crashes, result.leaves, result.joins) == (1, 1, 1)
+    # The joiner took microbatches after it entered.
+    assert any("a9" in path for path, _ in result.routes), result.routes
+
+
+def test_the_last_node_of_a_stage_dies_and_the_job_resumes_when_one_joins(
+    swarm: LocalSwarm,
+) -> None:
+    # Stage 1 down to one node, which keeps a backup of its state at the coordinator after
+    # every step; it dies in iteration 2, the job pauses (rule 5) until a node joins stage 1
+    # and takes the backup's state.
+    stage_1 = [p.id for p in swarm.live() if p.stage == 1]
+    for node in stage_1:
+        swarm.terminate(node)
+    for node in stage_1:
+        wait_for(lambda node=node: not swarm.procs[node].alive, 30, f"{node} to leave")
+    lone = armed(swarm, "a7", 1, "crash-in:forward:iteration=2")
+    job = job_for("empty-stage")
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: client.progress(job_id).paused, WAIT_S, "the job to pause")
+    died(lone)
+    assert "stage 1 has no live node" in client.progress(job_id).paused
+    swarm.join("a8", 1, 0.07)
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    assert_equals_reference(result, job)
+    assert (result.crashes, result.joins) == (1, 1)
+    assert result.paused == "" and result.paused_s > 0
+    assert result.restarts == 0
+
+
+def test_the_logs_hold_no_traceback(swarm: LocalSwarm) -> None:
+    for proc in swarm.procs.values():
+        text = proc.log.read_text()
+        assert "Traceback" not in text, (proc.id, text[-3000:])
