@@ -120,6 +120,19 @@ def _launch(args: argparse.Namespace) -> int:
     return run_launch(args)
 
 
+def _add_security_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "security (a swarm that requires them refuses calls without them: UNAUTHENTICATED)"
+    )
+    group.add_argument("--token-file", metavar="FILE",
+                       help="a file holding the swarm's shared token, sent and required on "
+                       "every call (e.g. made by `openssl rand -hex 32 > FILE`)")
+    group.add_argument("--tls-cert", metavar="PEM", help="this end's certificate (mutual TLS)")
+    group.add_argument("--tls-key", metavar="PEM", help="this end's private key")
+    group.add_argument("--tls-ca", metavar="PEM",
+                       help="the CA that signs every member's certificate")
+
+
 def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     node = commands.add_parser(
         "node",
@@ -172,6 +185,7 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       "(default: from the id)")
     node.add_argument("--log-level", default="info",
                       choices=("debug", "info", "warning", "error"), help="(default info)")
+    _add_security_flags(node)
     node.set_defaults(handler=_node)
 
 
@@ -188,6 +202,7 @@ def _add_status_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         help="that node's own arcs only (do not ask every member)")
     status.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
                         help="deadline (default 10)")
+    _add_security_flags(status)
     status.set_defaults(handler=_status)
 
 
@@ -227,6 +242,7 @@ def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     launch.add_argument("--time-scale", type=_positive_float, default=1.0, metavar="F",
                         help="wall seconds per trace second (default 1; 0.01 replays 100x "
                         "faster)")
+    _add_security_flags(launch)
     launch.set_defaults(handler=_launch)
 
 

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from gwtf.flow.topology import CAP_SCALE
+from gwtf.node.security import Credentials
 
 __all__ = ["StatusError", "fetch_status", "format_status", "run_status", "status_json"]
 
@@ -24,30 +25,38 @@ class StatusError(Exception):
     """The node could not be asked (one sentence)."""
 
 
-async def _fetch(address: str, timeout_s: float, swarm: bool) -> Any:
-    from grpc import aio
-
+async def _fetch(address: str, timeout_s: float, swarm: bool, creds: Credentials) -> Any:
+    from gwtf.node.security import open_channel
     from gwtf.node.transport import channel_options
     from gwtf.v1 import node_pb2, node_pb2_grpc
 
-    async with aio.insecure_channel(address, options=channel_options()) as channel:
+    async with open_channel(address, creds, options=channel_options()) as channel:
         stub = node_pb2_grpc.StatusStub(channel)
         return await stub.Get(node_pb2.StatusRequest(swarm=swarm), timeout=timeout_s)
 
 
-def fetch_status(address: str, *, timeout_s: float = 10.0, swarm: bool = True) -> Any:
-    """The StatusReply of the node at `address` (with every member's part when `swarm`)."""
+def fetch_status(
+    address: str,
+    *,
+    timeout_s: float = 10.0,
+    swarm: bool = True,
+    credentials: Credentials | None = None,
+) -> Any:
+    """The StatusReply of the node at `address` (with every member's part when `swarm`);
+    `credentials` for a swarm that requires a token or TLS."""
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     import grpc
     from grpc import aio
 
     try:
-        return asyncio.run(_fetch(address, timeout_s, swarm))
+        return asyncio.run(_fetch(address, timeout_s, swarm, credentials or Credentials()))
     except aio.AioRpcError as err:
+        if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise StatusError(f"{address} refused the call: {err.details()}") from None
         if err.code() == grpc.StatusCode.UNAVAILABLE:
             raise StatusError(
-                f"cannot reach {address}: nothing answers there; check the address and that "
-                "a gwtf node runs there"
+                f"cannot reach {address}: nothing answers there, or it refused the TLS "
+                "handshake; check the address, that a gwtf node runs there, and --tls-*"
             ) from None
         if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise StatusError(f"{address} did not answer within {timeout_s:g} s") from None
@@ -177,9 +186,16 @@ def format_status(view: dict[str, Any]) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    from gwtf.node.security import SecurityError, credentials_from_args
+
     try:
-        reply = fetch_status(args.to, timeout_s=args.timeout, swarm=not args.local)
-    except StatusError as err:
+        reply = fetch_status(
+            args.to,
+            timeout_s=args.timeout,
+            swarm=not args.local,
+            credentials=credentials_from_args(args),
+        )
+    except (StatusError, SecurityError) as err:
         print(f"gwtf status: {err}", file=sys.stderr)
         return 1
     view = status_json(reply)

@@ -73,12 +73,14 @@ def run_node(args: argparse.Namespace) -> int:
     from gwtf.node.codec import InvalidMessage, check_name
     from gwtf.node.config import NodeConfig
     from gwtf.node.node import NodeSettings
+    from gwtf.node.security import SecurityError, credentials_from_args
 
     try:
         if args.id is not None:
             check_name("--id", args.id)
         links, location = load_matrix(args.link_matrix, args.location)
-    except (TopologyError, InvalidMessage) as err:
+        credentials = credentials_from_args(args)
+    except (TopologyError, InvalidMessage, SecurityError) as err:
         print(f"gwtf node: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -107,6 +109,7 @@ def run_node(args: argparse.Namespace) -> int:
         min_arc_cost_s=args.min_arc_cost_s,
         quiet_s=args.quiet_s,
         seed=args.seed,
+        credentials=credentials,
     )
     configure_logging(args.log_level)
     return uvloop.run(_serve(settings, config))

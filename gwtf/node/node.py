@@ -66,6 +66,7 @@ from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
 from gwtf.node.phases import Command, PhaseReportData
 from gwtf.node.prober import LinkProber
+from gwtf.node.security import Credentials, TokenServerInterceptor, add_port
 from gwtf.node.server import HealthServicer, Refusal, add_servicers
 from gwtf.node.transport import (
     UNDELAYED,
@@ -117,6 +118,8 @@ class NodeSettings:
     quiet_s: float | None = None
     seed: int | None = None
     """Seed of the gossip partner order; default: derived from the node id."""
+    credentials: Credentials = field(default_factory=Credentials)
+    """The swarm's token and/or TLS certificates (gwtf.node.security); empty: an open swarm."""
 
 
 @dataclass
@@ -177,7 +180,12 @@ class Node:
 
     async def start(self) -> int:
         """Bind and start serving (calls are refused until the node is in a swarm)."""
-        interceptors: list[aio.ServerInterceptor] = [MalformedRequestInterceptor()]
+        creds = self.settings.credentials
+        interceptors: list[aio.ServerInterceptor] = []
+        if creds.token is not None:
+            # First: a stranger's call is refused before anything else looks at it.
+            interceptors.append(TokenServerInterceptor(creds.token))
+        interceptors.append(MalformedRequestInterceptor())
         if self._wan is not None:
             interceptors.append(WanServerInterceptor(self._wan))
         server = aio.server(options=server_options(), interceptors=interceptors)
@@ -185,7 +193,7 @@ class Node:
         host = self.settings.host
         bind = f"[{host}]" if ":" in host else host
         try:
-            port = server.add_insecure_port(f"{bind}:{self.settings.port}")
+            port = add_port(server, f"{bind}:{self.settings.port}", creds)
         except RuntimeError:
             port = 0
         if port == 0:
@@ -202,7 +210,9 @@ class Node:
         self.log = logging.LoggerAdapter(
             LOG, {"node": self.node_id, "stage": self.settings.stage}
         )
-        self._pool = ChannelPool(self.node_id, self.settings.location, self._wan)
+        self._pool = ChannelPool(
+            self.node_id, self.settings.location, self._wan, self.settings.credentials
+        )
         seed = self.settings.seed
         if seed is None:
             seed = zlib.crc32(self.node_id.encode())
@@ -442,6 +452,8 @@ class Node:
 
     @staticmethod
     def _refused_by_bootstrap(address: str, err: aio.AioRpcError) -> None:
+        if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise NodeError(f"the swarm at {address} refused this node: {err.details()}", 2)
         if err.code() in (
             grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.INVALID_ARGUMENT,

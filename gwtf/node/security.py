@@ -20,7 +20,7 @@ nothing about the swarm, not even that a node is up.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,11 @@ __all__ = [
     "SecurityError",
     "TokenClientInterceptors",
     "TokenServerInterceptor",
+    "add_port",
     "channel_credentials",
+    "credentials_from_args",
     "load_credentials",
+    "open_channel",
     "server_credentials",
 ]
 
@@ -221,3 +224,38 @@ def TokenClientInterceptors(token: str | None) -> list[aio.ClientInterceptor]:  
     if token is None:
         return []
     return [_UnaryUnary(token), _UnaryStream(token), _StreamUnary(token), _StreamStream(token)]
+
+
+def credentials_from_args(args: object) -> Credentials:
+    """The credentials the `--token-file` and `--tls-*` flags of a command name."""
+    return load_credentials(
+        getattr(args, "token_file", None),
+        getattr(args, "tls_cert", None),
+        getattr(args, "tls_key", None),
+        getattr(args, "tls_ca", None),
+    )
+
+
+def open_channel(
+    address: str,
+    creds: Credentials,
+    *,
+    options: Sequence[tuple[str, Any]] = (),
+    interceptors: Sequence[aio.ClientInterceptor] = (),
+) -> aio.Channel:
+    """A channel to a node that presents `creds` on every call (TLS and/or the token)."""
+    chain = [*TokenClientInterceptors(creds.token), *interceptors]
+    tls = channel_credentials(creds)
+    if tls is None:
+        return aio.insecure_channel(address, options=list(options), interceptors=chain)
+    return aio.secure_channel(
+        address, tls, options=[*options, *secure_channel_options(creds)], interceptors=chain
+    )
+
+
+def add_port(server: aio.Server, address: str, creds: Credentials) -> int:
+    """Bind `address` with TLS when `creds` has it; the port (0 if it cannot be bound)."""
+    tls = server_credentials(creds)
+    if tls is None:
+        return int(server.add_insecure_port(address))
+    return int(server.add_secure_port(address, tls))

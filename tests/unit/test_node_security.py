@@ -1,10 +1,9 @@
 """Shared token and mutual TLS on real gRPC servers on loopback: strangers are refused before any
-handler runs, members get through. Certificates are made here with the openssl command line."""
+handler runs, members get through. Certificates are made with the openssl command line."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from gwtf.node.security import (
 )
 from gwtf.node.server import HealthServicer, ProbeServicer
 from gwtf.v1 import health_pb2, health_pb2_grpc, node_pb2, node_pb2_grpc
+from tests.integration.pki import make_ca, make_member
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 
@@ -120,37 +120,13 @@ def test_the_refusal_says_why_in_one_line() -> None:
     serve(Credentials(token=TOKEN), check)
 
 
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def make_ca(folder: Path, name: str) -> tuple[Path, Path]:
-    key, cert = folder / f"{name}-ca.key", folder / f"{name}-ca.pem"
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
-            "-subj", f"/CN={name} swarm CA")  # fmt: skip
-    return key, cert
-
-
-def make_member(folder: Path, name: str, ca: tuple[Path, Path]) -> Credentials:
-    key, csr, cert = folder / f"{name}.key", folder / f"{name}.csr", folder / f"{name}.pem"
-    ext = folder / f"{name}.ext"
-    ext.write_text("subjectAltName=DNS:gwtf-swarm\n")
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", str(key), "-out", str(csr), "-subj", "/CN=gwtf-swarm")  # fmt: skip
-    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca[1]), "-CAkey", str(ca[0]),
-            "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(ext))  # fmt: skip
-    return load_credentials(None, str(cert), str(key), str(ca[1]))
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Credentials]:
     folder = tmp_path_factory.mktemp("pki")
     ours, theirs = make_ca(folder, "ours"), make_ca(folder, "theirs")
     return {
-        "server": make_member(folder, "server", ours),
-        "client": make_member(folder, "client", ours),
-        "stranger": make_member(folder, "stranger", theirs),
+        name: load_credentials(None, *map(str, make_member(folder, name, ca)))
+        for name, ca in (("server", ours), ("client", ours), ("stranger", theirs))
     }
 
 
