@@ -185,6 +185,11 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       "(default: from the id)")
     node.add_argument("--log-level", default="info",
                       choices=("debug", "info", "warning", "error"), help="(default info)")
+    node.add_argument("--log-json", action="store_true",
+                      help="log JSON lines (time, level, node, stage, message, ids) on stderr")
+    node.add_argument("--metrics-port", type=_port, metavar="P",
+                      help="serve Prometheus metrics on http://HOST:P/metrics (0: a free port, "
+                      "printed)")
     _add_security_flags(node)
     node.set_defaults(handler=_node)
 

@@ -64,6 +64,7 @@ from gwtf.node.coordinator import PhaseCoordinator
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
+from gwtf.node.observe import NodeMetrics
 from gwtf.node.phases import Command, PhaseReportData
 from gwtf.node.prober import LinkProber
 from gwtf.node.security import Credentials, TokenServerInterceptor, add_port
@@ -120,12 +121,17 @@ class NodeSettings:
     """Seed of the gossip partner order; default: derived from the node id."""
     credentials: Credentials = field(default_factory=Credentials)
     """The swarm's token and/or TLS certificates (gwtf.node.security); empty: an open swarm."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port of `host` (0: a free one); None: no metrics."""
 
 
 @dataclass
 class _Stats:
     gossip_bytes: int = 0
     gossip_calls: int = 0
+    deaths: int = 0
+    leaves: int = 0
+    joins: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -155,6 +161,7 @@ class Node:
         if settings.links is not None and settings.location:
             self._wan = WanEmulator(settings.location, settings.links, clock)
         self._health = HealthServicer()
+        self.metrics = NodeMetrics()
         self._server: aio.Server | None = None
         self._pool: ChannelPool | None = None
         self.node_id = settings.node_id or ""
@@ -201,6 +208,15 @@ class Node:
                 f"cannot listen on {host}:{self.settings.port}: the port is in use or the "
                 "address is not this machine's; choose another --port (0 picks a free one)"
             )
+        if self.settings.metrics_port is not None:
+            try:
+                self.metrics.serve(self.settings.metrics_port, host)
+            except OSError as err:
+                await server.stop(None)
+                raise NodeError(
+                    f"cannot serve metrics on {host}:{self.settings.metrics_port}: "
+                    f"{err.strerror or err}; choose another --metrics-port (0 picks a free one)"
+                ) from None
         await server.start()
         self._server = server
         self.port = port
@@ -504,6 +520,7 @@ class Node:
         for event in events:
             m = event.member
             if event.kind == "alive":
+                self._stats.joins += 1
                 self.log.info(
                     "member %s alive (stage %d, %s%s): %s",
                     m.id,
@@ -519,6 +536,10 @@ class Node:
                     self._start_link(m)
             else:
                 verb = "left" if event.kind == "left" else "declared dead"
+                if event.kind == "left":
+                    self._stats.leaves += 1
+                else:
+                    self._stats.deaths += 1
                 self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
                 self.prober.stop(m.id)
                 self.driver.drop_peer(m.id)
@@ -529,8 +550,25 @@ class Node:
     def _refused(self, member: MemberInfo) -> None:
         self._on_events(self.members.refused(member.id, member.epoch))
 
+    def publish_metrics(self) -> None:
+        """Hand the metrics thread a fresh snapshot (it never reads the loop's state)."""
+        if self.metrics.port is None or self._members is None:
+            return
+        stats = self._stats
+        self.metrics.publish(
+            self.local_status(),
+            {
+                "deaths": stats.deaths,
+                "leaves": stats.leaves,
+                "joins": stats.joins,
+                "alive_members": len(self.members.alive()) + 1,
+                "departed_members": len(self.members.departed()),
+            },
+        )
+
     async def _heartbeat_loop(self) -> None:
         while True:
+            self.publish_metrics()
             await asyncio.sleep(self.config.heartbeat_s)
             members = self.members
             members.beat()
