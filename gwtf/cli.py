@@ -207,6 +207,11 @@ def _add_status_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         help="that node's own arcs only (do not ask every member)")
     status.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
                         help="deadline (default 10)")
+    status.add_argument("--watch", action="store_true",
+                        help="a live view, refreshed until Ctrl-C: members per stage, flows, "
+                        "and each death, join and reconvergence as it happens")
+    status.add_argument("--interval", type=_positive_float, default=1.0, metavar="S",
+                        help="refresh period of --watch (default 1)")
     _add_security_flags(status)
     status.set_defaults(handler=_status)
 

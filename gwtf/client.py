@@ -189,13 +189,27 @@ def run_status(args: argparse.Namespace) -> int:
     from gwtf.node.security import SecurityError, credentials_from_args
 
     try:
+        credentials = credentials_from_args(args)
+    except SecurityError as err:
+        print(f"gwtf status: {err}", file=sys.stderr)
+        return 2
+    if getattr(args, "watch", False):
+        from gwtf.live import watch
+
+        def fetch() -> dict[str, Any]:
+            reply = fetch_status(args.to, timeout_s=args.timeout, swarm=not args.local,
+                                 credentials=credentials)  # fmt: skip
+            return status_json(reply)
+
+        return watch(fetch, args.interval, errors=(StatusError,))
+    try:
         reply = fetch_status(
             args.to,
             timeout_s=args.timeout,
             swarm=not args.local,
-            credentials=credentials_from_args(args),
+            credentials=credentials,
         )
-    except (StatusError, SecurityError) as err:
+    except StatusError as err:
         print(f"gwtf status: {err}", file=sys.stderr)
         return 1
     view = status_json(reply)
