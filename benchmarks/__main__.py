@@ -16,6 +16,7 @@ BENCHMARKS = {
     "node": "benchmarks.node_control",
     "robust": "benchmarks.robust",
     "tensor": "benchmarks.tensor",
+    "train": "benchmarks.train_cluster",
 }
 
 

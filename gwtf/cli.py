@@ -114,6 +114,12 @@ def _status(args: argparse.Namespace) -> int:
     return run_status(args)
 
 
+def _submit(args: argparse.Namespace) -> int:
+    from gwtf.client import run_submit
+
+    return run_submit(args)
+
+
 def _launch(args: argparse.Namespace) -> int:
     from gwtf.node.launch import run_launch
 
@@ -181,6 +187,15 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     swarm.add_argument("--quiet-s", type=_positive_float, metavar="S",
                        help="end scaling phases per node after S quiet seconds instead of "
                        "swarm-wide (uncoordinated; several times the messages)")
+    node.add_argument("--memory-slots", type=_positive_int, default=8, metavar="N",
+                      help="microbatches whose forward state this node keeps at once in a "
+                      "training job; more wait upstream (default 8)")
+    node.add_argument("--no-train", action="store_true",
+                      help="route only: do not load torch (the node starts in a fraction of "
+                      "the time) and refuse training jobs")
+    node.add_argument("--emulate-compute", action="store_true",
+                      help="pad each microbatch's stage work to --compute-s with sleep, as the "
+                      "emulated WAN pads messages (a local swarm then runs at its stated speeds)")
     node.add_argument("--seed", type=int, metavar="N", help="seed of the gossip order "
                       "(default: from the id)")
     node.add_argument("--log-level", default="info",
@@ -216,6 +231,32 @@ def _add_status_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     status.set_defaults(handler=_status)
 
 
+def _add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    submit = commands.add_parser(
+        "submit",
+        help="submit a training job to a running gwtf network",
+        description="Submit JOB to the swarm of the node at --to: every member builds its stage "
+        "and the swarm trains the job, routing microbatches along its flows. Prints the job id; "
+        "--wait follows the job (a progress bar and the loss of every iteration on stderr) to "
+        "the end.",
+    )
+    submit.add_argument("--to", type=_address, required=True, metavar="HOST:PORT",
+                        help="any node of the swarm")
+    submit.add_argument("--job", required=True, metavar="JOB",
+                        help="a TOML job file, or a preset: tiny-gpt, tiny-llama")
+    submit.add_argument("--iterations", type=_positive_int, metavar="N",
+                        help="train N iterations instead of the job's (a different job id)")
+    submit.add_argument("--wait", action="store_true",
+                        help="follow the job until it completes or fails")
+    submit.add_argument("--json", action="store_true",
+                        help="print job_id, iterations_completed, loss, param_checksum, "
+                        "throughput_mb_s, dropped_microbatches as JSON (at the end with --wait)")
+    submit.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
+                        help="deadline of each status call (default 10)")
+    _add_security_flags(submit)
+    submit.set_defaults(handler=_submit)
+
+
 def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     launch = commands.add_parser(
         "launch",
@@ -236,6 +277,15 @@ def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         "gwtf/data/gpu_train_throughput.csv and divides by its speed (default 0.1)")
     launch.add_argument("--heartbeat-s", type=_positive_float, default=0.5, metavar="S")
     launch.add_argument("--failure-timeout-s", type=_positive_float, default=5.0, metavar="S")
+    launch.add_argument("--memory-slots", type=_positive_int, default=8, metavar="N",
+                        help="each node's memory slots for training jobs (default 8)")
+    launch.add_argument("--emulate-compute", action="store_true",
+                        help="nodes pad their stage work to their compute time (see gwtf node)")
+    launch.add_argument("--activation-bytes", type=_positive_int, metavar="N",
+                        help="bytes of one activation, for the flows (default: the node's, "
+                        "8 MiB; tiny-gpt's is 131072)")
+    launch.add_argument("--no-train", action="store_true",
+                        help="nodes route only: they do not load torch and refuse jobs")
     launch.add_argument("--seed", type=int, default=0, metavar="N",
                         help="seed of the GPU draw (default 0)")
     launch.add_argument("--log-dir", metavar="DIR",
@@ -274,19 +324,6 @@ def _demo(args: argparse.Namespace) -> int:
         "`gwtf route TOPOLOGY` is (see `gwtf route --help`)."
     )
     return 0
-
-
-def _not_yet(command: str) -> Handler:
-    def handler(args: argparse.Namespace) -> int:
-        print(f"gwtf {command}: not available yet in this version", file=sys.stderr)
-        return EXIT_USAGE
-
-    return handler
-
-
-_NOT_YET = {
-    "submit": "submit a training job to a running gwtf network",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -370,14 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.set_defaults(handler=_simulate)
 
     _add_node_parser(commands)
+    _add_submit_parser(commands)
     _add_status_parser(commands)
     _add_launch_parser(commands)
-
-    for name, summary in _NOT_YET.items():
-        sub = commands.add_parser(
-            name, help=f"{summary} (not available yet)", description=f"{summary.capitalize()}."
-        )
-        sub.set_defaults(handler=_not_yet(name))
 
     demo = commands.add_parser(
         "demo", help="run the demo (not available yet)", description="Run the gwtf demo."

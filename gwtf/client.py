@@ -1,9 +1,20 @@
-"""The client side of gwtf: ask a node about its swarm (`gwtf status`).
+"""The client side of gwtf: submit and follow training jobs, ask a node about its swarm.
+
+    client = GwtfClient("127.0.0.1:50051")
+    job_id = client.submit("tiny-gpt")            # a preset, a TOML job file, or a JobConfig
+    result = client.wait(job_id, on_progress=lambda r: print(r.iterations_completed, r.loss))
+    result.to_json()    # {"job_id", "iterations_completed", "loss", "param_checksum", ...}
+    client.jobs()       # every job the node knows, as JobResult
 
     reply = fetch_status("127.0.0.1:50051", timeout_s=5)   # StatusError if it cannot
-    view = status_json(reply)   # {"members", "arcs", "flow_value", ...}
+    view = status_json(reply)   # {"members", "arcs", "flow_value", "jobs", ...}
 
-Job submission comes later (issue 5).
+Any node of a swarm takes a job and answers for it: the job is spread to every member, and the
+progress (loss per iteration, throughput, the final parameter checksum) to every member too.
+Errors are `ClientError`, one sentence with the exit code the CLI gives it: 2 for a job the user
+must change, 1 for a swarm that cannot run it now or cannot be reached. The job is read and
+checked here first (that imports torch, as `gwtf.train` does), so a wrong job file is reported
+before any node is asked.
 """
 
 from __future__ import annotations
@@ -13,12 +24,33 @@ import asyncio
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gwtf.flow.topology import CAP_SCALE
 from gwtf.node.security import Credentials
 
-__all__ = ["StatusError", "fetch_status", "format_status", "run_status", "status_json"]
+__all__ = [
+    "ClientError",
+    "GwtfClient",
+    "JobResult",
+    "StatusError",
+    "fetch_jobs",
+    "fetch_status",
+    "format_status",
+    "job_result",
+    "run_status",
+    "run_submit",
+    "status_json",
+]
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+WATCH_CALL_S = 60.0
+"""Deadline of one Watch call; `wait` makes another until the job ends."""
 
 
 class StatusError(Exception):
@@ -61,6 +93,318 @@ def fetch_status(
         if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise StatusError(f"{address} did not answer within {timeout_s:g} s") from None
         raise StatusError(f"{address} answered with an error: {err.code().name}") from None
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+class ClientError(Exception):
+    """A job that cannot be submitted or followed (one sentence), with the CLI's exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+_STATES = {1: "preparing", 2: "running", 3: "completed", 4: "failed"}
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A job's progress as a node reports it (complete once `state` is completed or failed)."""
+
+    job_id: str
+    name: str
+    state: str
+    iterations: int
+    iterations_completed: int
+    loss: tuple[float, ...]
+    param_checksum: str
+    throughput_mb_s: float
+    dropped_microbatches: int
+    error: str
+    microbatches_trained: int
+    elapsed_s: float
+    coordinator: str
+    routes: tuple[tuple[tuple[str, ...], int], ...]
+    """Each path the microbatches took (node ids, data holder first) and how many took it."""
+    checksum_mismatches: int
+    iteration_s: tuple[float, ...]
+
+    @property
+    def over(self) -> bool:
+        return self.state in ("completed", "failed")
+
+    def to_json(self) -> dict[str, Any]:
+        """What `gwtf submit --json` prints: the keys of `gwtf reference --json`."""
+        return {
+            "job_id": self.job_id,
+            "iterations_completed": self.iterations_completed,
+            "loss": list(self.loss),
+            "param_checksum": self.param_checksum,
+            "throughput_mb_s": self.throughput_mb_s,
+            "dropped_microbatches": self.dropped_microbatches,
+        }
+
+
+def job_result(pb: Any) -> JobResult:
+    """A JobResult from the wire's JobProgress."""
+    return JobResult(
+        job_id=pb.job_id,
+        name=pb.name,
+        state=_STATES.get(pb.state, "unknown"),
+        iterations=pb.iterations,
+        iterations_completed=pb.iterations_completed,
+        loss=tuple(pb.loss),
+        param_checksum=pb.param_checksum,
+        throughput_mb_s=pb.throughput_mb_s,
+        dropped_microbatches=pb.dropped_microbatches,
+        error=pb.error,
+        microbatches_trained=pb.microbatches_trained,
+        elapsed_s=pb.elapsed_s,
+        coordinator=pb.coordinator,
+        routes=tuple((tuple(r.path), r.microbatches) for r in pb.routes),
+        checksum_mismatches=pb.checksum_mismatches,
+        iteration_s=tuple(pb.iteration_s),
+    )
+
+
+def _rpc_error(address: str, err: Any, timeout_s: float | None) -> ClientError:
+    import grpc
+
+    code = err.code()
+    details = (err.details() or "").splitlines()
+    said = details[0] if details else code.name
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ClientError(
+            f"cannot reach {address}: nothing answers there; check the address and that a "
+            "gwtf node runs there"
+        )
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        waited = f" within {timeout_s:g} s" if timeout_s is not None else ""
+        return ClientError(f"{address} did not answer{waited}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ClientError(f"{address} refused the job: {said}", EXIT_USAGE)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return ClientError(f"{address} refused the call: {said}", EXIT_USAGE)
+    return ClientError(f"{address} refused: {said}")
+
+
+class GwtfClient:
+    """Submit jobs to, and follow them at, the node at `address` (HOST:PORT).
+
+    Every call opens a channel, has a deadline and closes the channel; errors are ClientError.
+    """
+
+    def __init__(
+        self, address: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.credentials = credentials or Credentials()
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+    def _run(self, call: Callable[[Any], Any], timeout_s: float | None) -> Any:
+        from grpc import aio
+
+        from gwtf.node.security import open_channel
+        from gwtf.node.transport import channel_options
+        from gwtf.v1 import job_pb2_grpc
+
+        async def main() -> Any:
+            async with open_channel(
+                self.address, self.credentials, options=channel_options()
+            ) as channel:
+                return await call(job_pb2_grpc.JobServiceStub(channel))
+
+        try:
+            return asyncio.run(main())
+        except aio.AioRpcError as err:
+            raise _rpc_error(self.address, err, timeout_s) from None
+
+    def submit(self, job: Any, *, timeout_s: float = 300.0) -> str:
+        """Submit `job` (a JobConfig, a preset name or a TOML file path); its id once every
+        member has prepared its stage and the job has started (this loads torch on every
+        node, which takes a while on a busy machine: hence the long deadline)."""
+        from gwtf.train.job import JobConfig, JobError, resolve_job
+        from gwtf.v1 import job_pb2
+
+        if not isinstance(job, JobConfig):
+            try:
+                job = resolve_job(Path(job) if not isinstance(job, str) else job)
+            except JobError as err:
+                raise ClientError(str(err), EXIT_USAGE) from None
+        request = job_pb2.SubmitRequest(job_json=json.dumps(job.to_dict(), sort_keys=True))
+
+        async def call(stub: Any) -> Any:
+            return await stub.Submit(request, timeout=timeout_s)
+
+        reply = self._run(call, timeout_s)
+        return str(reply.job_id)
+
+    def jobs(self) -> list[JobResult]:
+        """Every job the node knows."""
+        from gwtf.v1 import job_pb2
+
+        async def call(stub: Any) -> Any:
+            return await stub.List(job_pb2.ListRequest(), timeout=self.timeout_s)
+
+        return [job_result(p) for p in self._run(call, self.timeout_s).jobs]
+
+    def progress(self, job_id: str) -> JobResult:
+        """The job's progress now."""
+        for result in self.jobs():
+            if result.job_id == job_id:
+                return result
+        raise ClientError(f"{self.address} knows no job {job_id}")
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        on_progress: Callable[[JobResult], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> JobResult:
+        """Follow the job until it completes or fails (`timeout_s`: give up after that long);
+        `on_progress` sees every change. The job's final JobResult (state "failed" included)."""
+        import grpc
+        from grpc import aio
+
+        from gwtf.v1 import job_pb2
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        async def call(stub: Any) -> JobResult:
+            # One Watch call per WATCH_CALL_S at most, so that every call has a deadline; the
+            # node answers each new call with the progress at once.
+            last: JobResult | None = None
+            while True:
+                left = WATCH_CALL_S if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise ClientError(
+                        f"job {job_id} did not end within {timeout_s:g} s at {self.address}"
+                    )
+                stream = stub.Watch(
+                    job_pb2.WatchRequest(job_id=job_id), timeout=min(left, WATCH_CALL_S)
+                )
+                try:
+                    async for pb in stream:
+                        result = job_result(pb)
+                        if on_progress is not None and result != last:
+                            on_progress(result)
+                        last = result
+                        if result.over:
+                            return result
+                except aio.AioRpcError as err:
+                    if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise
+                    continue
+                raise ClientError(
+                    f"{self.address} stopped answering about job {job_id} before it ended"
+                )
+
+        result: JobResult = self._run(call, timeout_s)
+        return result
+
+
+def fetch_jobs(address: str, *, timeout_s: float = 10.0) -> list[JobResult]:
+    """The jobs the node at `address` knows (empty if it cannot say)."""
+    try:
+        return GwtfClient(address, timeout_s=timeout_s).jobs()
+    except ClientError:
+        return []
+
+
+def _submitted_job(args: argparse.Namespace) -> Any:
+    import dataclasses
+
+    from gwtf.train.job import JobError, resolve_job
+
+    try:
+        job = resolve_job(args.job)
+        if args.iterations is not None:
+            job = dataclasses.replace(job, iterations=args.iterations)
+    except JobError as err:
+        raise ClientError(str(err), EXIT_USAGE) from None
+    return job
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    """`gwtf submit --to HOST:PORT --job JOB [--iterations N] [--wait] [--json]`."""
+    from gwtf.node.security import SecurityError, credentials_from_args
+
+    try:
+        credentials = credentials_from_args(args)
+    except SecurityError as err:
+        print(f"gwtf submit: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    client = GwtfClient(args.to, timeout_s=args.timeout, credentials=credentials)
+    try:
+        job = _submitted_job(args)
+        job_id = client.submit(job)
+        if not (args.wait or args.json):
+            print(f"submitted {job_id} to {args.to}; follow it with gwtf submit --wait or "
+                  f"gwtf status --to {args.to}", flush=True)
+            return 0
+        if not args.wait:
+            result = client.progress(job_id)
+        elif args.json:
+            result = client.wait(job_id)
+        else:
+            result = _follow(client, job_id, job.iterations)
+    except ClientError as err:
+        print(f"gwtf submit: {err}", file=sys.stderr)
+        return err.exit_code
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2), flush=True)
+    else:
+        print(format_result(result), flush=True)
+    return EXIT_FAILED if result.state == "failed" else 0
+
+
+def _follow(client: GwtfClient, job_id: str, iterations: int) -> JobResult:
+    """`wait` with a progress bar and a line per iteration, on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[loss]}"))
+    shown = 0
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(job_id, total=iterations, loss="")
+
+        def update(result: JobResult) -> None:
+            nonlocal shown
+            for k in range(shown, len(result.loss)):
+                bar.console.print(f"iteration {k + 1:>4}/{result.iterations}  "
+                                  f"loss {result.loss[k]:.4f}")
+            shown = len(result.loss)
+            loss = f"loss {result.loss[-1]:.4f}" if result.loss else result.state
+            bar.update(task, completed=result.iterations_completed, loss=loss)
+
+        return client.wait(job_id, on_progress=update)
+
+
+def format_result(result: JobResult) -> str:
+    lines = [f"job {result.job_id} {result.state}: {result.iterations_completed}/"
+             f"{result.iterations} iterations in {result.elapsed_s:.1f} s"]
+    if result.error:
+        lines.append(f"error           {result.error}")
+    if result.loss:
+        first, last = result.loss[0], result.loss[-1]
+        lines.append(f"loss            {first:.4f} -> {last:.4f}")
+    if result.param_checksum:
+        lines.append(f"param checksum  {result.param_checksum}")
+    lines.append(f"throughput      {result.throughput_mb_s:.2f} microbatches/s")
+    lines.append(f"routes          {len(result.routes)} paths through the stages")
+    if result.checksum_mismatches:
+        lines.append(f"mismatches      {result.checksum_mismatches} commits after which stage "
+                     "replicas differed")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- status
 
 
 def status_json(reply: Any) -> dict[str, Any]:
@@ -182,6 +526,17 @@ def format_status(view: dict[str, Any]) -> str:
         )
     if view["unreachable"]:
         lines += ["", f"no answer from: {', '.join(view['unreachable'])}"]
+    jobs = view.get("jobs") or []
+    if jobs:
+        lines += ["", f"{'jobs':<22} {'state':<10} {'iterations':>10} {'loss':>8} {'mb/s':>8}"]
+        for job in jobs:
+            loss = f"{job['loss'][-1]:.4f}" if job["loss"] else "-"
+            lines.append(
+                f"{job['job_id']:<22} {job['state']:<10} "
+                f"{str(job['iterations_completed']) + '/' + str(job['iterations']):>10} "
+                f"{loss:>8} {job['throughput_mb_s']:>8.2f}"
+                + (f"  {job['error']}" if job["error"] else "")
+            )
     return "\n".join(lines)
 
 
@@ -213,6 +568,17 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"gwtf status: {err}", file=sys.stderr)
         return 1
     view = status_json(reply)
+    view["jobs"] = [
+        {
+            **result.to_json(),
+            "name": result.name,
+            "state": result.state,
+            "iterations": result.iterations,
+            "error": result.error,
+            "routes_used": len(result.routes),
+        }
+        for result in fetch_jobs(args.to, timeout_s=args.timeout)
+    ]
     if not view["members"]:
         print(f"gwtf status: {args.to} is not in a swarm yet", file=sys.stderr)
         return 1

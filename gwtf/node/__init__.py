@@ -20,10 +20,19 @@ I/O):
     server      the gRPC servicers (membership, probe, flow, status, health), thin
     prober      LinkProber: when and what to measure on the arcs a node owns
     coordinator PhaseCoordinator: the waves and nudges of the phase detection, in asyncio
+    wrr         next hops: smooth weighted round-robin over the flows (pure)
+    iterations  IterationCoordinator: a job's commits as its coordinator sees them (pure)
+    jobs        JobManager: submission, spreading a job, the commit coordinator, progress
+    worker      StageWorker: the torch side of a job on a node: compute queue, memory slots,
+                forward and backward over the data plane, the commit with the stage's replicas
+    gradsync    replicas' gradient sums as a chunked stream, checked
+    tensors     the data plane: microbatch tensors as chunked streams, checked
     node        Node: the asyncio orchestration of all the above, host of prober and coordinator
     cli         `gwtf node`;  launch: `gwtf launch`
 
-The import arrows: cli -> node -> server/transport/prober/coordinator -> driver/membership/
-links/phases/wan -> gwtf.flow.
-Nothing here imports torch, except `measure_compute` when a node measures its own speed.
+The import arrows: cli -> node -> server/transport/prober/coordinator/jobs -> driver/membership/
+links/phases/wan/iterations/wrr -> gwtf.flow; jobs -> worker (lazily) -> tensors/gradsync ->
+gwtf.train, gwtf.recovery.
+Importing the node imports no torch: a node that trains loads `worker` (and torch) before it
+enters its swarm, one that does not (`--no-train`) never does.
 """

@@ -100,6 +100,9 @@ def run_node(args: argparse.Namespace) -> int:
         seed=args.seed,
         credentials=credentials,
         metrics_port=args.metrics_port,
+        memory_slots=args.memory_slots,
+        emulate_compute=args.emulate_compute,
+        train=not args.no_train,
     )
     configure_logging(args.log_level, json_lines=args.log_json)
     return uvloop.run(_serve(settings, config))

@@ -113,6 +113,15 @@ class NodeConfig:
     rumour of it being alive is not believed."""
     status_timeout_s: float = 3.0
     """Deadline of the per-member calls of a swarm-wide status."""
+    prepare_timeout_s: float = 120.0
+    """Deadline of a member's preparation of a job: it imports torch (seconds of CPU, and every
+    node of a local swarm does it at once on a small machine), builds its stage and reads the
+    data."""
+    data_timeout_s: float = 60.0
+    """Deadline of one microbatch's send. The receiver holds the stream open while it waits for
+    a free memory slot or for its commit of the previous iteration, so this bounds those waits."""
+    commit_timeout_s: float = 120.0
+    """How long a stage replica waits for its peers' gradient sums at a commit."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -126,6 +135,9 @@ class NodeConfig:
             "phase_poll_s",
             "leave_timeout_s",
             "status_timeout_s",
+            "prepare_timeout_s",
+            "data_timeout_s",
+            "commit_timeout_s",
         ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):

@@ -229,6 +229,11 @@ def _node_argv(plan: NodePlan, args: argparse.Namespace, port: int) -> list[str]
         value = getattr(args, flag, None)
         if value is not None:
             argv += ["--" + flag.replace("_", "-"), os.path.abspath(value)]
+    argv += ["--memory-slots", str(args.memory_slots)]
+    if args.emulate_compute:
+        argv.append("--emulate-compute")
+    if args.no_train:
+        argv.append("--no-train")
     return argv
 
 
@@ -305,6 +310,8 @@ def _run(
         return args.base_port + i if args.base_port else 0
 
     first = _node_argv(plans[0], args, port(0)) + ["--stages", str(args.stages)]
+    if args.activation_bytes is not None:
+        first += ["--activation-bytes", str(args.activation_bytes)]
     cluster.start(plans[0], first)
     bootstrap = cluster.wait_addresses({0}, time.monotonic() + START_TIMEOUT_S)[0]
     rest = {

@@ -39,6 +39,7 @@ import grpc
 import numpy as np
 from grpc import aio
 
+from gwtf.flow.decentralized import FlowConfig
 from gwtf.flow.topology import LinkSpec, cap_to_units
 from gwtf.node.codec import (
     InvalidMessage,
@@ -62,6 +63,7 @@ from gwtf.node.config import (
 )
 from gwtf.node.coordinator import PhaseCoordinator
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
+from gwtf.node.jobs import JobManager
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
 from gwtf.node.observe import NodeMetrics
@@ -123,6 +125,15 @@ class NodeSettings:
     """The swarm's token and/or TLS certificates (gwtf.node.security); empty: an open swarm."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port of `host` (0: a free one); None: no metrics."""
+    memory_slots: int = 8
+    """Microbatches whose forward state this node keeps at once (training jobs)."""
+    train: bool = True
+    """Take part in training jobs: load torch before entering the swarm (importing it takes
+    seconds in which the process answers nothing, which peers would take for a death). False:
+    route only, start fast, and refuse jobs."""
+    emulate_compute: bool = False
+    """Pad each microbatch's stage work to `compute_s` (with sleep), as the emulated WAN pads
+    messages: a local swarm then runs at the speeds its flows were computed for."""
 
 
 @dataclass
@@ -180,8 +191,10 @@ class Node:
         self._swarm_scaling = True
         self._phases: PhaseCoordinator | None = None
         self._changed: asyncio.Event | None = None
+        self._joined_via = ""
         self._stats = _Stats()
         self._rng: np.random.Generator | None = None
+        self.jobs = JobManager(self)
 
     # ================================================================== lifecycle
 
@@ -260,6 +273,8 @@ class Node:
         self._spawn(self._phases.run(), "phases")
         if self.swarm.flow.quiet_s is not None:
             self._spawn(self._tick_loop(), "ticks")
+        if self._joined_via:
+            self._spawn(self.jobs.catch_up(self._joined_via), "jobs catch-up")
         self._after_change()
 
     async def leave(self) -> None:
@@ -287,6 +302,7 @@ class Node:
     async def close(self) -> None:
         self._stopping = True
         await self._cancel_tasks()
+        await self.jobs.close()
         if self._server is not None:
             await self._server.stop(self.config.shutdown_grace_s)
         if self._pool is not None:
@@ -333,6 +349,7 @@ class Node:
         except ValueError as err:
             raise NodeError(f"cannot create a swarm: {err}", 2) from None
         self._check_stage(swarm)
+        await self._preload()
         compute_s = await self._compute_s(swarm)
         self._setup(swarm, self._me(compute_s, epoch), warm=False, round_=0, tightens=0)
         self.log.info(
@@ -341,6 +358,13 @@ class Node:
             swarm.num_stages,
             swarm.activation_bytes,
         )
+
+    async def _preload(self) -> None:
+        """A node that trains loads torch here, once its swarm is known to accept it and
+        before it is a member: importing torch holds the interpreter for seconds, in which a
+        member would answer no heartbeat."""
+        if self.settings.train:
+            await self.jobs.preload()
 
     def _check_stage(self, swarm: SwarmSettings) -> None:
         if not 0 <= self.settings.stage < swarm.num_stages:
@@ -439,6 +463,7 @@ class Node:
                 2,
             )
         self._check_stage(swarm)
+        await self._preload()
         compute_s = await self._compute_s(swarm)
         epoch = time.time_ns()
         me = self._me(compute_s, epoch)
@@ -453,6 +478,7 @@ class Node:
             members = members_from_pb(reply.members, swarm.num_stages)
         except InvalidMessage as err:
             raise NodeError(f"the bootstrap node {via} sent invalid members: {err}", 1) from None
+        self._joined_via = via
         # A joiner enters at the swarm's phase: at the final epsilon if the swarm is there.
         self._setup(swarm, me, warm=reply.final, round_=reply.round, tightens=reply.tightens)
         assert self._members is not None
@@ -502,6 +528,55 @@ class Node:
         assert self._pool is not None
         return self._pool.stubs(address)
 
+    # ================================================================== what jobs need
+
+    def num_stages(self) -> int:
+        return self.swarm.num_stages
+
+    def member(self, node_id: str) -> MemberInfo | None:
+        """The live member `node_id` (this node included), None if not alive here."""
+        if node_id == self.node_id:
+            return self.members.me
+        found = self.members.get(node_id)
+        return found if found is not None and found.alive else None
+
+    def known_member(self, node_id: str) -> MemberInfo | None:
+        return self.members.get(node_id)
+
+    def stubs(self, member: MemberInfo) -> Stubs:
+        return self._stubs(member)
+
+    def stubs_at(self, address: str) -> Stubs:
+        return self._stubs_at(address)
+
+    def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
+        """How long the emulated WAN holds `nbytes` to `member` (streams are not intercepted:
+        their senders wait this long before the first chunk)."""
+        if self._wan is None:
+            return 0.0
+        return self._wan.delay(member.id, member.location, nbytes)
+
+    def routes(self) -> dict[str, int]:
+        return self.driver.routes()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        return self._spawn(coro, name)
+
+    @property
+    def memory_slots(self) -> int:
+        return self.settings.memory_slots
+
+    @property
+    def trains(self) -> bool:
+        return self.settings.train
+
+    @property
+    def emulate_compute_s(self) -> float | None:
+        return self.members.me.compute_s if self.settings.emulate_compute else None
+
+    def require_ready(self) -> None:
+        self._require_ready()
+
     def _require_ready(self) -> None:
         if not self._ready or self._stopping:
             raise Refusal(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id} is not serving")
@@ -541,6 +616,7 @@ class Node:
                 else:
                     self._stats.deaths += 1
                 self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
+                self.jobs.on_member_down(m, "left" if event.kind == "left" else "died")
                 self.prober.stop(m.id)
                 self.driver.drop_peer(m.id)
                 if self._wan is not None:
@@ -856,6 +932,29 @@ class Node:
 
     def on_phase(self, request: flow_pb2.PhaseCommand) -> flow_pb2.PhaseReport:
         self._require_ready()
+        # Checked before anything moves: a command names a live member as its coordinator, at
+        # most the phases a scaling has (each one is a tighten call: a huge count from a bad
+        # peer would hold the event loop), and a round at most a few ahead of this node's (a
+        # member that missed waves sees a small jump; a far one would desynchronise it).
+        if request.coordinator != self.node_id and not any(
+            m.id == request.coordinator for m in self.members.alive()
+        ):
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"phase command from {request.coordinator[:40]!r}, not a live member",
+            )
+        limit = max_phases(self.swarm.flow)
+        if request.tightens > limit:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"phase command ends {request.tightens} phases; a scaling has {limit}",
+            )
+        if request.round > self.driver.round + MAX_ROUND_AHEAD:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"phase command for round {request.round}, this node is in round "
+                f"{self.driver.round}",
+            )
         command = Command(request.round, request.tightens, request.scaling)
         return report_to_pb(self.apply_command(command))
 
@@ -1029,6 +1128,19 @@ class Node:
                 else:
                     reply.nodes.append(result.nodes[0])
         return reply
+
+
+MAX_ROUND_AHEAD = 16
+"""How far ahead of a member's scaling round a coordinator's command may be."""
+
+
+def max_phases(config: FlowConfig) -> int:
+    """Phases of one scaling: eps_start tightened by eps_factor down to eps_final (+1 spare)."""
+    phases, eps = 0, config.eps_start
+    while eps > config.eps_final:
+        eps = max(config.eps_final, eps // config.eps_factor)
+        phases += 1
+    return phases + 1
 
 
 def _describe(err: aio.AioRpcError) -> str:

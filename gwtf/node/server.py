@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 from grpc import aio
 
 from gwtf.node.codec import InvalidMessage
-from gwtf.v1 import flow_pb2, flow_pb2_grpc, health_pb2, health_pb2_grpc, node_pb2, node_pb2_grpc
+from gwtf.v1 import (
+    data_pb2,
+    flow_pb2,
+    flow_pb2_grpc,
+    health_pb2,
+    health_pb2_grpc,
+    job_pb2,
+    job_pb2_grpc,
+    node_pb2,
+    node_pb2_grpc,
+)
 
 if TYPE_CHECKING:
     from gwtf.node.node import Node
@@ -25,7 +35,14 @@ __all__ = ["HealthServicer", "Refusal", "add_servicers"]
 
 Serving = health_pb2.HealthCheckResponse.ServingStatus
 
-SERVICES = ("gwtf.v1.Membership", "gwtf.v1.Probe", "gwtf.v1.Flow", "gwtf.v1.Status")
+SERVICES = (
+    "gwtf.v1.Membership",
+    "gwtf.v1.Probe",
+    "gwtf.v1.Flow",
+    "gwtf.v1.Status",
+    "gwtf.v1.JobService",
+    "gwtf.v1.DataPlane",
+)
 
 
 class Refusal(Exception):
@@ -125,6 +142,138 @@ class StatusServicer(node_pb2_grpc.StatusServicer):
         return await self._node.on_status(request)
 
 
+class JobServicer(job_pb2_grpc.JobServiceServicer):
+    """Training jobs (gwtf.node.jobs): the client's calls and the calls between nodes."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    async def Submit(
+        self, request: job_pb2.SubmitRequest, context: aio.ServicerContext
+    ) -> job_pb2.SubmitReply:
+        try:
+            self._node.require_ready()
+            return await self._node.jobs.submit(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Watch(
+        self, request: job_pb2.WatchRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[job_pb2.JobProgress]:
+        try:
+            async for progress in self._node.jobs.watch(request):
+                yield progress
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def List(
+        self, request: job_pb2.ListRequest, context: aio.ServicerContext
+    ) -> job_pb2.ListReply:
+        return self._node.jobs.list_jobs()
+
+    async def Prepare(
+        self, request: job_pb2.PrepareRequest, context: aio.ServicerContext
+    ) -> job_pb2.PrepareReply:
+        try:
+            self._node.require_ready()
+            return await self._node.jobs.prepare(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Start(
+        self, request: job_pb2.StartRequest, context: aio.ServicerContext
+    ) -> job_pb2.StartReply:
+        try:
+            self._node.require_ready()
+            return self._node.jobs.start(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Done(
+        self, request: job_pb2.DoneRequest, context: aio.ServicerContext
+    ) -> job_pb2.DoneReply:
+        try:
+            return self._node.jobs.done(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Commit(
+        self, request: job_pb2.CommitRequest, context: aio.ServicerContext
+    ) -> job_pb2.CommitReply:
+        try:
+            return self._node.jobs.commit(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Committed(
+        self, request: job_pb2.CommittedRequest, context: aio.ServicerContext
+    ) -> job_pb2.CommittedReply:
+        try:
+            return self._node.jobs.committed(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Progress(
+        self, request: job_pb2.ProgressRequest, context: aio.ServicerContext
+    ) -> job_pb2.ProgressReply:
+        try:
+            return self._node.jobs.on_progress(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Fail(
+        self, request: job_pb2.FailRequest, context: aio.ServicerContext
+    ) -> job_pb2.FailReply:
+        try:
+            return self._node.jobs.on_fail(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    async def Contribute(
+        self, request_iterator: AsyncIterator[job_pb2.ContributionChunk],
+        context: aio.ServicerContext,
+    ) -> job_pb2.ContributionAck:
+        jobs = self._node.jobs
+        if not jobs.loaded:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no job runs here")
+        # torch is loaded once a job runs here.
+        from gwtf.node.gradsync import ContributionAssembler, ContributionError
+
+        assembler = ContributionAssembler(jobs.contribution_expect)
+        try:
+            async for chunk in request_iterator:
+                assembler.add(chunk)
+            header, flat = assembler.finish()
+            jobs.on_contribution(header, flat)
+        except (ContributionError, InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+        return job_pb2.ContributionAck(received_bytes=assembler.received_bytes)
+
+
+def add_data_plane(server: aio.Server, node: Node) -> None:
+    """The data plane (gwtf.node.tensors), served from the start but built only when a job
+    arrives (it needs torch): until then a microbatch is refused. Chunks reach it as wire
+    bytes, which is what gwtf.node.tensors' servicer reads fastest."""
+
+    async def send(request_iterator: Any, context: aio.ServicerContext) -> data_pb2.DataAck:
+        servicer = node.jobs.data_servicer()
+        if servicer is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no job runs here")
+        reply: data_pb2.DataAck = await servicer.Send(request_iterator, context)
+        return reply
+
+    handlers = {
+        "Send": grpc.stream_unary_rpc_method_handler(
+            send,
+            request_deserializer=None,
+            response_serializer=data_pb2.DataAck.SerializeToString,
+        )
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("gwtf.v1.DataPlane", handlers),)
+    )
+
+
 class HealthServicer(health_pb2_grpc.HealthServicer):
     """The standard health service: "" (the whole node) and each gwtf service by name."""
 
@@ -166,4 +315,6 @@ def add_servicers(server: aio.Server, node: Node, health: HealthServicer) -> Non
     node_pb2_grpc.add_ProbeServicer_to_server(ProbeServicer(), server)
     flow_pb2_grpc.add_FlowServicer_to_server(FlowServicer(node), server)
     node_pb2_grpc.add_StatusServicer_to_server(StatusServicer(node), server)
+    job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node), server)
+    add_data_plane(server, node)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

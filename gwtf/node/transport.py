@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from grpc import aio
 from gwtf.node.config import MAX_MESSAGE_BYTES
 from gwtf.node.security import Credentials, open_channel
 from gwtf.node.wan import WanEmulator
-from gwtf.v1 import flow_pb2_grpc, health_pb2_grpc, node_pb2_grpc
+from gwtf.v1 import data_pb2_grpc, flow_pb2_grpc, health_pb2_grpc, job_pb2_grpc, node_pb2_grpc
 
 __all__ = [
     "CALLER_LOCATION",
@@ -179,6 +179,27 @@ class MalformedRequestInterceptor(aio.ServerInterceptor):
                 request_deserializer=deserialize,
                 response_serializer=handler.response_serializer,
             )
+        if handler.stream_unary is not None:
+            streamed = handler.stream_unary
+
+            async def checked_requests(
+                requests: AsyncIterator[Any], context: aio.ServicerContext
+            ) -> AsyncIterator[Any]:
+                async for request in requests:
+                    if isinstance(request, _Malformed):
+                        await reject(context)
+                    yield request
+
+            async def checked_client_stream(
+                requests: AsyncIterator[Any], context: aio.ServicerContext
+            ) -> Any:
+                return await streamed(checked_requests(requests, context), context)
+
+            return grpc.stream_unary_rpc_method_handler(
+                checked_client_stream,
+                request_deserializer=deserialize,
+                response_serializer=handler.response_serializer,
+            )
         return handler
 
 
@@ -225,6 +246,10 @@ class Stubs:
     flow: flow_pb2_grpc.FlowStub
     status: node_pb2_grpc.StatusStub
     health: health_pb2_grpc.HealthStub
+    jobs: job_pb2_grpc.JobServiceStub
+    data: data_pb2_grpc.DataPlaneStub
+    channel: aio.Channel
+    """The channel itself, for stubs built elsewhere (gwtf.node.tensors.DataPlaneStub)."""
 
 
 class ChannelPool:
@@ -270,6 +295,9 @@ class ChannelPool:
             flow=flow_pb2_grpc.FlowStub(channel),
             status=node_pb2_grpc.StatusStub(channel),
             health=health_pb2_grpc.HealthStub(channel),
+            jobs=job_pb2_grpc.JobServiceStub(channel),
+            data=data_pb2_grpc.DataPlaneStub(channel),
+            channel=channel,
         )
         self._channels[address] = (channel, stubs)
         return stubs

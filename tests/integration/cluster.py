@@ -71,11 +71,13 @@ class LocalSwarm:
         heartbeat_s: float = 0.25,
         failure_timeout_s: float = 3.0,
         extra: tuple[str, ...] = (),
+        train: bool = False,
     ) -> None:
         self.log_dir = log_dir
         self.heartbeat_s = heartbeat_s
         self.failure_timeout_s = failure_timeout_s
-        self.extra = extra
+        # Nodes that train load torch at start (seconds each); the control-plane tests do not.
+        self.extra = extra if train else (*extra, "--no-train")
         self.procs: dict[str, Proc] = {}
         self.bootstrap = ""
 

@@ -117,7 +117,8 @@ def test_status_json_has_the_issue_shape(first_node: LocalSwarm) -> None:
 def test_launch_starts_a_swarm_and_stops_every_process(tmp_path: Path) -> None:
     launch = subprocess.Popen(
         [sys.executable, "-m", "gwtf", "launch", "--nodes", "4", "--stages", "2", "--json",
-         "--heartbeat-s", "0.25", "--failure-timeout-s", "3", "--log-dir", str(tmp_path)],
+         "--heartbeat-s", "0.25", "--failure-timeout-s", "3", "--log-dir", str(tmp_path),
+         "--no-train"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -173,7 +174,7 @@ def test_launch_replays_a_churn_trace(tmp_path: Path) -> None:
     launch = subprocess.Popen(
         [sys.executable, "-m", "gwtf", "launch", "--nodes", "4", "--stages", "2", "--json",
          "--heartbeat-s", "0.25", "--failure-timeout-s", "2", "--log-dir", str(tmp_path),
-         "--churn", str(trace), "--time-scale", "2"],
+         "--churn", str(trace), "--time-scale", "2", "--no-train"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     lines: list[dict] = []

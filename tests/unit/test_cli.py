@@ -46,12 +46,29 @@ def test_demo_exits_zero_and_points_to_route() -> None:
     assert "gwtf route" in result.stdout
 
 
-def test_unavailable_command_is_one_line_exit_2() -> None:
-    result = run_gwtf("submit")
-    assert result.returncode == 2
-    assert result.stderr.strip() == "gwtf submit: not available yet in this version"
-    assert "Traceback" not in result.stderr
-    assert result.stdout == ""
+def one_line(result: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_submit_mistakes_are_one_line(tmp_path: Path) -> None:
+    one_line(run_gwtf("submit"), 2, "error:")
+    one_line(run_gwtf("submit", "--to", "nohost", "--job", "tiny-gpt"), 2, "HOST:PORT")
+    # The job is read and checked before any node is asked (port 9 is never a gwtf node).
+    one_line(run_gwtf("submit", "--to", "127.0.0.1:9", "--job", str(tmp_path / "no.toml")), 2,
+             "does not exist")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("iterations = 3\nmicrobatches = 2\nmicrobatch_size = 1\n"
+                   "[model]\nkind = 'gpt'\nlayers = 2\nwidth = 30\nheads = 4\nseq_len = 8\n")
+    one_line(run_gwtf("submit", "--to", "127.0.0.1:9", "--job", str(bad)), 2,
+             "model.heads (4) must divide model.width (30)")
+    bad.write_text("iterations = [\n")
+    one_line(run_gwtf("submit", "--to", "127.0.0.1:9", "--job", str(bad)), 2, "not valid TOML")
+    one_line(run_gwtf("submit", "--to", "127.0.0.1:9", "--job", "tiny-gpt"), 1, "cannot reach")
 
 
 def test_node_status_launch_show_their_flags() -> None:
@@ -61,6 +78,7 @@ def test_node_status_launch_show_their_flags() -> None:
                  "--stages"),
         "status": ("--to", "--json"),
         "launch": ("--nodes", "--stages", "--base-port", "--link-matrix", "--json"),
+        "submit": ("--to", "--job", "--wait", "--json", "--iterations"),
     }
     for command, flags in expected.items():
         result = run_gwtf(command, "--help")

@@ -1,0 +1,188 @@
+"""A stage replica's gradient sums on the wire, to its stage peers at every commit.
+
+One replica's contribution for one iteration (`gwtf.train.GradContribution`) is a few dozen
+named tensors. It travels as one flat vector: the sums of the parameters in sorted-name order,
+concatenated, in the job's gradient dtype (float64 by default), as raw little-endian bytes in a
+client stream of `ContributionChunk`s of `CHUNK_BYTES` (chunk 0 holds the header). Every replica
+of a stage has the same parameter names and shapes (they come from the job and the cut), so the
+receiver knows exactly how many elements to expect and splits the vector back by itself: a peer
+cannot make it allocate more than its own stage's size. A replica that accumulated no microbatch
+sends a header with no payload.
+
+The receiver checks the order of the chunks, the header (once, first), the dtype and the size
+against what its stage expects, and that every value is finite, before it hands the contribution
+on. Splitting is a view of the received bytes: the sums arrive bit for bit, which is what lets
+every replica combine them into the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gwtf.v1 import job_pb2
+
+__all__ = [
+    "CHUNK_BYTES",
+    "ContributionAssembler",
+    "ContributionError",
+    "ContributionHeader",
+    "encode",
+    "flatten",
+    "unflatten",
+]
+
+CHUNK_BYTES = 2**20
+"""Payload bytes per chunk: within STYLE's 1-4 MiB, well under the node's 4 MiB message limit."""
+
+_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+class ContributionError(ValueError):
+    """A contribution stream that is malformed or not what this stage expects (one sentence)."""
+
+
+@dataclass(frozen=True)
+class ContributionHeader:
+    sender: str
+    job_id: str
+    iteration: int
+    stage: int
+    microbatches: tuple[int, ...]
+    dtype: str
+    numel: int
+
+
+def flatten(sums: Mapping[str, Tensor], names: Sequence[str], dtype: torch.dtype) -> Tensor:
+    """The sums of `names`, in that order, as one contiguous vector (empty when no sums)."""
+    if not sums:
+        return torch.empty(0, dtype=dtype)
+    return torch.cat([sums[name].reshape(-1).to(dtype) for name in names])
+
+
+def unflatten(flat: Tensor, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Tensor]:
+    """Split `flatten`'s vector back by name (sorted names, as flatten got them): views."""
+    out: dict[str, Tensor] = {}
+    offset = 0
+    for name in sorted(shapes):
+        shape = shapes[name]
+        size = 1
+        for dim in shape:
+            size *= dim
+        out[name] = flat[offset : offset + size].view(shape)
+        offset += size
+    if offset != flat.numel():
+        raise ContributionError(f"{flat.numel()} gradient values do not fit {offset} parameters")
+    return out
+
+
+def _header_to_pb(header: ContributionHeader) -> job_pb2.ContributionHeader:
+    return job_pb2.ContributionHeader(
+        sender=header.sender,
+        job_id=header.job_id,
+        iteration=header.iteration,
+        stage=header.stage,
+        microbatches=header.microbatches,
+        dtype=header.dtype,
+        numel=header.numel,
+    )
+
+
+def encode(
+    header: ContributionHeader, flat: Tensor, *, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[job_pb2.ContributionChunk]:
+    """The chunks of one contribution: the header, then the vector's bytes."""
+    data = flat.detach().contiguous().view(torch.uint8).numpy().data
+    yield job_pb2.ContributionChunk(seq=0, header=_header_to_pb(header))
+    seq = 1
+    for offset in range(0, data.nbytes, chunk_bytes):
+        payload = data[offset : offset + chunk_bytes].tobytes()
+        yield job_pb2.ContributionChunk(seq=seq, payload=payload)
+        seq += 1
+
+
+Expect = Callable[[ContributionHeader], int]
+"""Checks a header (raises ContributionError, or the node's Refusal) and returns the number of
+elements a contribution of that header must have."""
+
+
+class ContributionAssembler:
+    """One incoming contribution stream, checked chunk by chunk."""
+
+    def __init__(self, expect: Expect) -> None:
+        self._expect = expect
+        self._seq = 0
+        self.header: ContributionHeader | None = None
+        self._buffer: Tensor | None = None
+        self._view: memoryview | None = None
+        self._received = 0
+        self._total = 0
+
+    @property
+    def received_bytes(self) -> int:
+        return self._received
+
+    def add(self, chunk: job_pb2.ContributionChunk) -> None:
+        if chunk.seq != self._seq:
+            raise ContributionError(
+                f"contribution chunk {chunk.seq} arrived where chunk {self._seq} was expected"
+            )
+        self._seq += 1
+        if chunk.seq == 0:
+            if not chunk.HasField("header"):
+                raise ContributionError("a contribution's first chunk has no header")
+            self._start(chunk.header)
+        elif chunk.HasField("header"):
+            raise ContributionError(f"contribution chunk {chunk.seq} carries a second header")
+        payload = chunk.payload
+        if not payload:
+            return
+        if self._view is None or self._received + len(payload) > self._total:
+            raise ContributionError(
+                f"the contribution carries more than the {self._total} bytes its header declares"
+            )
+        self._view[self._received : self._received + len(payload)] = payload
+        self._received += len(payload)
+
+    def _start(self, pb: job_pb2.ContributionHeader) -> None:
+        dtype = _DTYPES.get(pb.dtype)
+        if dtype is None:
+            raise ContributionError(
+                f"contribution dtype {pb.dtype[:20]!r} is not one of {', '.join(_DTYPES)}"
+            )
+        if len(set(pb.microbatches)) != len(pb.microbatches):
+            raise ContributionError("the contribution lists a microbatch twice")
+        header = ContributionHeader(
+            sender=pb.sender,
+            job_id=pb.job_id,
+            iteration=pb.iteration,
+            stage=pb.stage,
+            microbatches=tuple(pb.microbatches),
+            dtype=pb.dtype,
+            numel=pb.numel,
+        )
+        expected = self._expect(header) if header.microbatches else 0
+        if header.numel != expected:
+            raise ContributionError(
+                f"the contribution of {header.sender} has {header.numel} values, "
+                f"{expected} are expected"
+            )
+        self.header = header
+        self._buffer = torch.empty(expected, dtype=dtype)
+        self._total = expected * self._buffer.element_size()
+        if expected:
+            self._view = self._buffer.view(torch.uint8).numpy().data
+
+    def finish(self) -> tuple[ContributionHeader, Tensor]:
+        if self.header is None or self._buffer is None:
+            raise ContributionError("the contribution stream ended before its header")
+        if self._received != self._total:
+            raise ContributionError(
+                f"the contribution stream ended after {self._received} of {self._total} bytes"
+            )
+        if self._buffer.numel() and not bool(torch.isfinite(self._buffer).all()):
+            raise ContributionError(f"the contribution of {self.header.sender} holds NaN or inf")
+        return self.header, self._buffer

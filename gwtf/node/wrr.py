@@ -1,0 +1,77 @@
+"""Next hops: the node's outgoing flows turned into a sequence of peers (DESIGN.md 2), pure.
+
+The flow says how many microbatches per second go from this node to each next-stage peer
+(`FlowDriver.routes()`, in integer flow units). A node turns those rates into next hops by smooth
+weighted round-robin (the algorithm of nginx's upstream balancer): every pick adds each peer's
+weight to its running credit, takes the peer with the most credit (ties: the smallest id) and
+takes the total weight off it. Over any window of `W = sum(weights)` picks each peer is chosen
+exactly its weight's number of times, and the picks of different peers are interleaved as evenly
+as the weights allow (weights 2:1 give a, b, a, a, b, a, not a, a, b), so the split over any short
+window follows the rates, and the same weights always give the same sequence.
+
+Weights come from the flows once they are settled (the swarm ended its scaling), and before
+that, or when the flows give this node no way out (its inflow is zero in the flow but a sender
+chose it anyway), from the peers' capacities: a sensible split that needs no agreement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+__all__ = ["SmoothRoundRobin", "next_hop_weights"]
+
+CAPACITY_SCALE = 1000
+"""Capacity-proportional weights are capacities (microbatches/s) in thousandths, at least 1."""
+
+
+def next_hop_weights(
+    routes: Mapping[str, int],
+    capacities: Mapping[str, float],
+    *,
+    settled: bool,
+) -> tuple[dict[str, int], str]:
+    """The weights of the candidates (`capacities`: the live next-stage peers that take part,
+    with their capacities) and where they came from: "flows" or "capacity".
+
+    The flows are used when they are settled and send something to a candidate; flows to a
+    peer that is not a candidate (it died, or does not take part in the job) are ignored.
+    """
+    if settled:
+        flows = {peer: units for peer, units in routes.items() if units > 0 and peer in capacities}
+        if flows:
+            return flows, "flows"
+    weights = {
+        peer: max(1, round(capacity * CAPACITY_SCALE))
+        for peer, capacity in capacities.items()
+        if capacity > 0
+    }
+    return weights, "capacity"
+
+
+class SmoothRoundRobin:
+    """Smooth weighted round-robin over weights that may change between picks.
+
+    A peer's credit survives a change of weights (so a small change does not restart the
+    sequence); the credit of a peer that leaves the weights is forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._credit: dict[str, int] = {}
+
+    def pick(self, weights: Mapping[str, int], exclude: Collection[str] = ()) -> str | None:
+        """The next peer, None when no peer has a positive weight outside `exclude`."""
+        for peer in [p for p in self._credit if weights.get(p, 0) <= 0]:
+            del self._credit[peer]
+        candidates = sorted(p for p, w in weights.items() if w > 0 and p not in exclude)
+        if not candidates:
+            return None
+        total = 0
+        for peer in candidates:
+            self._credit[peer] = self._credit.get(peer, 0) + weights[peer]
+            total += weights[peer]
+        best = candidates[0]
+        for peer in candidates[1:]:
+            if self._credit[peer] > self._credit[best]:
+                best = peer
+        self._credit[best] -= total
+        return best

@@ -1,0 +1,265 @@
+"""Training across a swarm of real `gwtf node` processes (issue 5): the central correctness test.
+
+One swarm of 6 nodes in 3 stages (2 data holders, 2 nodes in each other stage, uneven speeds so
+the flows have choices) trains a tiny-gpt job submitted with the Python client and a tiny-llama
+job submitted with `gwtf submit`; each must end with exactly the loss curve and the parameters of
+`train_reference`, the same job trained in this process with no pipeline.
+
+Tolerance: none, bit for bit. Each replica keeps its gradient sums in float64 (the jobs'
+`grad_accum`), where the sum of a handful of float32 per-microbatch gradients is exact, so neither
+the routes the microbatches took, nor the order they arrived in, nor the split over the replicas
+changes a bit; the replicas combine the sums in node-id order and step AdamW identically; and the
+nodes and this process run torch with one thread (`torch.set_num_threads(1)`: reductions split
+their work by thread count, tests/unit/test_train_swarm.py says more). A lost or double-counted
+microbatch, a wrong route back, or replicas that diverged would all change the checksum.
+
+The tests share the swarm in order; the last one empties a stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from cluster import REPO, LocalSwarm, wait_for
+from grpc import aio
+
+from gwtf.client import ClientError, GwtfClient, fetch_jobs
+from gwtf.train import PRESETS, JobConfig, ReferenceResult, train_reference
+
+pytestmark = pytest.mark.integration
+
+# (id, stage, seconds per microbatch): uneven, so that the flows split unevenly.
+NODES = [
+    ("h0", 0, 0.05),
+    ("h1", 0, 0.08),
+    ("a0", 1, 0.06),
+    ("a1", 1, 0.09),
+    ("z0", 2, 0.05),
+    ("z1", 2, 0.07),
+]
+GPT_ITERATIONS = 24  # enough to see the loss fall; about half a second each here
+LLAMA_ITERATIONS = 4
+WAIT_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
+    logs = tmp_path_factory.mktemp("train")
+    # Two memory slots: fewer than a holder's share of an iteration (4), so that holders wait
+    # for slots and relays hold streams open (back-pressure) all the time; a node that took
+    # more would fail the job (its executor refuses a third forward).
+    with LocalSwarm(
+        logs, heartbeat_s=0.25, failure_timeout_s=5.0, train=True, extra=("--memory-slots", "2")
+    ) as s:
+        s.start(NODES, num_stages=3)
+        everyone = {n[0] for n in NODES}
+
+        def formed() -> bool:  # a joiner learns the members by gossip, a moment after it joins
+            for proc in s.live():
+                view = s.status(proc.id, swarm=False)
+                if view is None or {m["id"] for m in view["members"] if m["alive"]} != everyone:
+                    return False
+            return True
+
+        wait_for(formed, 30, "every node to know every member")
+        yield s
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """The reference runs with the nodes' thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def reference(job: JobConfig) -> ReferenceResult:
+    return train_reference(job)
+
+
+def job_of(preset: str, iterations: int) -> JobConfig:
+    return dataclasses.replace(PRESETS[preset], iterations=iterations)
+
+
+def send_bad_tensors(address: str, job_id: str) -> list[tuple[grpc.StatusCode, str]]:
+    """What a faulty peer could send a stage-1 node: each is refused with its reason."""
+    from gwtf.node.tensors import MicrobatchTag, send
+    from gwtf.v1 import data_pb2_grpc
+
+    shape = (8, 64, 64)
+    labels = torch.zeros(8, 64, dtype=torch.int64)
+    tag = MicrobatchTag(job_id, 0, 0, "forward", "h0", ("h0",))
+    cases = [
+        (tag, {"activation": torch.zeros(8, 64, 32), "labels": labels}),
+        (tag, {"activation": torch.zeros(shape, dtype=torch.float64), "labels": labels}),
+        (tag, {"activation": torch.full(shape, float("nan")), "labels": labels}),
+        (dataclasses.replace(tag, sender="intruder", path=("intruder",)),
+         {"activation": torch.zeros(shape), "labels": labels}),
+    ]
+
+    async def main() -> list[tuple[grpc.StatusCode, str]]:
+        out = []
+        async with aio.insecure_channel(address) as channel:
+            stub = data_pb2_grpc.DataPlaneStub(channel)
+            for case_tag, tensors in cases:
+                try:
+                    await send(stub, case_tag, tensors, timeout=10)
+                    out.append((grpc.StatusCode.OK, ""))
+                except aio.AioRpcError as err:
+                    out.append((err.code(), err.details() or ""))
+        return out
+
+    return asyncio.run(main())
+
+
+def test_a_gpt_job_equals_the_reference_bit_for_bit_whatever_the_routes(
+    swarm: LocalSwarm, one_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every Watch call has a deadline: following the job takes several calls here.
+    monkeypatch.setattr("gwtf.client.WATCH_CALL_S", 2.0)
+    job = job_of("tiny-gpt", GPT_ITERATIONS)
+    # Submitted to a relay: any node takes a job.
+    client = GwtfClient(swarm.procs["a0"].address)
+    job_id = client.submit(job)
+    assert job_id == job.job_id
+    # A faulty peer meanwhile: its tensors are refused, and the job goes on unharmed.
+    refused = send_bad_tensors(swarm.procs["a1"].address, job_id)
+    assert [code for code, _ in refused] == [grpc.StatusCode.INVALID_ARGUMENT] * 4, refused
+    for (_, details), words in zip(
+        refused, (["shape", "[8, 64, 64]"], ["float64"], ["NaN"], ["intruder"]), strict=True
+    ):
+        assert all(w in details for w in words) and "\n" not in details, details
+    # One job at a time: the same job again is the same job, another one is refused.
+    assert GwtfClient(swarm.procs["z0"].address).submit(job) == job_id
+    with pytest.raises(ClientError, match=f"job {job_id} is running") as refused:
+        GwtfClient(swarm.procs["h1"].address).submit(job_of("tiny-llama", 1))
+    assert refused.value.exit_code == 1
+    seen: list[int] = []
+    result = client.wait(job_id, on_progress=lambda r: seen.append(r.iterations_completed),
+                         timeout_s=WAIT_S)
+    assert result.state == "completed", result.error
+    assert seen == sorted(seen) and seen[-1] == GPT_ITERATIONS
+    ref = reference(job)
+    assert result.loss == ref.loss
+    assert result.param_checksum == ref.param_checksum
+    assert result.checksum_mismatches == 0 and result.dropped_microbatches == 0
+    assert result.microbatches_trained == GPT_ITERATIONS * job.microbatches
+    # More than one route through the stages, every microbatch on one of them.
+    assert len(result.routes) > 1, result.routes
+    assert sum(count for _, count in result.routes) == result.microbatches_trained
+    # The loss falls on the default data (the Python standard library sources).
+    assert sum(result.loss[-4:]) / 4 < result.loss[0] - 1.0, result.loss
+    # Every member heard: another node reports the same outcome.
+    (elsewhere,) = [r for r in fetch_jobs(swarm.procs["z1"].address) if r.job_id == job_id]
+    assert elsewhere.state == "completed" and elsewhere.param_checksum == ref.param_checksum
+
+
+def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
+    swarm: LocalSwarm, one_thread: None
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gwtf", "submit", "--to", swarm.procs["h1"].address,
+         "--job", "tiny-llama", "--iterations", str(LLAMA_ITERATIONS), "--wait", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=WAIT_S, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert set(summary) == {"job_id", "iterations_completed", "loss", "param_checksum",
+                            "throughput_mb_s", "dropped_microbatches"}
+    ref = reference(job_of("tiny-llama", LLAMA_ITERATIONS))
+    assert summary["job_id"] == ref.job_id
+    assert summary["iterations_completed"] == LLAMA_ITERATIONS
+    assert summary["loss"] == list(ref.loss)
+    assert summary["param_checksum"] == ref.param_checksum
+    assert summary["throughput_mb_s"] > 0 and summary["dropped_microbatches"] == 0
+    status = subprocess.run(
+        [sys.executable, "-m", "gwtf", "status", "--to", swarm.procs["z0"].address, "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    jobs = {j["job_id"]: j for j in json.loads(status.stdout)["jobs"]}
+    assert jobs[ref.job_id]["state"] == "completed"
+
+
+def test_a_model_that_does_not_cut_into_the_stages_is_refused(swarm: LocalSwarm) -> None:
+    model = dataclasses.replace(PRESETS["tiny-gpt"].model, layers=2)
+    job = dataclasses.replace(PRESETS["tiny-gpt"], model=model, iterations=1)
+    with pytest.raises(ClientError) as refused:
+        GwtfClient(swarm.procs["z0"].address).submit(job)
+    assert refused.value.exit_code == 2
+    assert "2 layers cannot be cut into 3 stages" in str(refused.value)
+
+
+def test_a_job_for_a_swarm_with_an_empty_stage_is_refused(swarm: LocalSwarm) -> None:
+    for node in ("z0", "z1"):
+        swarm.terminate(node)
+    for node in ("z0", "z1"):
+        wait_for(lambda node=node: swarm.procs[node].popen.poll() is not None, 30, f"{node} to go")
+
+    def stage_2_gone() -> bool:
+        view = swarm.status("h0")
+        return view is not None and not any(m["alive"] and m["stage"] == 2
+                                            for m in view["members"])
+
+    wait_for(stage_2_gone, 30, "h0 to see stage 2 empty")
+    with pytest.raises(ClientError) as refused:
+        GwtfClient(swarm.procs["h0"].address).submit(job_of("tiny-gpt", 1))
+    assert refused.value.exit_code == 1
+    assert "stage 2 of this swarm has no live node" in str(refused.value)
+    assert swarm.status("h0") is not None  # and it keeps serving
+    assert {p.id for p in swarm.live()} == {"h0", "h1", "a0", "a1"}
+
+
+def test_a_cluster_from_gwtf_launch_trains_too(tmp_path: Path, one_thread: None) -> None:
+    """What a user does: `gwtf launch`, then `gwtf submit --wait`. Another cut of the model
+    (2 stages of 3 blocks), the same bits as the reference."""
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "gwtf", "launch", "--nodes", "4", "--stages", "2", "--json",
+         "--heartbeat-s", "0.25", "--failure-timeout-s", "5", "--log-dir", str(tmp_path),
+         "--activation-bytes", "131072"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert launch.stdout is not None
+        nodes = json.loads(launch.stdout.readline())["nodes"]
+        address = nodes[-1]["address"]
+
+        def formed() -> bool:
+            status = subprocess.run(
+                [sys.executable, "-m", "gwtf", "status", "--to", address, "--json"],
+                cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            if status.returncode != 0:
+                return False
+            view = json.loads(status.stdout)
+            return sum(m["alive"] for m in view["members"]) == 4 and not view["unreachable"]
+
+        wait_for(formed, 60, "the launched nodes to know each other", interval_s=0.5)
+        result = subprocess.run(
+            [sys.executable, "-m", "gwtf", "submit", "--to", address, "--job", "tiny-gpt",
+             "--iterations", "2", "--wait", "--json"],
+            cwd=REPO, capture_output=True, text=True, timeout=WAIT_S, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        ref = reference(job_of("tiny-gpt", 2))
+        assert summary["loss"] == list(ref.loss)
+        assert summary["param_checksum"] == ref.param_checksum
+    finally:
+        launch.terminate()
+        launch.wait(timeout=60)
+
+
+def test_the_logs_hold_no_traceback(swarm: LocalSwarm) -> None:
+    for proc in swarm.procs.values():
+        text = Path(proc.log).read_text()
+        assert "Traceback" not in text, (proc.id, text[-2000:])

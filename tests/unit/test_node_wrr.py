@@ -1,0 +1,69 @@
+"""Next hops by smooth weighted round-robin over the flows (gwtf.node.wrr)."""
+
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gwtf.node.wrr import SmoothRoundRobin, next_hop_weights
+
+
+def picks(weights: dict[str, int], n: int, rr: SmoothRoundRobin | None = None) -> list[str]:
+    rr = rr or SmoothRoundRobin()
+    out = []
+    for _ in range(n):
+        peer = rr.pick(weights)
+        assert peer is not None
+        out.append(peer)
+    return out
+
+
+def test_the_split_is_smooth_not_in_runs() -> None:
+    assert picks({"a": 2, "b": 1}, 6) == ["a", "b", "a", "a", "b", "a"]
+    assert picks({"a": 1, "b": 1}, 4) == ["a", "b", "a", "b"]  # ties: the smallest id first
+
+
+@given(st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 9), min_size=1), st.integers(1, 4))
+def test_every_window_of_the_total_weight_follows_the_rates(
+    weights: dict[str, int], windows: int
+) -> None:
+    total = sum(weights.values())
+    sequence = picks(weights, total * windows)
+    for w in range(windows):
+        assert Counter(sequence[w * total : (w + 1) * total]) == Counter(weights)
+    # The same weights always give the same sequence.
+    assert sequence == picks(weights, total * windows)
+
+
+@given(
+    st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 50), min_size=2),
+    st.integers(1, 200),
+)
+def test_any_prefix_is_within_one_pick_of_the_rates(weights: dict[str, int], n: int) -> None:
+    total = sum(weights.values())
+    counts = Counter(picks(weights, n))
+    for peer, weight in weights.items():
+        assert abs(counts[peer] - n * weight / total) < len(weights)
+
+
+def test_exclusion_and_weights_that_change() -> None:
+    rr = SmoothRoundRobin()
+    assert rr.pick({"a": 1, "b": 1}, exclude={"a"}) == "b"
+    assert rr.pick({"a": 0, "b": 0}) is None
+    assert rr.pick({}) is None
+    assert rr.pick({"a": 3}, exclude={"a"}) is None
+    # A peer that leaves the weights is forgotten; the others go on.
+    assert set(picks({"a": 1, "c": 1}, 4, rr)) == {"a", "c"}
+
+
+def test_weights_come_from_settled_flows_else_capacities() -> None:
+    routes = {"x": 300, "y": 0, "gone": 500}
+    capacities = {"x": 2.0, "y": 0.5}
+    assert next_hop_weights(routes, capacities, settled=True) == ({"x": 300}, "flows")
+    assert next_hop_weights(routes, capacities, settled=False) == (
+        {"x": 2000, "y": 500},
+        "capacity",
+    )
+    # Settled flows that send nothing to a candidate (this node carries no flow): capacities.
+    assert next_hop_weights({"gone": 5}, capacities, settled=True)[1] == "capacity"
+    assert next_hop_weights({}, {}, settled=True) == ({}, "capacity")
