@@ -307,10 +307,12 @@ class GwtfClient:
         return result
 
 
-def fetch_jobs(address: str, *, timeout_s: float = 10.0) -> list[JobResult]:
+def fetch_jobs(
+    address: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
+) -> list[JobResult]:
     """The jobs the node at `address` knows (empty if it cannot say)."""
     try:
-        return GwtfClient(address, timeout_s=timeout_s).jobs()
+        return GwtfClient(address, timeout_s=timeout_s, credentials=credentials).jobs()
     except ClientError:
         return []
 
@@ -577,7 +579,7 @@ def run_status(args: argparse.Namespace) -> int:
             "error": result.error,
             "routes_used": len(result.routes),
         }
-        for result in fetch_jobs(args.to, timeout_s=args.timeout)
+        for result in fetch_jobs(args.to, timeout_s=args.timeout, credentials=credentials)
     ]
     if not view["members"]:
         print(f"gwtf status: {args.to} is not in a swarm yet", file=sys.stderr)
