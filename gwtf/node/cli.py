@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -24,20 +23,9 @@ if TYPE_CHECKING:
     from gwtf.node.config import NodeConfig
     from gwtf.node.node import NodeSettings
 
-__all__ = ["configure_logging", "load_matrix", "run_node"]
+__all__ = ["load_matrix", "run_node"]
 
 EXIT_USAGE = 2
-LOG_FORMAT = "%(asctime)s %(levelname)s node=%(node)s stage=%(stage)s %(message)s"
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT, defaults={"node": "-", "stage": "-"}))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-
-
 def quiet_grpc_core() -> None:
     """gRPC's C core logs errors (a failed bind, a refused connection) on stderr by itself;
     the node says what matters in one line of its own instead."""
@@ -74,6 +62,8 @@ def run_node(args: argparse.Namespace) -> int:
     from gwtf.node.config import NodeConfig
     from gwtf.node.faults import FAULT_ENV, FaultError, parse_fault
     from gwtf.node.node import NodeSettings
+    from gwtf.node.observe import configure_logging
+    from gwtf.node.security import SecurityError, credentials_from_args
 
     try:
         if args.id is not None:
@@ -81,7 +71,8 @@ def run_node(args: argparse.Namespace) -> int:
         links, location = load_matrix(args.link_matrix, args.location)
         spec = args.fault if args.fault is not None else os.environ.get(FAULT_ENV, "")
         fault = parse_fault(spec) if spec else None
-    except (TopologyError, InvalidMessage, FaultError) as err:
+        credentials = credentials_from_args(args)
+    except (TopologyError, InvalidMessage, FaultError, SecurityError) as err:
         print(f"gwtf node: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -110,12 +101,14 @@ def run_node(args: argparse.Namespace) -> int:
         min_arc_cost_s=args.min_arc_cost_s,
         quiet_s=args.quiet_s,
         seed=args.seed,
+        credentials=credentials,
+        metrics_port=args.metrics_port,
         memory_slots=args.memory_slots,
         emulate_compute=args.emulate_compute,
         train=not args.no_train,
         fault=fault,
     )
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, json_lines=args.log_json)
     return uvloop.run(_serve(settings, config))
 
 
@@ -148,6 +141,9 @@ async def _serve(settings: NodeSettings, config: NodeConfig) -> int:
         f"(stage {settings.stage} of {node.swarm.num_stages}, swarm {node.swarm.swarm_id})",
         flush=True,
     )
+    if node.metrics.port is not None:
+        print(f"gwtf node {node.node_id} metrics on http://{settings.host}:{node.metrics.port}"
+              "/metrics", flush=True)  # fmt: skip
     await stop.wait()
     node.log.info("stopping: leaving the swarm")
     await node.leave()
