@@ -58,6 +58,10 @@ def _step_call(request: job_pb2.StepRequest) -> Callable[[Stubs, float], Awaitab
     return call
 
 
+DEAD_MEMORY_S = 60.0
+"""How long a death stays in the sweeps' list (far longer than every node takes to hear of it)."""
+
+
 class JobCoordinator:
     """The coordinator of one running job on this node."""
 
@@ -71,8 +75,10 @@ class JobCoordinator:
         self.log = manager.host.log
         self.planned: dict[str, set[int]] = {}
         """Per dead node, the microbatches of this round already recovered or dropped."""
-        self.dead: dict[str, int] = {}
-        """Nodes that died in this round, with their stage (a sweep plans them again)."""
+        self.dead: dict[str, tuple[int, float]] = {}
+        """Nodes that died lately, with their stage and when this node heard of it: a sweep
+        plans them again, in whatever round is in progress then (a node that hears of a death
+        later than this one may send microbatches to the dead node until it does)."""
         self._last_progress = time.monotonic()
         self._swept = False
         self._paused_since: float | None = None
@@ -232,7 +238,6 @@ class JobCoordinator:
             loss=order.loss, trained=order.trained, next_weights=order.next_weights,
         )
         self.planned = {}
-        self.dead = {}
         for node in sorted(order.participants):
             self._spawn(
                 self._to(node, lambda stubs, t: stubs.jobs.Step(request, timeout=t),
@@ -252,12 +257,21 @@ class JobCoordinator:
                 "job %s: %s %s during the commit of iteration %d: the commit runs again once "
                 "its work is replayed", self.job_id, member.id, verb, self.plan.injecting,
             )
-        self.dead[member.id] = stage
+        now = time.monotonic()
+        self.dead = {n: d for n, d in self.dead.items() if now - d[1] < DEAD_MEMORY_S}
+        self.dead[member.id] = (stage, now)
         for outcome in self.plan.completions():
             self.manager.completed(self.active, outcome)
         self._update_pause()
         self._moved()
         self._spawn(self._recover(member.id, stage), f"recover {member.id}")
+        self._spawn(self._recover_later(member.id, stage), f"sweep {member.id}")
+
+    async def _recover_later(self, dead: str, stage: int) -> None:
+        """Plan `dead` again once every node must have heard of its death: what they sent it
+        meanwhile (in this round or the next one) is recovered too."""
+        await asyncio.sleep(self.host.config.failure_timeout_s)
+        await self._recover(dead, stage)
 
     async def _report_from(self, node: str, iteration: int, round_: int, dead: str
                            ) -> NeighbourReport | None:
@@ -374,7 +388,6 @@ class JobCoordinator:
             self.manager.fail(self.job_id, str(err))
             return
         self.planned = {}
-        self.dead = {}
         self._moved()
         progress = self._progress()
         progress.restarts += 1
@@ -432,7 +445,7 @@ class JobCoordinator:
                     "job %s iteration %d made no progress for %.0f s: the dead nodes' ledgers "
                     "are swept again", self.job_id, self.plan.injecting, self.stall_s,
                 )
-                for dead, stage in sorted(self.dead.items()):
+                for dead, (stage, _) in sorted(self.dead.items()):
                     self._spawn(self._recover(dead, stage), f"sweep {dead}")
                 continue
             self._restart(f"no progress for {self.stall_s:.0f} s")

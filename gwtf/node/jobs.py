@@ -189,6 +189,7 @@ class JobManager:
         self._backups: dict[tuple[str, int], tuple[int, bytes]] = {}
         """(job, stage) -> (iteration, state) of a lone replica, kept for a joiner."""
         self._spread_pending = False
+        self._joining = False
 
     # ================================================================== lazy torch
 
@@ -767,9 +768,9 @@ class JobManager:
         if active is not None and active.job_id == progress.job_id:
             if active.coord is not None:
                 return job_pb2.ProgressReply()  # this node's own record is the job's
-            if request.sender != active.coordinator and active.participants.get(
-                request.sender
-            ) != 0:
+            if active.worker is not None and request.sender != active.coordinator and (
+                active.participants.get(request.sender) != 0
+            ):
                 raise InvalidMessage(f"{request.sender[:40]!r} does not coordinate the job")
         if known is not None and (
             known.state in OVER or progress.iterations_completed < known.iterations_completed
@@ -778,6 +779,15 @@ class JobManager:
         self._record(progress)
         if progress.state in OVER and active is not None and active.job_id == progress.job_id:
             self._stop_worker(active)
+        if (
+            active is None
+            and progress.state == job_pb2.JOB_STATE_RUNNING
+            and self.host.trains
+            and not self._joining
+        ):
+            # A node that joined while the job was being prepared hears of it running here.
+            self._joining = True
+            self.host.spawn(self._join_running(progress), "join job")
         return job_pb2.ProgressReply()
 
     # ================================================================== participants' calls
@@ -1027,6 +1037,15 @@ class JobManager:
         """This node joined the swarm while a job runs: fetch its stage's state from a live
         peer (another if the donor dies mid-transfer) and enter the job at an iteration
         boundary; a state that a step made stale is fetched again."""
+        try:
+            await self._enter_running(progress)
+        finally:
+            self._joining = False
+            active = self._active
+            if active is not None and active.job_id == progress.job_id and active.worker is None:
+                self._active = None  # it did not enter: a later progress may try again
+
+    async def _enter_running(self, progress: job_pb2.JobProgress) -> None:
         host = self.host
         job = await self._parse(progress.job_json)
         module = await self._load()
@@ -1043,6 +1062,7 @@ class JobManager:
                 return
             coordinator = host.member(record.coordinator)
             if coordinator is None:
+                # Its coordinator died: the next one's progress brings its name here.
                 await asyncio.sleep(0.5)
                 continue
             ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage)
@@ -1346,7 +1366,10 @@ class JobManager:
                 if progress.state == job_pb2.JOB_STATE_RUNNING:
                     running = progress
         self._notify()
-        if running is not None and self.host.trains and self._active is None:
+        if running is not None and self.host.trains and self._active is None and (
+            not self._joining
+        ):
+            self._joining = True
             await self._join_running(running)
 
     async def close(self) -> None:

@@ -321,6 +321,10 @@ class StageWorker:
         """Seconds the compute thread was busy (with the emulated padding)."""
         self._reported = (0.0, 0.0)
         """(compute, replayed) seconds already reported to the coordinator."""
+        self._abandoned_s = 0.0
+        """Compute of rounds that started over, not reported yet."""
+        self._round_start_s = 0.0
+        """The executor's compute seconds when the round in progress began."""
         self._since = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
         batch = (job.microbatch_size, job.model.seq_len)
@@ -505,11 +509,14 @@ class StageWorker:
         return self._emulate_s * share if self._emulate_s is not None else 0.0
 
     def compute_delta(self) -> tuple[float, float]:
-        """(compute, replayed) seconds since the last call: what the next report carries."""
+        """(compute, wasted) seconds since the last call: what the next report carries. Wasted
+        is the work done again for a dead node (recompute, replay, resend) and the work of
+        rounds that started over."""
         stats = self.executor.stats
         compute, replayed = self._reported
         self._reported = (stats.compute_s, stats.replayed_s)
-        return stats.compute_s - compute, stats.replayed_s - replayed
+        abandoned, self._abandoned_s = self._abandoned_s, 0.0
+        return stats.compute_s - compute, stats.replayed_s - replayed + abandoned
 
     # ------------------------------------------------------------------ injecting (holders)
 
@@ -590,16 +597,22 @@ class StageWorker:
                     f"a forward to stage {stage} must come from stage {stage - 1} with a path of "
                     f"{stage} nodes ending at its sender"
                 )
-            if tag.mode != Mode.FORWARD and (
-                not tag.downstream
-                or self.is_last
-                or self._participants.get(tag.downstream) != stage + 1
+            if self.is_last:
+                # Forward and backward are one step here: a replay needs no next stage, and
+                # there is nothing to recompute apart.
+                if tag.mode == Mode.RECOMPUTE or tag.downstream:
+                    raise TensorError(
+                        f"the last stage replays microbatch {tag.microbatch} whole: no recompute "
+                        "and no downstream node"
+                    )
+            elif tag.mode != Mode.FORWARD and (
+                self._participants.get(tag.downstream) != stage + 1
             ):
                 raise TensorError(
                     f"a recompute or replay of microbatch {tag.microbatch} must name its "
-                    f"stage-{stage + 1} node, and stage {stage} must not be the last"
+                    f"stage-{stage + 1} node"
                 )
-            if tag.mode == Mode.FORWARD and tag.downstream:
+            elif tag.mode == Mode.FORWARD and tag.downstream:
                 raise TensorError("an ordinary forward names no downstream node")
         else:
             if len(path) != self.num_stages or path[stage] != me or path[stage + 1] != tag.sender:
@@ -692,7 +705,7 @@ class StageWorker:
             it.recovered.add(m)
         it.fwd_done[m] = asyncio.Event()
         self.ledger.activation_received(m, tag.sender)
-        if mode != Mode.FORWARD:
+        if mode != Mode.FORWARD and not self.is_last:
             # The replacement keeps the input of the next-stage node that holds the microbatch
             # (ledger docs), and asks it for the gradient at once: the recompute runs meanwhile.
             self.ledger.activation_sent(m, tag.downstream)
@@ -1018,9 +1031,13 @@ class StageWorker:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
                           f"{self.host.node_id} keeps no activation of microbatch {m}")
         downstream = request.gradient_from if mode != Mode.FORWARD else ""
-        if mode != Mode.FORWARD and not downstream:
+        last = request.stage == self.num_stages - 1
+        if mode != Mode.FORWARD and not downstream and not last:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a recompute or replay names no "
                           "downstream node")
+        if last and (downstream or mode == Mode.RECOMPUTE):
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the last stage is replayed whole, "
+                          "with no downstream node")
         self._spawn(
             self._send_forward(it, m, kept[1], mode=mode, dead=request.dead,
                                downstream=downstream),
@@ -1117,6 +1134,9 @@ class StageWorker:
         self.host.log.warning(
             "job %s iteration %d starts again as round %d", self.job_id, old.number, round_
         )
+        compute = self.executor.stats.compute_s
+        self._abandoned_s += compute - self._round_start_s
+        self._round_start_s = compute
         for task in list(old.tasks):
             task.cancel()
         self._it = _Iteration(old.number, round_)
@@ -1344,6 +1364,7 @@ class StageWorker:
 
     def _advance(self, order: StepOrder) -> None:
         number = order.iteration + 1
+        self._round_start_s = self.executor.stats.compute_s
         self._it = _Iteration(number)
         self._sums = {k: v for k, v in self._sums.items() if k[0] >= number}
         self.ledger.reset(number)
