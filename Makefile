@@ -18,13 +18,14 @@ TORCH_FIND_LINKS = $(if $(wildcard /opt/wheels/torch-*.whl),--find-links /opt/wh
 LINT_PATHS = $(wildcard gwtf tests benchmarks)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup proto lint test bench demo clean distclean
+.PHONY: help setup proto lint test soak bench demo clean distclean
 
 help:
 	@echo "make setup   create $(VENV), install gwtf[dev] into it, generate the protobuf code"
 	@echo "make proto   regenerate gwtf/v1/*_pb2*.py(i) from protos/"
 	@echo "make lint    ruff on gwtf tests benchmarks; mypy (strict) on the typed packages"
-	@echo "make test    setup, lint, then the whole pytest suite"
+	@echo "make test    setup, lint, then the whole pytest suite but the soak test"
+	@echo "make soak    setup, then the soak test (a local cluster trains under churn, ~3 min)"
 	@echo "make bench   setup, then python -m benchmarks"
 	@echo "make demo    setup, then gwtf demo"
 	@echo "make clean   remove generated code and caches (keeps $(VENV)); distclean also removes it"
@@ -54,7 +55,11 @@ lint: setup
 	$(VENV)/bin/mypy $(TYPED)
 
 test: setup lint
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not soak"
+
+# Minutes of churn on a local cluster: too long for every `make test` on two cores.
+soak: setup
+	$(PY) -m pytest -m soak
 
 bench: setup
 	$(PY) -m benchmarks

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 BENCHMARKS = {
+    "churn": "benchmarks.churn_real",
     "flow": "benchmarks.flow",
     "sim": "benchmarks.sim",
     "node": "benchmarks.node_control",

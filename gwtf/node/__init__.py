@@ -21,18 +21,25 @@ I/O):
     prober      LinkProber: when and what to measure on the arcs a node owns
     coordinator PhaseCoordinator: the waves and nudges of the phase detection, in asyncio
     wrr         next hops: smooth weighted round-robin over the flows (pure)
-    iterations  IterationCoordinator: a job's commits as its coordinator sees them (pure)
-    jobs        JobManager: submission, spreading a job, the commit coordinator, progress
+    iterations  IterationCoordinator: a job's two-phase commits, recoveries, drops, restarts
+                and joiners as its coordinator sees them (pure)
+    faults      fault injection for chaos tests: SIGKILL at a chosen point (--fault)
+    jobcoord    JobCoordinator: the coordinator's calls: commit phases, crash recovery with
+                gwtf.recovery (evidence, plan_crash, recoveries), the watchdog, joiners, and a
+                new coordinator taking over
+    jobs        JobManager: submission, spreading a job, the coordinator's and participants'
+                calls, state transfer and backups, joining a running job, progress
     worker      StageWorker: the torch side of a job on a node: compute queue, memory slots,
-                forward and backward over the data plane, the commit with the stage's replicas
+                forward and backward over the data plane, the ledger and kept tensors, carrying
+                out recoveries, the commit with the stage's replicas
     gradsync    replicas' gradient sums as a chunked stream, checked
     tensors     the data plane: microbatch tensors as chunked streams, checked
     node        Node: the asyncio orchestration of all the above, host of prober and coordinator
     cli         `gwtf node`;  launch: `gwtf launch`
 
 The import arrows: cli -> node -> server/transport/prober/coordinator/jobs -> driver/membership/
-links/phases/wan/iterations/wrr -> gwtf.flow; jobs -> worker (lazily) -> tensors/gradsync ->
-gwtf.train, gwtf.recovery.
+links/phases/wan/iterations/wrr -> gwtf.flow; jobs -> jobcoord -> iterations -> gwtf.recovery;
+jobs -> worker (lazily) -> tensors/gradsync -> gwtf.train, gwtf.recovery.
 Importing the node imports no torch: a node that trains loads `worker` (and torch) before it
 enters its swarm, one that does not (`--no-train`) never does.
 """

@@ -1018,7 +1018,7 @@ class StageWorker:
             if not request.gradient_from:
                 raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a stage-0 recovery names no "
                               "downstream node")
-            self._spawn(self._recover_holder(it, m, mode, request.gradient_from),
+            self._spawn(self._recover_holder(it, m, mode, request.gradient_from, request.dead),
                         f"recover {m}", it)
             return
         if request.stage != self.stage + 1:
@@ -1044,7 +1044,9 @@ class StageWorker:
             f"resend {m}", it,
         )
 
-    async def _recover_holder(self, it: _Iteration, m: int, mode: Mode, downstream: str) -> None:
+    async def _recover_holder(
+        self, it: _Iteration, m: int, mode: Mode, downstream: str, dead: str
+    ) -> None:
         """Stage 0 of a dead holder's microbatch, again, here: the token ids from this holder's
         copy of the data, forward recomputed, the gradient asked from `downstream`."""
         await self._free.acquire()
@@ -1058,8 +1060,8 @@ class StageWorker:
         self.ledger.activation_sent(m, downstream)
         self.rerouted += 1
         self.host.log.info(
-            "job %s it %d mb %d: stage 0 of a dead holder's microbatch is recovered here (%s)",
-            self.job_id, it.number, m, mode.name.lower(),
+            "job %s it %d mb %d: stage 0 of dead %s's microbatch is recovered here (%s)",
+            self.job_id, it.number, m, dead, mode.name.lower(),
         )
         self._spawn(self._redirect(it, m, downstream, mode), f"redirect {m}", it)
         await self._own_forward(it, m)
