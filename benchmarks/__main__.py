@@ -15,6 +15,7 @@ BENCHMARKS = {
     "sim": "benchmarks.sim",
     "node": "benchmarks.node_control",
     "robust": "benchmarks.robust",
+    "reconverge": "benchmarks.reconverge",
 }
 
 

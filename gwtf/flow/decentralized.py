@@ -369,8 +369,8 @@ class FlowNode:
         if not is_return:
             old.cost = min(arc.cost, self.config.max_cost)
         self._changed()
-        if old.known and self._violated(old):
-            self._rescale_now = True
+        if old.known and self.eps < self.config.eps_start and self._violated(old):
+            self._rescale_now = True  # (at eps_start, the scaling under way absorbs it)
         self._check[old] = None
         self._dirty[old] = None  # the peer learns the generation (and our price) from us too
         return self._work()
@@ -413,9 +413,12 @@ class FlowNode:
     def note_change(self) -> None:
         """The topology changed somewhere in the swarm (the driver calls this on every node,
         not only on the ends of the change): the price moves it calls for may happen anywhere,
-        and this node may now ask for a rescale (`wants_rescale`)."""
+        and this node may now ask for a rescale (`wants_rescale`); unless it is at `eps_start`,
+        where the scaling just begun absorbs the change (several arcs updated at once, or a head
+        hearing of an update after the tail's rescale, made a second rescale out of one)."""
         self._relabels_here = 0
-        self._rescales_left = RESCALES_PER_CHANGE
+        if self.eps < self.config.eps_start:
+            self._rescales_left = RESCALES_PER_CHANGE
 
     def _drop(self, arcs: dict[str, _Arc], peer: str) -> None:
         self._changed()
