@@ -98,11 +98,11 @@ __all__ = [
 ]
 
 MAX_STEPS = 10_000_000
+"""Bound on the local steps of one `FlowNode` call: a guard against a bug, never reached."""
 
 RESCALES_PER_CHANGE = 1
 """How many times a node may ask for a rescale after one change of topology (see
 `FlowNode.wants_rescale`): each one re-runs the whole scaling, and asking again could loop."""
-"""Bound on the local steps of one `FlowNode` call: a guard against a bug, never reached."""
 
 
 @dataclass(frozen=True)
@@ -122,13 +122,18 @@ class FlowConfig:
     """Epsilon a cold start begins with."""
     eps_factor: int = 8
     """How much a node tightens epsilon at each step of the scaling."""
-    rescale_after: int = 16
-    """How many relabels one node may make at the final epsilon before it asks the swarm to
-    re-run the scaling (`FlowNode.wants_rescale`). A change that needs no rescale settles in a
-    few local moves (a relay with spare peers dies: no node relabels even 8 times); one that
-    needs it shows a price war at once, and each relabel waited for costs a round trip before
-    the rescale starts (on geo10 swarms of 16-64 nodes, 16 instead of 64 settled crashes, joins
-    and link changes 5-10% sooner with 5% fewer messages: `python -m benchmarks reconverge`)."""
+    rescale_after: int = 64
+    """How many relabels one node may make at its current epsilon, in the middle of a scaling,
+    before it asks the swarm to re-run the scaling after a change (`FlowNode.wants_rescale`)."""
+    rescale_after_final: int = 16
+    """The same at the final epsilon. There, a change that needs no rescale settles in a few
+    local moves (a relay with spare peers dies: no node relabels even 8 times), and one that
+    needs it shows a price war at once, each relabel waited for costing a round trip before the
+    rescale starts (3.5 s after the detection on a loaded loopback swarm). In the middle of a
+    scaling, relabels are also the phase's own work, and a rescale throws the phases done away:
+    16 there too settled isolated changes as fast but cost 4% of the throughput under high
+    churn, where changes keep landing in scalings (`python -m benchmarks reconverge`, section
+    reconverge-reading of benchmarks/RESULTS.md)."""
     quiet_s: float | None = None
     """None: the driver ends each scaling phase for the whole swarm (`FlowNode.tighten`), once it
     knows that the phase's work is done everywhere. A number: each node tightens on its own after
@@ -490,9 +495,9 @@ class FlowNode:
         """
         if self.eps >= self.config.eps_start:
             return False
-        return self._rescale_now or (
-            self._rescales_left > 0 and self._relabels_here > self.config.rescale_after
-        )
+        final = self.eps <= self.config.eps_final
+        limit = self.config.rescale_after_final if final else self.config.rescale_after
+        return self._rescale_now or (self._rescales_left > 0 and self._relabels_here > limit)
 
     def on_tick(self, now: float) -> list[FlowMessage]:
         """With `quiet_s` set, tighten epsilon after a quiet period (no coordination)."""
