@@ -185,7 +185,8 @@ class LocalArc:
     gen: int = 0
     """Generation of the arc, the same at both ends: a driver that re-creates an arc between the
     same two incarnations (a link that failed and came back) gives it a new one, so that nothing
-    sent on the old arc is counted on the new."""
+    sent on the old arc is counted on the new; so does one that updates its parameters in place
+    (`FlowNode.update_arc`), whose counters run on."""
     epoch: int = 0
     """The incarnation of the peer this arc leads to."""
 

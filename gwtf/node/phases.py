@@ -127,7 +127,7 @@ class PhaseDetector:
         self.command = cmd = Command(cmd.round, cmd.tightens, scaling)
         if not scaling:
             # One more wave tells the members that the scaling is over (they stop nudging, and
-            # re-measured arcs may then be re-created).
+            # re-measured arcs may then be updated).
             return Decision(cmd, told, quiet and not told, "final everywhere")
         if not self.coordinated:
             return Decision(cmd, False, False, "members tighten on their own")

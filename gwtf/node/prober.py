@@ -52,7 +52,7 @@ class ProberHost(Protocol):
         ...
 
     def create_arc(self, member: MemberInfo, estimate: LinkEstimate, reason: str) -> None:
-        """Create (or re-create, as a new generation) the arc to `member`."""
+        """Create the arc to `member`, or give it new parameters (a new generation)."""
         ...
 
     def settled(self) -> bool:
