@@ -365,10 +365,10 @@ class FlowNode:
         """
         arcs = self._up if upstream else self._down
         old = arcs.get(arc.peer)
-        if old is None or old.peer_epoch != arc.epoch or arc.gen < old.gen:
-            if old is not None and arc.gen < old.gen:
-                return []  # an older announcement than the arc's: nothing new
+        if old is None or old.peer_epoch != arc.epoch:
             return self.add_peer(arc, upstream=upstream, peer_epoch=arc.epoch)
+        if arc.gen < old.gen:
+            return []  # an older generation than the arc's: nothing new
         is_return = self._holder if upstream else self._last
         old.gen = arc.gen
         old.cap = arc.cap

@@ -217,6 +217,20 @@ def test_an_update_keeps_the_flow_when_nothing_breaks() -> None:
     assert stats.messages <= 2 and bus.rescales == 0
 
 
+def test_an_update_from_a_new_incarnation_is_a_new_arc() -> None:
+    # Generations count per incarnation of the tail: a restarted tail starts again from 1, and
+    # its arc replaces the old incarnation's whatever their generations.
+    config = FlowConfig.for_costs(2, 100, 10)
+    view = NodeView("z", 1, 2, 1000, upstream=(LocalArc("h", 500, 50, gen=7, epoch=1),),
+                    downstream=(LocalArc("h", 500, 0),))
+    node = FlowNode(view, config, lambda: 0.0)
+    node.update_arc(LocalArc("h", 400, 60, gen=3, epoch=1), upstream=True)
+    assert (node._up["h"].gen, node._up["h"].cap) == (7, 500)  # older: ignored
+    node.update_arc(LocalArc("h", 400, 60, gen=1, epoch=2), upstream=True)
+    arc = node._up["h"]
+    assert (arc.peer_epoch, arc.gen, arc.base_gen, arc.cap, arc.cost) == (2, 1, 1, 400, 60)
+
+
 def test_crash_before_convergence_loses_nothing() -> None:
     # Nodes die while flows are still moving and messages are in flight: each survivor drops
     # its own view of the arcs, and the rest still settles on the optimum of what is left.
