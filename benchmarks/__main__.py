@@ -18,6 +18,7 @@ BENCHMARKS = {
     "robust": "benchmarks.robust",
     "tensor": "benchmarks.tensor",
     "train": "benchmarks.train_cluster",
+    "reconverge": "benchmarks.reconverge",
 }
 
 

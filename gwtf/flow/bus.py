@@ -135,6 +135,17 @@ class MessageBus:
                 arc = LocalArc(peer, cap, cost, self._gen)
                 self.send(node.add_peer(arc, upstream=upstream, peer_epoch=epoch))
 
+    def update(self, src: str, dst: str, cap: int, cost: int) -> None:
+        """The arc `src -> dst` gets new parameters (a re-measured link): both ends update it in
+        place, as a new generation that keeps its flow (`FlowNode.update_arc`)."""
+        self._gen += 1
+        self._note_change()
+        for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
+            node = self.nodes.get(node_id)
+            if node is not None and peer in self.nodes:
+                arc = LocalArc(peer, cap, cost, self._gen, self.nodes[peer].epoch)
+                self.send(node.update_arc(arc, upstream=upstream))
+
     def reset_counts(self) -> None:
         """Start counting messages and rounds afresh (to measure a warm restart alone)."""
         self.messages = 0

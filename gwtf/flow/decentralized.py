@@ -69,6 +69,15 @@ old cut and the new one, thousands of steps at the final epsilon; a node that re
 there asks for a rescale (`wants_rescale`), and the swarm re-runs the scaling from the current
 flows and prices, which costs about a cold start.
 
+New parameters for an arc (a re-measured link) are applied in place (`update_arc`): the arc keeps
+its flow and counters under a new generation, and only what the new numbers break moves. An end
+whose own condition they break asks for a rescale at once: a parameter change past the node's
+hysteresis moves prices by a good fraction of an arc's cost, far more than a few relabels at the
+final epsilon, and only the two ends of the arc hear of it, so a price war elsewhere would have
+nobody allowed to ask (on a 16-node geo10 swarm such a war ran 200,000 messages before an end
+asked). Re-created empty instead, as arcs were, it re-routed all its flow for what is mostly
+probe noise.
+
 Two halves, one node: when the cheapest way on for the surplus of one half is through the other
 half, both halves rise together (a set relaxation): raising them one at a time would bounce the
 surplus between them, `eps` per bounce.
@@ -89,11 +98,11 @@ __all__ = [
 ]
 
 MAX_STEPS = 10_000_000
+"""Bound on the local steps of one `FlowNode` call: a guard against a bug, never reached."""
 
 RESCALES_PER_CHANGE = 1
 """How many times a node may ask for a rescale after one change of topology (see
 `FlowNode.wants_rescale`): each one re-runs the whole scaling, and asking again could loop."""
-"""Bound on the local steps of one `FlowNode` call: a guard against a bug, never reached."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +123,17 @@ class FlowConfig:
     eps_factor: int = 8
     """How much a node tightens epsilon at each step of the scaling."""
     rescale_after: int = 64
-    """How many relabels one node may make at the final epsilon before it asks the swarm to
-    re-run the scaling (`FlowNode.wants_rescale`)."""
+    """How many relabels one node may make at its current epsilon, in the middle of a scaling,
+    before it asks the swarm to re-run the scaling after a change (`FlowNode.wants_rescale`)."""
+    rescale_after_final: int = 16
+    """The same at the final epsilon. There, a change that needs no rescale settles in a few
+    local moves (a relay with spare peers dies: no node relabels even 8 times), and one that
+    needs it shows a price war at once, each relabel waited for costing a round trip before the
+    rescale starts (3.5 s after the detection on a loaded loopback swarm). In the middle of a
+    scaling, relabels are also the phase's own work, and a rescale throws the phases done away:
+    16 there too settled isolated changes as fast but cost 4% of the throughput under high
+    churn, where changes keep landing in scalings (`python -m benchmarks reconverge`, section
+    reconverge-reading of benchmarks/RESULTS.md)."""
     quiet_s: float | None = None
     """None: the driver ends each scaling phase for the whole swarm (`FlowNode.tighten`), once it
     knows that the phase's work is done everywhere. A number: each node tightens on its own after
@@ -167,7 +185,8 @@ class LocalArc:
     gen: int = 0
     """Generation of the arc, the same at both ends: a driver that re-creates an arc between the
     same two incarnations (a link that failed and came back) gives it a new one, so that nothing
-    sent on the old arc is counted on the new."""
+    sent on the old arc is counted on the new; so does one that updates its parameters in place
+    (`FlowNode.update_arc`), whose counters run on."""
     epoch: int = 0
     """The incarnation of the peer this arc leads to."""
 
@@ -227,6 +246,7 @@ class _Arc:
         "tail",
         "peer_epoch",
         "gen",
+        "base_gen",
         "mine",
         "theirs",
         "echo",
@@ -243,6 +263,7 @@ class _Arc:
         self.tail = tail
         self.peer_epoch = peer_epoch
         self.gen = gen
+        self.base_gen = gen  # the generation its counters started at (see `update_arc`)
         self.mine = 0
         self.theirs = 0
         self.echo = 0  # my counter as the peer has acknowledged it
@@ -301,6 +322,8 @@ class FlowNode:
         # A cold start is a full scaling already; after a change of topology a node may ask for
         # a few rescales (each widening further), never more, so the phases always end.
         self._rescales_left = RESCALES_PER_CHANGE if warm else 0
+        # An arc update that broke a condition here asks for a rescale at once (`update_arc`).
+        self._rescale_now = False
         self._started = False
         for arc in view.upstream:
             self.add_peer(arc, upstream=True, peer_epoch=arc.epoch)
@@ -324,6 +347,49 @@ class FlowNode:
         if not self._started:
             return []
         return self._work()
+
+    def update_arc(self, arc: LocalArc, *, upstream: bool) -> list[FlowMessage]:
+        """New capacity and cost for the arc to or from `arc.peer`, as generation `arc.gen`
+        (a re-measured link), keeping its flow and counters; an arc this node does not have
+        (or to another incarnation of the peer) is added as by `add_peer`.
+
+        Re-creating the arc instead (`add_peer`) empties it: both ends drop their views, the
+        flow it carried becomes surplus and deficit to route again, and re-measured noise then
+        costs a re-routing of all that flow (often a rescale) for nothing. In place, only what
+        the new numbers break moves: the end whose condition they violate fixes it, and a head
+        returns whatever exceeds a smaller capacity. Both ends must keep their counters, so a
+        driver uses it exactly when both had the arc (the tail announces the new generation;
+        a head that never had the arc starts it from the tail's counters, which it never
+        counted). Messages of the generations since the arc's counters started stay valid:
+        the counters run on, so an old one in flight still says something true.
+        """
+        arcs = self._up if upstream else self._down
+        old = arcs.get(arc.peer)
+        if old is None or old.peer_epoch != arc.epoch:
+            return self.add_peer(arc, upstream=upstream, peer_epoch=arc.epoch)
+        if arc.gen < old.gen:
+            return []  # an older generation than the arc's: nothing new
+        is_return = self._holder if upstream else self._last
+        old.gen = arc.gen
+        old.cap = arc.cap
+        if not is_return:
+            old.cost = min(arc.cost, self.config.max_cost)
+        self._changed()
+        if old.known and self.eps < self.config.eps_start and self._violated(old):
+            self._rescale_now = True  # (at eps_start, the scaling under way absorbs it)
+        self._check[old] = None
+        self._dirty[old] = None  # the peer learns the generation (and our price) from us too
+        return self._work()
+
+    def _violated(self, arc: _Arc) -> bool:
+        """This end's condition on `arc` is broken, so flow must move on it: room with a reduced
+        cost below `-eps` at the tail, flow above the capacity or with a reduced cost above
+        `eps` at the head."""
+        eps = self.eps
+        flow = arc.flow
+        if arc.tail:
+            return flow < arc.cap and arc.cost + arc.peer_price - self.p_out < -eps
+        return flow > arc.cap or (flow > 0 and arc.cost + self.p_in - arc.peer_price > eps)
 
     def remove_peer(self, peer: str) -> list[FlowMessage]:
         """The arcs to and from `peer` are gone (it died or left).
@@ -353,9 +419,12 @@ class FlowNode:
     def note_change(self) -> None:
         """The topology changed somewhere in the swarm (the driver calls this on every node,
         not only on the ends of the change): the price moves it calls for may happen anywhere,
-        and this node may now ask for a rescale (`wants_rescale`)."""
+        and this node may now ask for a rescale (`wants_rescale`); unless it is at `eps_start`,
+        where the scaling just begun absorbs the change (several arcs updated at once, or a head
+        hearing of an update after the tail's rescale, made a second rescale out of one)."""
         self._relabels_here = 0
-        self._rescales_left = RESCALES_PER_CHANGE
+        if self.eps < self.config.eps_start:
+            self._rescales_left = RESCALES_PER_CHANGE
 
     def _drop(self, arcs: dict[str, _Arc], peer: str) -> None:
         self._changed()
@@ -403,10 +472,12 @@ class FlowNode:
         self.eps = self.config.eps_start
         self._relabels_here = 0
         self._rescales_left = max(0, self._rescales_left - 1)
+        self._rescale_now = False
 
     def wants_rescale(self) -> bool:
         """After a change of topology, this node has relabelled more than `rescale_after` times
-        at its current epsilon, which is not yet `eps_start`.
+        at its current epsilon, which is not yet `eps_start`; or an arc update broke one of its
+        conditions (`update_arc`).
 
         After a change the swarm stays at the final epsilon, and rerouting the flow of a lost
         node is usually a few local moves. But the prices may have to move far: by the cost
@@ -416,13 +487,18 @@ class FlowNode:
         the phases again) costs about a cold start, which is then far cheaper. The driver
         decides, and rescales every node at once. A node asks at most `RESCALES_PER_CHANGE`
         times after each change it sees (a cold start never). Widening less than all the way,
-        in steps, was tried: each step adds its own phases and the total came out higher.
+        in steps, was tried: each step adds its own phases and the total came out higher. So
+        was widening once to less than `eps_start` (/8, /64, /512 of it) or to more (x2, x8),
+        and tightening faster after a rescale (by 16 or 64 instead of `eps_factor`): on geo10
+        swarms each took longer and more messages over crashes, joins and link changes (a
+        crash off the cut alone settled sooner at /512), because a change that moves the cut
+        needs prices to move by about `M`, which only a wide epsilon does in a few steps.
         """
-        return (
-            self._rescales_left > 0
-            and self._relabels_here > self.config.rescale_after
-            and self.eps < self.config.eps_start
-        )
+        if self.eps >= self.config.eps_start:
+            return False
+        final = self.eps <= self.config.eps_final
+        limit = self.config.rescale_after_final if final else self.config.rescale_after
+        return self._rescale_now or (self._rescales_left > 0 and self._relabels_here > limit)
 
     def on_tick(self, now: float) -> list[FlowMessage]:
         """With `quiet_s` set, tighten epsilon after a quiet period (no coordination)."""
@@ -447,7 +523,9 @@ class FlowNode:
             return  # meant for another node, or for an earlier incarnation of this one
         # The peer is the tail of the arc exactly when it says it sent as tail.
         arc = (self._up if msg.from_tail else self._down).get(msg.sender)
-        if arc is None or msg.sender_epoch != arc.peer_epoch or msg.gen != arc.gen:
+        if arc is None or msg.sender_epoch != arc.peer_epoch or not (
+            arc.base_gen <= msg.gen <= arc.gen
+        ):
             return  # an arc this node no longer has, or an old incarnation of the peer or arc
         if not arc.known:
             arc.known = True
@@ -510,6 +588,8 @@ class FlowNode:
                 flow = arc.flow
                 if flow > 0 and arc.cost + p_in - arc.peer_price > eps:
                     self._return(arc, flow)
+                elif flow > arc.cap:
+                    self._return(arc, flow - arc.cap)  # the capacity shrank under the flow
 
     def _push(self, arc: _Arc, amount: int) -> None:
         arc.mine += amount

@@ -81,17 +81,18 @@ class NodeConfig:
     bandwidth_window: int = 5
     """Bandwidth samples kept: the estimate is their median (robust to one stalled probe)."""
     cost_hysteresis: float = 0.5
-    """An owned arc is re-created (new gen, its flow re-routed, and the swarm re-scaled if that
-    moves the bottleneck: about a cold start's messages) only when its cost moves by more than
-    this fraction, so that probe noise never churns the flow. Routing with a cost off by less
-    than this costs little; re-routing costs a lot."""
+    """An owned arc gets new parameters (a new gen, updated in place; if that breaks a
+    condition the swarm re-scales: about a cold start's messages) only when its cost moves by
+    more than this fraction, so that probe noise never churns the flow. Routing with a cost off
+    by less than this costs little; re-routing costs a lot."""
     cap_hysteresis: float = 1.0
     """The same for its capacity, as a factor: more than 1 + this, or less than 1 / (1 + this).
     Bandwidth estimates on a shared machine wander by tens of percent."""
     change_persistence_s: float = 30.0
-    """...and only when the change has been seen continuously for this long (which spans the
-    next bandwidth probe): a burst of load on the machine, such as a local swarm starting up or
-    a neighbour's benchmark, is not a slower link."""
+    """...and only when the change has been seen continuously for this long while the swarm
+    was not scaling (which spans the next bandwidth probe): a burst of load on the machine, such
+    as a local swarm starting up, its own scaling or a neighbour's benchmark, is not a slower
+    link. Bandwidth probes wait for a settled swarm too (gwtf.node.prober)."""
     max_inflight: int = 4
     """`Exchange` calls in flight to one peer at a time: pipelining cuts the wait for a reply
     out of every hop of the algorithm (up to a round trip on a WAN link); beyond it, new arc

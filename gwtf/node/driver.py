@@ -119,7 +119,10 @@ class FlowDriver:
     # ------------------------------------------------------------------ arcs
 
     def own_arc(self, peer: str, peer_epoch: int, params: ArcParamsSpec, *, ring: bool) -> None:
-        """Create (or re-create, with a new generation) the arc `self -> peer`."""
+        """Create the arc `self -> peer`, or give it new parameters (a re-measured link) as a
+        new generation. Either way the state machine keeps the flow of an arc it already has
+        (`FlowNode.update_arc`): re-creating it empty would re-route all its flow, often at the
+        price of a rescale, for what is mostly probe noise."""
         self._gen += 1
         arc = OwnedArc(peer, peer_epoch, self._gen, params, ring)
         self.owned[peer] = arc
@@ -128,18 +131,20 @@ class FlowDriver:
         )
         local = LocalArc(peer, params.cap, params.cost, arc.gen, peer_epoch)
         self.edits += 1
-        self._emit(self.node.add_peer(local, upstream=False, peer_epoch=peer_epoch))
+        self._emit(self.node.update_arc(local, upstream=False))
 
     def accept_arc(self, ann: ArcAnnounce) -> None:
         """The head's side of an announcement (validated by the caller). Idempotent: the same
-        or an older generation of the same tail incarnation changes nothing."""
+        or an older generation of the same tail incarnation changes nothing. A newer one updates
+        the arc in place, as the tail did (a head that never had the arc starts it at the
+        tail's counters, which it never counted: both ends still agree on the flow)."""
         known = self.incoming.get(ann.tail)
         if known is not None and known[0] == ann.tail_epoch and known[1] >= ann.gen:
             return
         self.incoming[ann.tail] = (ann.tail_epoch, ann.gen)
         local = LocalArc(ann.tail, ann.cap, ann.cost, ann.gen, ann.tail_epoch)
         self.edits += 1
-        self._emit(self.node.add_peer(local, upstream=True, peer_epoch=ann.tail_epoch))
+        self._emit(self.node.update_arc(local, upstream=True))
 
     def drop_peer(self, peer: str) -> None:
         """`peer` died or left: its arcs leave the state machine, its queue is dropped."""

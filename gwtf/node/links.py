@@ -3,8 +3,9 @@
 Each arc `u -> v` has one owner, its tail `u`: the tail measures the link, computes capacity and
 cost with the formulas of `gwtf.flow.topology` (DESIGN.md 2) and announces them to the head, so
 that both ends run the state machine with the very same integers. Two probes of a link never
-agree exactly, so the tail re-creates the arc (a new generation, its flow re-routed) only when
-its parameters move materially (`changed`), never on every probe.
+agree exactly, so the tail gives the arc new parameters (a new generation, updated in place:
+only the flow they no longer allow is re-routed) only when they move materially (`changed`),
+never on every probe.
 
 Estimates. The RTT is the minimum of the recent samples, as BBR takes it for a TCP path:
 queueing and a busy event loop only ever add to a sample. The bandwidth comes from probe pairs:
@@ -60,7 +61,7 @@ def ring_params(tail_capacity: float, head_capacity: float) -> ArcParamsSpec:
 
 
 def changed(old: ArcParamsSpec, new: ArcParamsSpec, *, cost_rel: float, cap_rel: float) -> bool:
-    """Whether `new` differs from the announced `old` enough to re-create the arc: its cost by
+    """Whether `new` differs from the announced `old` enough to update the arc: its cost by
     more than the fraction `cost_rel`, or its capacity by more than the factor `1 + cap_rel`."""
     if abs(new.cost - old.cost) > cost_rel * max(old.cost, 1):
         return True

@@ -22,7 +22,8 @@ after a crash) can only end a phase early, which the algorithm tolerates: it is 
 uncoordinated `quiet_s` mode does all the time, at several times the messages. Commands are
 idempotent (`tightens` is a target count, rounds only grow), so duplicates change nothing.
 
-Any member that wants a rescale (`FlowNode.wants_rescale`) starts a new round at once. So does
+Any member that wants a rescale (`FlowNode.wants_rescale`) starts a new round at once, unless
+it is behind a round that has just started (that round's command rescales it). So does
 a change of topology in the middle of the scaling (after its first phase): `wants_rescale` only
 watches the final epsilon, but a change that moves the minimum cut needs prices to move by about
 `M`, which takes `M / eps` relabels at the current epsilon, eight times more with every phase
@@ -105,7 +106,15 @@ class PhaseDetector:
             for i, r in reports.items()
         )
         self._edits = {i: (r.epoch, r.edits) for i, r in reports.items()}
-        if any(r.wants_rescale for r in reports.values()):
+        askers = [r for r in reports.values() if r.wants_rescale]
+        behind = all(r.round < cmd.round for r in askers)
+        if askers and behind and cmd.scaling and cmd.tightens == 0:
+            # They ask from the final epsilon of an earlier round, and the round just started
+            # rescales them anyway: another round would only restart it (two tails that
+            # re-measured their arcs a moment apart made two rounds of one).
+            self.command = cmd
+            return Decision(cmd, True, False, "rescale under way")
+        if askers:
             self.command = Command(cmd.round + 1, 0, True)
             self._previous = None
             return Decision(self.command, True, False, "rescale asked")
@@ -118,7 +127,7 @@ class PhaseDetector:
         self.command = cmd = Command(cmd.round, cmd.tightens, scaling)
         if not scaling:
             # One more wave tells the members that the scaling is over (they stop nudging, and
-            # re-measured arcs may then be re-created).
+            # re-measured arcs may then be updated).
             return Decision(cmd, told, quiet and not told, "final everywhere")
         if not self.coordinated:
             return Decision(cmd, False, False, "members tighten on their own")

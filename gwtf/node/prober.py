@@ -4,9 +4,18 @@ The tail of an arc owns its parameters (gwtf.node.links): it measures the link b
 exists (a few latency echoes, the first discarded because it pays for the connection, then
 `initial_transfers` bandwidth probe pairs), creates the arc, and keeps probing: an echo every
 `probe_s`, a bandwidth pair at 2, 4, 8... probe periods and then every `bandwidth_probe_s`. It
-re-creates the arc only when the parameters have moved beyond the hysteresis for
+gives the arc new parameters only when they have moved beyond the hysteresis for
 `change_persistence_s`, and only once the swarm is not scaling (a change in the middle of the
 scaling would restart it).
+
+While the swarm scales, its own flow messages load every machine: a bandwidth probe pair then
+measures that load (on a shared 2-core machine, loopback "bandwidth" read 0.27 to 2 Gbit/s), and
+the next quiet spell reads the link again. Counted, such samples made every scaling re-measure
+arcs, and each re-measured arc started another scaling: a cascade of rescales after one crash.
+So a bandwidth pair waits for a settled swarm, and its sample counts only if the swarm was still
+settled when it returned; and a change must persist over `change_persistence_s` of settled swarm
+(a scaling restarts the count). RTT samples always count: their minimum is the estimate, and
+load only ever adds to a sample.
 
 The prober knows when and what to measure; its host (the Node) knows how to call a peer and
 what an arc is.
@@ -43,7 +52,7 @@ class ProberHost(Protocol):
         ...
 
     def create_arc(self, member: MemberInfo, estimate: LinkEstimate, reason: str) -> None:
-        """Create (or re-create, as a new generation) the arc to `member`."""
+        """Create the arc to `member`, or give it new parameters (a new generation)."""
         ...
 
     def settled(self) -> bool:
@@ -94,8 +103,11 @@ class LinkProber:
                 del self._tasks[member.id]
                 self.measuring.discard(member.id)
 
-    async def _transfer(self, member: MemberInfo, estimate: LinkEstimate) -> bool:
-        """A bandwidth probe pair (an empty echo, then the payload); True if it gave a sample."""
+    async def _transfer(
+        self, member: MemberInfo, estimate: LinkEstimate, *, settled_only: bool = False
+    ) -> bool:
+        """A bandwidth probe pair (an empty echo, then the payload); True if it gave a sample.
+        `settled_only`: the sample is dropped unless the swarm stayed settled throughout."""
         empty = await self._host.echo(member)
         if empty is None:
             return False
@@ -104,6 +116,8 @@ class LinkProber:
         if full is None:
             return False
         estimate.add_rtt(empty)
+        if settled_only and not self._host.settled():
+            return False  # the swarm started scaling meanwhile: the pair measured its load
         return estimate.add_transfer(len(payload), full, empty)
 
     async def _first_measurement(self, member: MemberInfo) -> bool:
@@ -146,12 +160,15 @@ class LinkProber:
             rtt = await self._host.echo(member)
             if rtt is not None:
                 estimate.add_rtt(rtt)
-            if self._clock() >= next_transfer:
+            if self._clock() >= next_transfer and self._host.settled():
                 gap = min(2 * gap, cfg.bandwidth_probe_s)
                 next_transfer = self._clock() + gap
-                await self._transfer(member, estimate)
+                await self._transfer(member, estimate, settled_only=True)
             announced = self._host.announced(member.id)
             if announced is None or not self._host.is_alive(member):
+                continue
+            if not self._host.settled():
+                changed_since = None  # persistence counts over a settled swarm only
                 continue
             new = self._host.params(member, estimate)
             if not changed(
@@ -160,6 +177,6 @@ class LinkProber:
                 changed_since = None
             elif changed_since is None:
                 changed_since = self._clock()
-            elif self._clock() - changed_since >= cfg.change_persistence_s and self._host.settled():
+            elif self._clock() - changed_since >= cfg.change_persistence_s:
                 changed_since = None
                 self._host.create_arc(member, estimate, "re-measured")

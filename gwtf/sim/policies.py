@@ -374,8 +374,9 @@ class GwtfPolicy(_FlowPolicy):
         self._maybe_end_phase()
 
     def on_link_change(self, loc_a: str, loc_b: str) -> None:
-        """The arcs over the link are re-created at both ends with the new capacity and cost, as
-        a new generation: whatever is still in flight about the old arcs is ignored."""
+        """The arcs over the link get the new capacity and cost at both ends, as a new
+        generation updated in place (`FlowNode.update_arc`: the flow stays where the new numbers
+        allow it), or vanish with the link."""
         topo = self.sim.topology()
         if topo is None:
             return
@@ -389,18 +390,22 @@ class GwtfPolicy(_FlowPolicy):
                 fu, fv = self.flow.get(u.id), self.flow.get(v.id)
                 if fu is None or fv is None:
                     continue
-                self._send(fu.remove_arc(v.id, upstream=False))
-                self._send(fv.remove_arc(u.id, upstream=True))
                 if topo.has_arc(u.id, v.id):
                     spec = topo.arc(u.id, v.id)
-                    self._send(fu.add_peer(
-                        LocalArc(v.id, spec.cap_units, spec.cost_units, self.gen),
-                        upstream=False, peer_epoch=fv.epoch))
-                    self._send(fv.add_peer(
-                        LocalArc(u.id, spec.cap_units, spec.cost_units, self.gen),
-                        upstream=True, peer_epoch=fu.epoch))
+                    self._send(fu.update_arc(
+                        LocalArc(v.id, spec.cap_units, spec.cost_units, self.gen, fv.epoch),
+                        upstream=False))
+                    self._send(fv.update_arc(
+                        LocalArc(u.id, spec.cap_units, spec.cost_units, self.gen, fu.epoch),
+                        upstream=True))
+                else:
+                    self._send(fu.remove_arc(v.id, upstream=False))
+                    self._send(fv.remove_arc(u.id, upstream=True))
                 self._tick(fu)
                 self._tick(fv)
+                if fu.wants_rescale() or fv.wants_rescale():
+                    for machine in self.flow.values():
+                        machine.rescale()
         self._maybe_end_phase()
 
 

@@ -18,7 +18,7 @@ from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc,
 from gwtf.flow.generate import geo10, random_layered
 from gwtf.flow.oracle import oracle_cost_units, solve_oracle
 from gwtf.flow.solution import cost_units, feasibility_violations, make_result
-from gwtf.flow.topology import Topology, parse_topology
+from gwtf.flow.topology import LinkSpec, Topology, parse_topology
 
 COST_TOLERANCE = 0.01  # the bound: within 1% of the oracle's cost
 
@@ -165,6 +165,72 @@ def test_a_link_fails_and_comes_back(seed: int) -> None:
     assert_balanced(bus)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_link_changes_and_its_arcs_are_updated_in_place(seed: int) -> None:
+    # Every arc over the busiest inter-location link gets a slower link's capacity and cost, as
+    # re-measured by its tail; the arcs keep their flow and only what the new numbers break
+    # moves. Then the link recovers, while the first change is still settling.
+    topo = random_layered(np.random.default_rng(seed), 16, 3, missing_link_p=0.0)
+    _, bus = solve_decentralized(topo, seed=seed, max_delay=4, duplicate_p=0.1)
+    per_link: dict[frozenset[str], int] = {}
+    for (src, dst), units in bus.flows().items():
+        pair = frozenset((topo.node(src).location, topo.node(dst).location))
+        if len(pair) == 2:
+            per_link[pair] = per_link.get(pair, 0) + units
+    a, b = sorted(max(per_link, key=lambda p: (per_link[p], sorted(p))))
+    old = topo.link_between(a, b)
+    assert old is not None
+    slow = topo.with_link(a, b, LinkSpec(old.rtt_ms * 3, old.bandwidth_gbps / 5))
+
+    def update(new: Topology) -> None:
+        for arc in new.arcs:
+            if {new.node(arc.src).location, new.node(arc.dst).location} == {a, b}:
+                bus.update(arc.src, arc.dst, arc.cap_units, arc.cost_units)
+
+    update(slow)
+    bus.run(1_000_000)
+    assert_matches_oracle(slow, bus.flows())
+    assert_balanced(bus)
+    update(topo)
+    with pytest.raises(Exception, match="no quiescence"):
+        bus.run(10)  # stops mid-flight
+    update(slow)
+    bus.run(1_000_000)
+    assert_matches_oracle(slow, bus.flows())
+    assert_balanced(bus)
+
+
+def test_an_update_keeps_the_flow_when_nothing_breaks() -> None:
+    # A re-measured capacity still above the arc's flow, same cost: nothing moves, no message
+    # beyond the two ends telling each other the new generation.
+    topo = geo10(np.random.default_rng(0), 40, 4)
+    _, bus = solve_decentralized(topo, seed=0)
+    (src, dst), units = max(bus.flows().items(), key=lambda kv: kv[1])
+    arc = topo.arc(src, dst)
+    if units == arc.cap_units:
+        pytest.skip("the busiest arc is saturated here")
+    before = bus.flows()
+    bus.reset_counts()
+    bus.update(src, dst, (units + arc.cap_units) // 2, arc.cost_units)
+    stats = bus.run()
+    assert bus.flows() == before
+    assert stats.messages <= 2 and bus.rescales == 0
+
+
+def test_an_update_from_a_new_incarnation_is_a_new_arc() -> None:
+    # Generations count per incarnation of the tail: a restarted tail starts again from 1, and
+    # its arc replaces the old incarnation's whatever their generations.
+    config = FlowConfig.for_costs(2, 100, 10)
+    view = NodeView("z", 1, 2, 1000, upstream=(LocalArc("h", 500, 50, gen=7, epoch=1),),
+                    downstream=(LocalArc("h", 500, 0),))
+    node = FlowNode(view, config, lambda: 0.0)
+    node.update_arc(LocalArc("h", 400, 60, gen=3, epoch=1), upstream=True)
+    assert (node._up["h"].gen, node._up["h"].cap) == (7, 500)  # older: ignored
+    node.update_arc(LocalArc("h", 400, 60, gen=1, epoch=2), upstream=True)
+    arc = node._up["h"]
+    assert (arc.peer_epoch, arc.gen, arc.base_gen, arc.cap, arc.cost) == (2, 1, 1, 400, 60)
+
+
 def test_crash_before_convergence_loses_nothing() -> None:
     # Nodes die while flows are still moving and messages are in flight: each survivor drops
     # its own view of the arcs, and the rest still settles on the optimum of what is left.
@@ -223,7 +289,7 @@ def test_property_large_topologies(seed: int, n: int, stages: int) -> None:
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), n=st.integers(8, 24), stages=st.integers(2, 4),
-       edit=st.sampled_from(["crash", "join", "cut"]))
+       edit=st.sampled_from(["crash", "join", "cut", "update"]))
 def test_property_warm_restart(seed: int, n: int, stages: int, edit: str) -> None:
     rng = np.random.default_rng(seed)
     topo = random_layered(rng, max(n, stages + 1), stages)
@@ -240,12 +306,23 @@ def test_property_warm_restart(seed: int, n: int, stages: int, edit: str) -> Non
         joiner = type(model).make("joiner", model.stage, model.compute_s, model.location)
         after = topo.with_node(joiner)
         bus.join(node_views(after)["joiner"])
-    else:
+    elif edit == "cut":
         if not topo.arcs:
             return
         arc = topo.arcs[int(rng.integers(len(topo.arcs)))]
         after = topo.without_arc(arc.src, arc.dst)
         bus.cut(arc.src, arc.dst)
+    else:
+        if not topo.links:
+            return
+        pair = sorted(topo.links, key=sorted)[int(rng.integers(len(topo.links)))]
+        a, b = sorted(pair)
+        old = topo.links[pair]
+        factor = float(rng.uniform(0.2, 5.0))
+        after = topo.with_link(a, b, LinkSpec(old.rtt_ms * factor, old.bandwidth_gbps / factor))
+        for arc in after.arcs:
+            if {after.node(arc.src).location, after.node(arc.dst).location} == {a, b}:
+                bus.update(arc.src, arc.dst, arc.cap_units, arc.cost_units)
     bus.run(1_000_000)
     assert_matches_oracle(after, bus.flows())
     assert_balanced(bus)

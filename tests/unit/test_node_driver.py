@@ -15,7 +15,7 @@ from gwtf.flow.decentralized import FlowMessage
 from gwtf.flow.generate import geo10, random_layered
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.solution import make_result
-from gwtf.flow.topology import Topology
+from gwtf.flow.topology import LinkSpec, Topology
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
 from gwtf.node.links import ArcParamsSpec, ring_params
 from gwtf.node.phases import PhaseDetector
@@ -74,7 +74,8 @@ class Harness:
 
     def run(self, max_steps: int = 100_000) -> None:
         """Calls take 1 to 3 steps, so several are in flight per peer (pipelining) and they
-        land out of order; a wave runs when nothing is queued or in flight."""
+        land out of order; a wave runs when nothing is queued or in flight, or at once when a
+        node wants a rescale."""
         flight: list[tuple[int, FlowDriver, Outgoing]] = []
         for step in range(max_steps):
             self.now += 1.0
@@ -94,6 +95,8 @@ class Harness:
             for k in self.rng.permutation(len(due)).tolist():
                 _, driver, out = due[k]
                 self.land(driver, out)
+            if any(d.node.wants_rescale() for d in self.drivers.values()):
+                self.wave()  # the node nudges its coordinator, which runs a wave at once
         raise AssertionError("no quiescence")
 
     def land(self, driver: FlowDriver, out: Outgoing) -> None:
@@ -163,6 +166,37 @@ def test_crash_and_join_reconverge_warm() -> None:
         h.link(tail)
     h.run()
     assert_oracle(h)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_re_measured_arcs_are_updated_in_place_and_reconverge(seed: int) -> None:
+    # The busiest link between two regions gets slower; each tail over it re-measures its arc
+    # and announces a new generation, which its head applies in place, over a lossy network.
+    topology = geo10(np.random.default_rng(seed), 12, 3)
+    h = Harness(topology, seed, loss=0.1)
+    h.run()
+    assert_oracle(h)
+    per_link: dict[frozenset[str], int] = {}
+    for (src, dst), units in h.flows().items():
+        pair = frozenset((topology.node(src).location, topology.node(dst).location))
+        if len(pair) == 2:
+            per_link[pair] = per_link.get(pair, 0) + units
+    a, b = sorted(max(per_link, key=lambda p: (per_link[p], sorted(p))))
+    old = topology.link_between(a, b)
+    assert old is not None
+    h.topology = topology.with_link(a, b, LinkSpec(old.rtt_ms * 3, old.bandwidth_gbps / 5))
+    gens = {}
+    for arc in h.topology.arcs:
+        if {h.topology.node(arc.src).location, h.topology.node(arc.dst).location} == {a, b}:
+            tail = h.drivers[arc.src]
+            params = ArcParamsSpec(arc.cap_units, arc.cost_units, 0.0, 0.0)
+            tail.own_arc(arc.dst, h.drivers[arc.dst].epoch, params, ring=False)
+            gens[(arc.src, arc.dst)] = tail.owned[arc.dst].gen
+    assert gens
+    h.run()
+    assert_oracle(h)
+    for (src, dst), gen in gens.items():
+        assert h.drivers[dst].incoming[src] == (1, gen)
 
 
 def test_the_outbox_keeps_the_latest_state_of_each_arc() -> None:

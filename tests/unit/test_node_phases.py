@@ -78,6 +78,26 @@ def test_final_everywhere_is_done_and_a_rescale_starts_a_new_round() -> None:
     assert decision.command.tightens == 0 and decision.again
 
 
+def test_a_rescale_asked_from_behind_a_fresh_round_joins_it() -> None:
+    d = PhaseDetector(2)
+    asked = wave(final=True)
+    asked["a"] = report("a", final=True, wants_rescale=True, quiet=False)
+    assert d.observe(asked, STAGES).command.round == 1
+    # b asks too, from the final epsilon of round 0: round 1, not yet past its first phase,
+    # rescales it when its command arrives, so no round 2.
+    late = wave(round=1, quiet=False)
+    late["b"] = report("b", final=True, wants_rescale=True, quiet=False)
+    decision = d.observe(late, STAGES)
+    assert decision.reason == "rescale under way" and decision.again
+    assert (decision.command.round, decision.command.tightens) == (1, 0)
+    # Once a phase of the round is over, a member asking from within it starts another round.
+    d.observe(wave(round=1), STAGES)
+    assert d.observe(wave(round=1), STAGES).command.tightens == 1
+    inside = wave(round=1, tightens=1)
+    inside["a"] = report("a", round=1, tightens=1, wants_rescale=True, quiet=False)
+    assert d.observe(inside, STAGES).command.round == 2
+
+
 def test_a_new_coordinator_catches_up_with_the_furthest_member() -> None:
     d = PhaseDetector(2)
     ahead = wave()
