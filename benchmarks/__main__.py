@@ -14,6 +14,7 @@ BENCHMARKS = {
     "flow": "benchmarks.flow",
     "sim": "benchmarks.sim",
     "node": "benchmarks.node_control",
+    "robust": "benchmarks.robust",
     "tensor": "benchmarks.tensor",
     "train": "benchmarks.train_cluster",
 }

@@ -123,27 +123,45 @@ def settle(swarm: LocalSwarm, stages: int, timeout_s: float = SETTLE_S) -> dict[
     )
 
 
-def detection_times(swarm: LocalSwarm, victim: str) -> list[float]:
-    """Wall-clock times at which the live nodes logged `victim`'s death."""
+def detection_times(swarm: LocalSwarm, victim: str, after: float) -> list[float]:
+    """Wall-clock times at which the live nodes first logged `victim`'s death or departure
+    after the wall-clock time `after` (an earlier incarnation's death is not this one's)."""
     times = []
     for proc in swarm.live():
         for line in proc.log.read_text().splitlines():
             if f"member {victim} " in line and ("declared dead" in line or " left:" in line):
                 stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
-                times.append(stamp.timestamp())
-                break
+                if stamp.timestamp() >= after - 0.01:  # log stamps are to the millisecond
+                    times.append(stamp.timestamp())
+                    break
     return times
 
 
-def total_flow_messages(swarm: LocalSwarm) -> tuple[int, int, int]:
-    """(messages sent, calls, messages the state machines produced) over the live nodes."""
+def flow_counts(swarm: LocalSwarm) -> dict[str, tuple[int, int, int]]:
+    """Per live node: (flow messages sent, Exchange calls, messages its state machine
+    produced), cumulative since it started."""
     view = swarm.status()
     assert view is not None
-    return (
-        sum(n["flow_messages_sent"] for n in view["nodes"]),
-        sum(n["flow_batches_sent"] for n in view["nodes"]),
-        sum(n["flow_messages_emitted"] for n in view["nodes"]),
-    )
+    return {
+        n["id"]: (n["flow_messages_sent"], n["flow_batches_sent"], n["flow_messages_emitted"])
+        for n in view["nodes"]
+    }
+
+
+def total_flow_messages(
+    swarm: LocalSwarm, since: dict[str, tuple[int, int, int]] | None = None
+) -> tuple[int, int, int]:
+    """Summed over the live nodes: (messages sent, calls, messages produced); with `since`,
+    what each node added since then (a node absent then counts from its start, and a node dead
+    now is not counted: its work after `since` is unknowable, and a crashed node does none)."""
+    now = flow_counts(swarm)
+    base = since or {}
+    sums = [0, 0, 0]
+    for node, counts in now.items():
+        start = base.get(node, (0, 0, 0))
+        for i in range(3):
+            sums[i] += counts[i] - start[i]
+    return sums[0], sums[1], sums[2]
 
 
 # --------------------------------------------------------------------------- churn
@@ -177,7 +195,7 @@ def churn(geo: bool) -> dict[str, Any]:
                     rows.append({"victim": victim, "how": how, "error": str(err)})
                     log(f"  {how} {victim}: {err}")
                     continue
-                before = total_flow_messages(swarm)
+                before = flow_counts(swarm)
                 if how == "crash":
                     at = swarm.kill(victim)
                 else:
@@ -191,8 +209,8 @@ def churn(geo: bool) -> dict[str, Any]:
                     log(f"  {how} {victim}: {err}")
                     continue
                 total = time.monotonic() - at
-                seen = detection_times(swarm, victim)
-                after = total_flow_messages(swarm)
+                seen = detection_times(swarm, victim, wall)
+                after = total_flow_messages(swarm, since=before)
                 rows.append(
                     {
                         "victim": victim,
@@ -200,9 +218,9 @@ def churn(geo: bool) -> dict[str, Any]:
                         "first_detect_s": min(seen) - wall if seen else None,
                         "last_detect_s": max(seen) - wall if seen else None,
                         "reconverged_s": total,
-                        "flow_messages": after[0] - before[0],
-                        "flow_calls": after[1] - before[1],
-                        "emitted": after[2] - before[2],
+                        "flow_messages": after[0],
+                        "flow_calls": after[1],
+                        "emitted": after[2],
                     }
                 )
                 log(f"  {how} {victim}: {rows[-1]}")
@@ -349,6 +367,7 @@ def phases() -> list[dict[str, Any]]:
                         settle(swarm, 4)
                         cold_s = time.monotonic() - started
                         cold = total_flow_messages(swarm)
+                        counts = flow_counts(swarm)
                         at = swarm.kill(plans[3].id)
                         settle(swarm, 4)
                     except AssertionError as err:
@@ -356,7 +375,7 @@ def phases() -> list[dict[str, Any]]:
                         log(f"phases {mode} {seed}: {err}")
                         continue
                     warm_s = time.monotonic() - at
-                    warm = total_flow_messages(swarm)
+                    warm = total_flow_messages(swarm, since=counts)
                     row = {
                         "mode": mode,
                         "seed": seed,
@@ -364,7 +383,7 @@ def phases() -> list[dict[str, Any]]:
                         "cold_emitted": cold[2],
                         "cold_calls": cold[1],
                         "cold_s": cold_s,
-                        "crash_messages": warm[0] - cold[0],
+                        "crash_messages": warm[0],
                         "crash_s": warm_s,
                     }
                     rows.append(row)

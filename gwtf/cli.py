@@ -126,6 +126,19 @@ def _launch(args: argparse.Namespace) -> int:
     return run_launch(args)
 
 
+def _add_security_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "security (a swarm that requires them refuses calls without them: UNAUTHENTICATED)"
+    )
+    group.add_argument("--token-file", metavar="FILE",
+                       help="a file holding the swarm's shared token, sent and required on "
+                       "every call (e.g. made by `openssl rand -hex 32 > FILE`)")
+    group.add_argument("--tls-cert", metavar="PEM", help="this end's certificate (mutual TLS)")
+    group.add_argument("--tls-key", metavar="PEM", help="this end's private key")
+    group.add_argument("--tls-ca", metavar="PEM",
+                       help="the CA that signs every member's certificate")
+
+
 def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     node = commands.add_parser(
         "node",
@@ -187,6 +200,12 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       "(default: from the id)")
     node.add_argument("--log-level", default="info",
                       choices=("debug", "info", "warning", "error"), help="(default info)")
+    node.add_argument("--log-json", action="store_true",
+                      help="log JSON lines (time, level, node, stage, message, ids) on stderr")
+    node.add_argument("--metrics-port", type=_port, metavar="P",
+                      help="serve Prometheus metrics on http://HOST:P/metrics (0: a free port, "
+                      "printed)")
+    _add_security_flags(node)
     node.set_defaults(handler=_node)
 
 
@@ -203,6 +222,12 @@ def _add_status_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         help="that node's own arcs only (do not ask every member)")
     status.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
                         help="deadline (default 10)")
+    status.add_argument("--watch", action="store_true",
+                        help="a live view, refreshed until Ctrl-C: members per stage, flows, "
+                        "and each death, join and reconvergence as it happens")
+    status.add_argument("--interval", type=_positive_float, default=1.0, metavar="S",
+                        help="refresh period of --watch (default 1)")
+    _add_security_flags(status)
     status.set_defaults(handler=_status)
 
 
@@ -228,6 +253,7 @@ def _add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         "throughput_mb_s, dropped_microbatches as JSON (at the end with --wait)")
     submit.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
                         help="deadline of each status call (default 10)")
+    _add_security_flags(submit)
     submit.set_defaults(handler=_submit)
 
 
@@ -276,6 +302,7 @@ def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     launch.add_argument("--time-scale", type=_positive_float, default=1.0, metavar="F",
                         help="wall seconds per trace second (default 1; 0.01 replays 100x "
                         "faster)")
+    _add_security_flags(launch)
     launch.set_defaults(handler=_launch)
 
 

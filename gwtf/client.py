@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gwtf.flow.topology import CAP_SCALE
+from gwtf.node.security import Credentials
 
 __all__ = [
     "ClientError",
@@ -56,30 +57,38 @@ class StatusError(Exception):
     """The node could not be asked (one sentence)."""
 
 
-async def _fetch(address: str, timeout_s: float, swarm: bool) -> Any:
-    from grpc import aio
-
+async def _fetch(address: str, timeout_s: float, swarm: bool, creds: Credentials) -> Any:
+    from gwtf.node.security import open_channel
     from gwtf.node.transport import channel_options
     from gwtf.v1 import node_pb2, node_pb2_grpc
 
-    async with aio.insecure_channel(address, options=channel_options()) as channel:
+    async with open_channel(address, creds, options=channel_options()) as channel:
         stub = node_pb2_grpc.StatusStub(channel)
         return await stub.Get(node_pb2.StatusRequest(swarm=swarm), timeout=timeout_s)
 
 
-def fetch_status(address: str, *, timeout_s: float = 10.0, swarm: bool = True) -> Any:
-    """The StatusReply of the node at `address` (with every member's part when `swarm`)."""
+def fetch_status(
+    address: str,
+    *,
+    timeout_s: float = 10.0,
+    swarm: bool = True,
+    credentials: Credentials | None = None,
+) -> Any:
+    """The StatusReply of the node at `address` (with every member's part when `swarm`);
+    `credentials` for a swarm that requires a token or TLS."""
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     import grpc
     from grpc import aio
 
     try:
-        return asyncio.run(_fetch(address, timeout_s, swarm))
+        return asyncio.run(_fetch(address, timeout_s, swarm, credentials or Credentials()))
     except aio.AioRpcError as err:
+        if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise StatusError(f"{address} refused the call: {err.details()}") from None
         if err.code() == grpc.StatusCode.UNAVAILABLE:
             raise StatusError(
-                f"cannot reach {address}: nothing answers there; check the address and that "
-                "a gwtf node runs there"
+                f"cannot reach {address}: nothing answers there, or it refused the TLS "
+                "handshake; check the address, that a gwtf node runs there, and --tls-*"
             ) from None
         if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise StatusError(f"{address} did not answer within {timeout_s:g} s") from None
@@ -176,6 +185,8 @@ def _rpc_error(address: str, err: Any, timeout_s: float | None) -> ClientError:
         return ClientError(f"{address} did not answer{waited}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ClientError(f"{address} refused the job: {said}", EXIT_USAGE)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return ClientError(f"{address} refused the call: {said}", EXIT_USAGE)
     return ClientError(f"{address} refused: {said}")
 
 
@@ -185,19 +196,25 @@ class GwtfClient:
     Every call opens a channel, has a deadline and closes the channel; errors are ClientError.
     """
 
-    def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, address: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.credentials = credentials or Credentials()
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
     def _run(self, call: Callable[[Any], Any], timeout_s: float | None) -> Any:
         from grpc import aio
 
+        from gwtf.node.security import open_channel
         from gwtf.node.transport import channel_options
         from gwtf.v1 import job_pb2_grpc
 
         async def main() -> Any:
-            async with aio.insecure_channel(self.address, options=channel_options()) as channel:
+            async with open_channel(
+                self.address, self.credentials, options=channel_options()
+            ) as channel:
                 return await call(job_pb2_grpc.JobServiceStub(channel))
 
         try:
@@ -314,7 +331,14 @@ def _submitted_job(args: argparse.Namespace) -> Any:
 
 def run_submit(args: argparse.Namespace) -> int:
     """`gwtf submit --to HOST:PORT --job JOB [--iterations N] [--wait] [--json]`."""
-    client = GwtfClient(args.to, timeout_s=args.timeout)
+    from gwtf.node.security import SecurityError, credentials_from_args
+
+    try:
+        credentials = credentials_from_args(args)
+    except SecurityError as err:
+        print(f"gwtf submit: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    client = GwtfClient(args.to, timeout_s=args.timeout, credentials=credentials)
     try:
         job = _submitted_job(args)
         job_id = client.submit(job)
@@ -517,8 +541,29 @@ def format_status(view: dict[str, Any]) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    from gwtf.node.security import SecurityError, credentials_from_args
+
     try:
-        reply = fetch_status(args.to, timeout_s=args.timeout, swarm=not args.local)
+        credentials = credentials_from_args(args)
+    except SecurityError as err:
+        print(f"gwtf status: {err}", file=sys.stderr)
+        return 2
+    if getattr(args, "watch", False):
+        from gwtf.live import watch
+
+        def fetch() -> dict[str, Any]:
+            reply = fetch_status(args.to, timeout_s=args.timeout, swarm=not args.local,
+                                 credentials=credentials)  # fmt: skip
+            return status_json(reply)
+
+        return watch(fetch, args.interval, errors=(StatusError,))
+    try:
+        reply = fetch_status(
+            args.to,
+            timeout_s=args.timeout,
+            swarm=not args.local,
+            credentials=credentials,
+        )
     except StatusError as err:
         print(f"gwtf status: {err}", file=sys.stderr)
         return 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -24,20 +23,9 @@ if TYPE_CHECKING:
     from gwtf.node.config import NodeConfig
     from gwtf.node.node import NodeSettings
 
-__all__ = ["configure_logging", "load_matrix", "run_node"]
+__all__ = ["load_matrix", "run_node"]
 
 EXIT_USAGE = 2
-LOG_FORMAT = "%(asctime)s %(levelname)s node=%(node)s stage=%(stage)s %(message)s"
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT, defaults={"node": "-", "stage": "-"}))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-
-
 def quiet_grpc_core() -> None:
     """gRPC's C core logs errors (a failed bind, a refused connection) on stderr by itself;
     the node says what matters in one line of its own instead."""
@@ -73,12 +61,15 @@ def run_node(args: argparse.Namespace) -> int:
     from gwtf.node.codec import InvalidMessage, check_name
     from gwtf.node.config import NodeConfig
     from gwtf.node.node import NodeSettings
+    from gwtf.node.observe import configure_logging
+    from gwtf.node.security import SecurityError, credentials_from_args
 
     try:
         if args.id is not None:
             check_name("--id", args.id)
         links, location = load_matrix(args.link_matrix, args.location)
-    except (TopologyError, InvalidMessage) as err:
+        credentials = credentials_from_args(args)
+    except (TopologyError, InvalidMessage, SecurityError) as err:
         print(f"gwtf node: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -107,11 +98,13 @@ def run_node(args: argparse.Namespace) -> int:
         min_arc_cost_s=args.min_arc_cost_s,
         quiet_s=args.quiet_s,
         seed=args.seed,
+        credentials=credentials,
+        metrics_port=args.metrics_port,
         memory_slots=args.memory_slots,
         emulate_compute=args.emulate_compute,
         train=not args.no_train,
     )
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, json_lines=args.log_json)
     return uvloop.run(_serve(settings, config))
 
 
@@ -144,6 +137,9 @@ async def _serve(settings: NodeSettings, config: NodeConfig) -> int:
         f"(stage {settings.stage} of {node.swarm.num_stages}, swarm {node.swarm.swarm_id})",
         flush=True,
     )
+    if node.metrics.port is not None:
+        print(f"gwtf node {node.node_id} metrics on http://{settings.host}:{node.metrics.port}"
+              "/metrics", flush=True)  # fmt: skip
     await stop.wait()
     node.log.info("stopping: leaving the swarm")
     await node.leave()

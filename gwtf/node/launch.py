@@ -225,6 +225,10 @@ def _node_argv(plan: NodePlan, args: argparse.Namespace, port: int) -> list[str]
     ]  # fmt: skip
     if plan.location:
         argv += ["--location", plan.location, "--link-matrix", args.link_matrix]
+    for flag in ("token_file", "tls_cert", "tls_key", "tls_ca"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            argv += ["--" + flag.replace("_", "-"), os.path.abspath(value)]
     argv += ["--memory-slots", str(args.memory_slots)]
     if args.emulate_compute:
         argv.append("--emulate-compute")

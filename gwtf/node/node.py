@@ -39,6 +39,7 @@ import grpc
 import numpy as np
 from grpc import aio
 
+from gwtf.flow.decentralized import FlowConfig
 from gwtf.flow.topology import LinkSpec, cap_to_units
 from gwtf.node.codec import (
     InvalidMessage,
@@ -65,8 +66,10 @@ from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
 from gwtf.node.jobs import JobManager
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
+from gwtf.node.observe import NodeMetrics
 from gwtf.node.phases import Command, PhaseReportData
 from gwtf.node.prober import LinkProber
+from gwtf.node.security import Credentials, TokenServerInterceptor, add_port
 from gwtf.node.server import HealthServicer, Refusal, add_servicers
 from gwtf.node.transport import (
     UNDELAYED,
@@ -118,6 +121,10 @@ class NodeSettings:
     quiet_s: float | None = None
     seed: int | None = None
     """Seed of the gossip partner order; default: derived from the node id."""
+    credentials: Credentials = field(default_factory=Credentials)
+    """The swarm's token and/or TLS certificates (gwtf.node.security); empty: an open swarm."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port of `host` (0: a free one); None: no metrics."""
     memory_slots: int = 8
     """Microbatches whose forward state this node keeps at once (training jobs)."""
     train: bool = True
@@ -133,6 +140,9 @@ class NodeSettings:
 class _Stats:
     gossip_bytes: int = 0
     gossip_calls: int = 0
+    deaths: int = 0
+    leaves: int = 0
+    joins: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -162,6 +172,7 @@ class Node:
         if settings.links is not None and settings.location:
             self._wan = WanEmulator(settings.location, settings.links, clock)
         self._health = HealthServicer()
+        self.metrics = NodeMetrics()
         self._server: aio.Server | None = None
         self._pool: ChannelPool | None = None
         self.node_id = settings.node_id or ""
@@ -189,7 +200,12 @@ class Node:
 
     async def start(self) -> int:
         """Bind and start serving (calls are refused until the node is in a swarm)."""
-        interceptors: list[aio.ServerInterceptor] = [MalformedRequestInterceptor()]
+        creds = self.settings.credentials
+        interceptors: list[aio.ServerInterceptor] = []
+        if creds.token is not None:
+            # First: a stranger's call is refused before anything else looks at it.
+            interceptors.append(TokenServerInterceptor(creds.token))
+        interceptors.append(MalformedRequestInterceptor())
         if self._wan is not None:
             interceptors.append(WanServerInterceptor(self._wan))
         server = aio.server(options=server_options(), interceptors=interceptors)
@@ -197,7 +213,7 @@ class Node:
         host = self.settings.host
         bind = f"[{host}]" if ":" in host else host
         try:
-            port = server.add_insecure_port(f"{bind}:{self.settings.port}")
+            port = add_port(server, f"{bind}:{self.settings.port}", creds)
         except RuntimeError:
             port = 0
         if port == 0:
@@ -205,6 +221,15 @@ class Node:
                 f"cannot listen on {host}:{self.settings.port}: the port is in use or the "
                 "address is not this machine's; choose another --port (0 picks a free one)"
             )
+        if self.settings.metrics_port is not None:
+            try:
+                self.metrics.serve(self.settings.metrics_port, host)
+            except OSError as err:
+                await server.stop(None)
+                raise NodeError(
+                    f"cannot serve metrics on {host}:{self.settings.metrics_port}: "
+                    f"{err.strerror or err}; choose another --metrics-port (0 picks a free one)"
+                ) from None
         await server.start()
         self._server = server
         self.port = port
@@ -214,7 +239,9 @@ class Node:
         self.log = logging.LoggerAdapter(
             LOG, {"node": self.node_id, "stage": self.settings.stage}
         )
-        self._pool = ChannelPool(self.node_id, self.settings.location, self._wan)
+        self._pool = ChannelPool(
+            self.node_id, self.settings.location, self._wan, self.settings.credentials
+        )
         seed = self.settings.seed
         if seed is None:
             seed = zlib.crc32(self.node_id.encode())
@@ -467,6 +494,8 @@ class Node:
 
     @staticmethod
     def _refused_by_bootstrap(address: str, err: aio.AioRpcError) -> None:
+        if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise NodeError(f"the swarm at {address} refused this node: {err.details()}", 2)
         if err.code() in (
             grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -566,6 +595,7 @@ class Node:
         for event in events:
             m = event.member
             if event.kind == "alive":
+                self._stats.joins += 1
                 self.log.info(
                     "member %s alive (stage %d, %s%s): %s",
                     m.id,
@@ -581,6 +611,10 @@ class Node:
                     self._start_link(m)
             else:
                 verb = "left" if event.kind == "left" else "declared dead"
+                if event.kind == "left":
+                    self._stats.leaves += 1
+                else:
+                    self._stats.deaths += 1
                 self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
                 self.jobs.on_member_down(m, "left" if event.kind == "left" else "died")
                 self.prober.stop(m.id)
@@ -592,8 +626,25 @@ class Node:
     def _refused(self, member: MemberInfo) -> None:
         self._on_events(self.members.refused(member.id, member.epoch))
 
+    def publish_metrics(self) -> None:
+        """Hand the metrics thread a fresh snapshot (it never reads the loop's state)."""
+        if self.metrics.port is None or self._members is None:
+            return
+        stats = self._stats
+        self.metrics.publish(
+            self.local_status(),
+            {
+                "deaths": stats.deaths,
+                "leaves": stats.leaves,
+                "joins": stats.joins,
+                "alive_members": len(self.members.alive()) + 1,
+                "departed_members": len(self.members.departed()),
+            },
+        )
+
     async def _heartbeat_loop(self) -> None:
         while True:
+            self.publish_metrics()
             await asyncio.sleep(self.config.heartbeat_s)
             members = self.members
             members.beat()
@@ -881,6 +932,29 @@ class Node:
 
     def on_phase(self, request: flow_pb2.PhaseCommand) -> flow_pb2.PhaseReport:
         self._require_ready()
+        # Checked before anything moves: a command names a live member as its coordinator, at
+        # most the phases a scaling has (each one is a tighten call: a huge count from a bad
+        # peer would hold the event loop), and a round at most a few ahead of this node's (a
+        # member that missed waves sees a small jump; a far one would desynchronise it).
+        if request.coordinator != self.node_id and not any(
+            m.id == request.coordinator for m in self.members.alive()
+        ):
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"phase command from {request.coordinator[:40]!r}, not a live member",
+            )
+        limit = max_phases(self.swarm.flow)
+        if request.tightens > limit:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"phase command ends {request.tightens} phases; a scaling has {limit}",
+            )
+        if request.round > self.driver.round + MAX_ROUND_AHEAD:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"phase command for round {request.round}, this node is in round "
+                f"{self.driver.round}",
+            )
         command = Command(request.round, request.tightens, request.scaling)
         return report_to_pb(self.apply_command(command))
 
@@ -1054,6 +1128,19 @@ class Node:
                 else:
                     reply.nodes.append(result.nodes[0])
         return reply
+
+
+MAX_ROUND_AHEAD = 16
+"""How far ahead of a member's scaling round a coordinator's command may be."""
+
+
+def max_phases(config: FlowConfig) -> int:
+    """Phases of one scaling: eps_start tightened by eps_factor down to eps_final (+1 spare)."""
+    phases, eps = 0, config.eps_start
+    while eps > config.eps_final:
+        eps = max(config.eps_final, eps // config.eps_factor)
+        phases += 1
+    return phases + 1
 
 
 def _describe(err: aio.AioRpcError) -> str:

@@ -23,6 +23,7 @@ import grpc
 from grpc import aio
 
 from gwtf.node.config import MAX_MESSAGE_BYTES
+from gwtf.node.security import Credentials, open_channel
 from gwtf.node.wan import WanEmulator
 from gwtf.v1 import data_pb2_grpc, flow_pb2_grpc, health_pb2_grpc, job_pb2_grpc, node_pb2_grpc
 
@@ -254,8 +255,15 @@ class Stubs:
 class ChannelPool:
     """One channel per peer address, created on first use and reused for every call."""
 
-    def __init__(self, me: str, location: str, wan: WanEmulator | None) -> None:
+    def __init__(
+        self,
+        me: str,
+        location: str,
+        wan: WanEmulator | None,
+        credentials: Credentials | None = None,
+    ) -> None:
         self._me = me
+        self._credentials = credentials or Credentials()
         self._location = location
         self._wan = wan
         self._channels: dict[str, tuple[aio.Channel, Stubs]] = {}
@@ -278,8 +286,8 @@ class ChannelPool:
             self._wan,
             lambda: self._peers.get(address, ("", "")),
         )
-        channel = aio.insecure_channel(
-            address, options=channel_options(), interceptors=[interceptor]
+        channel = open_channel(
+            address, self._credentials, options=channel_options(), interceptors=[interceptor]
         )
         stubs = Stubs(
             membership=node_pb2_grpc.MembershipStub(channel),

@@ -126,6 +126,29 @@ def test_invalid_messages_are_refused_with_a_reason() -> None:
     run(check)
 
 
+def test_phase_commands_are_checked_before_they_move_anything() -> None:
+    async def check(node: Node, channel: aio.Channel) -> None:
+        flow = flow_pb2_grpc_stub(channel)
+        state = (node.driver.round, node.driver.tightens)
+        stranger = flow_pb2.PhaseCommand(coordinator="nobody", round=0, tightens=1)
+        details = await expect_code(
+            grpc.StatusCode.FAILED_PRECONDITION, flow.Phase(stranger, timeout=5)
+        )
+        assert "not a live member" in details
+        # A phase count no scaling has would be that many tighten calls on the event loop.
+        endless = flow_pb2.PhaseCommand(coordinator="solo", round=0, tightens=2**32 - 1)
+        details = await expect_code(
+            grpc.StatusCode.INVALID_ARGUMENT, flow.Phase(endless, timeout=5)
+        )
+        assert "a scaling has" in details
+        far = flow_pb2.PhaseCommand(coordinator="solo", round=2**63, tightens=0)
+        await expect_code(grpc.StatusCode.INVALID_ARGUMENT, flow.Phase(far, timeout=5))
+        assert (node.driver.round, node.driver.tightens) == state
+        await still_serving(channel)
+
+    run(check)
+
+
 def test_a_stage_outside_the_swarm_is_refused_with_the_range() -> None:
     async def check(node: Node, channel: aio.Channel) -> None:
         membership = node_pb2_grpc.MembershipStub(channel)
