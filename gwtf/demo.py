@@ -241,9 +241,10 @@ def _follow(
         return Group(Panel(text, title="training"), watch.render())
 
     console = Console(stderr=False)
-    with Live(panel(), console=console, auto_refresh=False, transient=False) as screen:
-        if not live:
-            screen.stop()
+    screen = Live(panel(), console=console, auto_refresh=False, transient=False)
+    if live:
+        screen.start()
+    try:
         while not progress.over:
             if stop.wait(1.0):
                 return None
@@ -295,13 +296,21 @@ def _follow(
             else:
                 print(f"  {t:6.1f} s  iteration {progress.iterations_completed}/"
                       f"{progress.iterations}", file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        if live:
+            screen.stop()
     return progress
 
 
 def _summarize(job: Any, result: Any, timeline: _Timeline) -> dict[str, Any]:
+    import torch
+
     from gwtf.train import train_reference
 
     say("training the reference in this process (same seed, same microbatches) ...")
+    # The nodes compute with one torch thread; float reductions split by thread count, so the
+    # reference must too for the bits to compare.
+    torch.set_num_threads(1)
     reference = train_reference(job, iterations=result.iterations_completed)
     equal = reference.param_checksum == result.param_checksum
     crashes = [e for e in timeline.events if e[1] == "crash"]
