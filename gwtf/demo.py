@@ -311,7 +311,13 @@ def _summarize(job: Any, result: Any, timeline: _Timeline) -> dict[str, Any]:
     # The nodes compute with one torch thread; float reductions split by thread count, so the
     # reference must too for the bits to compare.
     torch.set_num_threads(1)
-    reference = train_reference(job, iterations=result.iterations_completed)
+    dropped = {k: set(ids) for k, ids in result.dropped}
+    reference = train_reference(
+        job,
+        iterations=result.iterations_completed,
+        microbatch_ids=lambda k: [m for m in range(job.microbatches)
+                                  if m not in dropped.get(k, set())],  # fmt: skip
+    )
     equal = reference.param_checksum == result.param_checksum
     crashes = [e for e in timeline.events if e[1] == "crash"]
     joins = [e for e in timeline.events if e[1] == "join"]
@@ -325,10 +331,12 @@ def _summarize(job: Any, result: Any, timeline: _Timeline) -> dict[str, Any]:
         "throughput_mb_s": result.throughput_mb_s,
         "crashes": len(crashes),
         "joins": len(joins),
-        "rerouted_microbatches": getattr(result, "rerouted_microbatches", 0),
-        "replayed_work_s": getattr(result, "replayed_work_s", 0.0),
+        "crashes_seen_by_the_job": result.crashes,
+        "rerouted_microbatches": result.rerouted_microbatches,
+        "replayed_microbatches": result.replayed_microbatches,
+        "replayed_work_s": result.replayed_s,
         "dropped_microbatches": result.dropped_microbatches,
-        "lost_microbatches": getattr(result, "lost_microbatches", 0),
+        "lost_microbatches": result.lost_microbatches,
         "param_checksum": result.param_checksum,
         "reference_checksum": reference.param_checksum,
         "equal_to_reference": equal,
