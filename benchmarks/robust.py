@@ -96,7 +96,8 @@ def run(quick: bool = False) -> str:
         for rule in ("mean", *RULES)
     ]
     body = "\n".join([
-        "## Robust aggregation against the plain mean (`python -m benchmarks robust`)",
+        "## Robust aggregation against the plain mean "
+        f"(`python -m benchmarks robust{' --quick' if quick else ''}`)",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, one torch thread, on a machine "
         "shared with other work. Each replica contributes 2 microbatches; best of "

@@ -8,9 +8,10 @@ What it does, in order:
 2. Submits the job (`--job`, default tiny-gpt, with `--iterations`) through the Python client.
 3. While it trains, follows a churn plan: every `--churn-every` seconds a node that is not a
    data holder is SIGKILLed (a crash: no goodbye), and `--rejoin-after` seconds later a new node
-   joins the stage that lost it. Data holders are spared, so no microbatch is dropped and the
-   swarm must end equal to the reference bit for bit (`--kill-holders` spares nobody; the
-   reference then covers the microbatches that were actually trained).
+   joins the stage that lost it. A kill waits until the last newcomer is in the swarm and an
+   iteration has committed since the previous kill. Data holders are spared, so no microbatch
+   is dropped and the swarm must end equal to the reference bit for bit (`--kill-holders`
+   spares nobody; the reference then covers the microbatches that were actually trained).
 4. Shows a live terminal view: members per stage, flows, the job's iterations, loss and
    throughput, and each crash, join and reconvergence as it happens.
 5. At the end prints a summary (iterations, loss, throughput, crashes, rerouted and replayed
@@ -18,7 +19,8 @@ What it does, in order:
    the same microbatches), writes plots and the summary into `--out`, and stops every process it
    started, whatever happened.
 
-`--quick` is a run of under a minute (fewer nodes and iterations, one crash).
+`--quick` is a short run (6 nodes, 10 iterations, a crash due every 3 s: each waits for the
+last newcomer and for an iteration to commit since the previous one).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class DemoPlan:
 
 def plan_from_args(args: argparse.Namespace) -> DemoPlan:
     if args.quick:
-        nodes, stages, iterations, every = 6, 3, 6, 8.0
+        nodes, stages, iterations, every = 6, 3, 10, 3.0
     else:
         nodes, stages, iterations, every = 8, 3, 30, 20.0
     return DemoPlan(
@@ -217,6 +219,7 @@ def _follow(
     next_kill = plan.churn_every_s if plan.churn_every_s > 0 else float("inf")
     rejoins: list[tuple[float, NodePlan]] = []
     joined = 0
+    killed_at = 0  # iterations committed at the last kill
     progress = client.progress(job_id)
 
     def live_addresses() -> list[str]:
@@ -249,8 +252,12 @@ def _follow(
             if stop.wait(1.0):
                 return None
             t = timeline.now()
-            # The churn plan.
-            if t >= next_kill:
+            # The churn plan: a kill is due every `churn_every_s`, but waits until the last
+            # newcomer is in the swarm and an iteration has committed since the last kill (a
+            # swarm that never gets through an iteration shows nothing).
+            settled = not rejoins and all(i in addresses for i in index.values()
+                                          if cluster.procs[i][1].poll() is None)  # fmt: skip
+            if t >= next_kill and settled and progress.iterations_completed > killed_at:
                 choices = victims()
                 if choices:
                     victim = rng.choice(choices)
@@ -263,6 +270,7 @@ def _follow(
                     newcomer = NodePlan(f"{victim.id}j{joined}", victim.stage, victim.location,
                                         victim.compute_s)  # fmt: skip
                     rejoins.append((t + plan.rejoin_after_s, newcomer))
+                    killed_at = progress.iterations_completed
                 next_kill = t + plan.churn_every_s
             for due, newcomer in list(rejoins):
                 if t >= due:
