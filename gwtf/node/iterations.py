@@ -472,8 +472,7 @@ class IterationCoordinator:
             self._prepared = {}
         for stepping in self._stepping.values():
             stepping.waiting.discard(node)
-        if node in self._holders and len(self._holders) > 1:
-            pass  # its share stays assigned: its microbatches are recovered or dropped
+        # A dead holder's share stays assigned: its microbatches are recovered or dropped.
         return voided
 
     def completions(self) -> list[IterationOutcome]:

@@ -236,6 +236,7 @@ class JobCoordinator:
             next_holders=order.next_holders,
             participants=participants_pb(dict(order.participants)),
             loss=order.loss, trained=order.trained, next_weights=order.next_weights,
+            dropped=order.dropped,
         )
         self.planned = {}
         for node in sorted(order.participants):
@@ -391,12 +392,12 @@ class JobCoordinator:
         self._moved()
         progress = self._progress()
         progress.restarts += 1
-        entries = [e for e in progress.dropped if e.iteration != iteration]
-        lost = sum(len(e.microbatches) for e in progress.dropped) - sum(
-            len(e.microbatches) for e in entries)
+        # This iteration's drops are undone: the new round injects every microbatch again.
+        kept = [e for e in progress.dropped if e.iteration != iteration]
+        undone = sum(len(e.microbatches) for e in progress.dropped if e.iteration == iteration)
         del progress.dropped[:]
-        progress.dropped.extend(entries)
-        progress.dropped_microbatches -= lost  # they are injected again
+        progress.dropped.extend(kept)
+        progress.dropped_microbatches -= undone
         self.log.warning("job %s iteration %d starts again as round %d: %s", self.job_id,
                          iteration, round_, reason)
         self.manager.changed(self.active)
@@ -568,7 +569,7 @@ class JobCoordinator:
                                 )
                             except RuntimeError:
                                 pass
-            while progress.iterations_completed < top:
+            if progress.iterations_completed == top - 1:  # the one it stepped and not told
                 manager.completed(active, IterationOutcome(
                     iteration=progress.iterations_completed, loss=last.stepped_loss,
                     microbatches=last.stepped_trained,

@@ -839,7 +839,7 @@ class JobManager:
             iteration=request.iteration, round=request.round, attempt=request.attempt,
             final=request.final, next_holders=tuple(request.next_holders),
             participants=participants, loss=request.loss, trained=request.trained,
-            dropped=(), next_weights=tuple(request.next_weights),
+            dropped=tuple(request.dropped), next_weights=tuple(request.next_weights),
         ))
         return job_pb2.StepReply()
 

@@ -174,14 +174,21 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
+    # The keys of `gwtf reference --json`, and what the swarm did about nodes that died.
     assert set(summary) == {"job_id", "iterations_completed", "loss", "param_checksum",
-                            "throughput_mb_s", "dropped_microbatches"}
+                            "throughput_mb_s", "dropped_microbatches", "crashes", "leaves",
+                            "joins", "rerouted_microbatches", "replayed_microbatches",
+                            "replayed_s", "compute_s", "lost_microbatches", "restarts",
+                            "dropped"}
     ref = reference(job_of("tiny-llama", LLAMA_ITERATIONS))
     assert summary["job_id"] == ref.job_id
     assert summary["iterations_completed"] == LLAMA_ITERATIONS
     assert summary["loss"] == list(ref.loss)
     assert summary["param_checksum"] == ref.param_checksum
     assert summary["throughput_mb_s"] > 0 and summary["dropped_microbatches"] == 0
+    assert summary["crashes"] == 0 and summary["rerouted_microbatches"] == 0
+    assert summary["lost_microbatches"] == 0 and summary["restarts"] == 0
+    assert summary["replayed_s"] == 0 and summary["compute_s"] > 0
     status = subprocess.run(
         [sys.executable, "-m", "gwtf", "status", "--to", swarm.procs["z0"].address, "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
