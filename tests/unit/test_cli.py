@@ -39,11 +39,11 @@ def test_route_help_shows_its_arguments() -> None:
         assert word in result.stdout
 
 
-def test_demo_exits_zero_and_points_to_route() -> None:
-    result = run_gwtf("demo")
-    assert result.returncode == 0, result.stderr
-    assert "not available yet" in result.stdout
-    assert "gwtf route" in result.stdout
+def test_demo_refuses_a_swarm_too_small_to_lose_a_node() -> None:
+    result = run_gwtf("demo", "--nodes", "3", "--stages", "3")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "give --nodes >= 2 x --stages" in lines[0], result.stderr
 
 
 def one_line(result: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
@@ -110,7 +110,7 @@ def test_usage_error_is_one_line_exit_2() -> None:
 def test_main_returns_exit_codes_in_process() -> None:
     from gwtf.cli import main
 
-    assert main(["demo"]) == 0
+    assert main(["demo", "--nodes", "2", "--stages", "2"]) == 2
     assert main(["simulate"]) == 2
     assert main(["no-such-command"]) == 2
     assert main(["status", "--help"]) == 0
