@@ -1205,7 +1205,10 @@ class JobManager:
         active.worker = worker
         active.participants = participants
         active.coordinator = me
-        active.started = active.last_iteration_end = time.monotonic()
+        # The job's clock goes on from what its progress says (throughput stays over the job).
+        now = time.monotonic()
+        active.started = now - self._records[job.job_id].elapsed_s
+        active.last_iteration_end = now
         worker.start(participants, (), None, round_)
         host.log.warning("job %s: every data holder had died; %s takes stage 0 over from its "
                          "backup of iteration %d", job.job_id, me, top)
