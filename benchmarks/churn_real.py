@@ -235,11 +235,12 @@ def measure(quick: bool) -> dict[str, Any]:
             result = progress(job_id) or result
         drain()
         result = progress(job_id) or result
+        window = time.time() - started
     finally:
         launch.terminate()
         launch.wait(timeout=60)
     assert result is not None, "no node answered about the job"
-    elapsed = result.elapsed_s
+    elapsed = window
     delays = []
     first_reroute = reroutes(tmp / "logs")
     for node, at in sorted(crashes.items()):
@@ -258,6 +259,7 @@ def measure(quick: bool) -> dict[str, Any]:
         "sim_throughput": sim_tput,
         "sim_waste": sim_waste,
         "log_dir": str(tmp),
+        "elapsed_s": elapsed,
     }
 
 
@@ -265,7 +267,8 @@ def run(quick: bool = False) -> str:
     m = measure(quick)
     r: JobResult = m["result"]
     waste = r.replayed_s / r.compute_s if r.compute_s else 0.0
-    tput = r.microbatches_trained / r.elapsed_s if r.elapsed_s else 0.0
+    # Over the benchmark's own clock, from the submission to the last look at the job.
+    tput = r.microbatches_trained / m["elapsed_s"] if m["elapsed_s"] else 0.0
     delays = m["delays"]
     delay_text = (
         f"median {statistics.median(delays):.2f} s, min {min(delays):.2f} s, max "
@@ -301,7 +304,7 @@ failure detector timeout {FAILURE_TIMEOUT_S:g} s).
 | stage compute, all nodes | {r.compute_s:.2f} s |
 | wasted compute (redone for dead nodes, or in rounds started over) | {wasted} |
 | crash to first rerouted microbatch | {delay_text} |
-| throughput under churn | {tput:.2f} microbatches/s over {r.elapsed_s:.0f} s |
+| throughput under churn | {tput:.2f} microbatches/s over {m['elapsed_s']:.0f} s |
 | simulator's prediction (`gwtf` policy, same nodes, speeds, trace, timeout) | {predicted} |
 
 Reading. Wasted compute stays small because a death costs only the dead node's own stage work

@@ -1143,7 +1143,7 @@ class JobManager:
             active.coordinator = reply.coordinator
             active.holders = tuple(reply.holders)
             active.started = active.last_iteration_end = time.monotonic()
-            worker.start(active.participants, active.holders, reply.round)
+            worker.start(active.participants, active.holders, None, reply.round)
             host.log.info("job %s: entered stage %d at iteration %d round %d", job.job_id,
                           stage, iteration, reply.round)
             return
@@ -1205,10 +1205,7 @@ class JobManager:
         active.worker = worker
         active.participants = participants
         active.coordinator = me
-        # The job's clock goes on from what its progress says (throughput stays over the job).
-        now = time.monotonic()
-        active.started = now - self._records[job.job_id].elapsed_s
-        active.last_iteration_end = now
+        active.last_iteration_end = time.monotonic()
         worker.start(participants, (), None, round_)
         host.log.warning("job %s: every data holder had died; %s takes stage 0 over from its "
                          "backup of iteration %d", job.job_id, me, top)
@@ -1428,6 +1425,8 @@ class JobManager:
         progress = self._records[active.job_id]
         progress.coordinator = self.host.node_id
         progress.paused = ""
+        # The job's clock goes on from its progress (this node may have entered it late).
+        active.started = time.monotonic() - progress.elapsed_s
         if verb == "left":
             progress.leaves += 1
         elif verb:
