@@ -307,15 +307,20 @@ failure detector timeout {FAILURE_TIMEOUT_S:g} s).
 | throughput under churn | {tput:.2f} microbatches/s over {m['elapsed_s']:.0f} s |
 | simulator's prediction (`gwtf` policy, same nodes, speeds, trace, timeout) | {predicted} |
 
-Reading. Wasted compute stays small because a death costs only the dead node's own stage work
-(rules 1-3 redo one stage, never the pipeline) and its accumulated gradient sums (replayed from
-the neighbours' kept tensors); an iteration starts over only when its coordinator dies. The time
-from a crash to the first reroute is the failure detector's timeout plus one round of ledger
-reports (milliseconds on loopback). The simulator's throughput assumes nodes that run exactly at
-their stated speed; on two shared cores the real nodes' torch work, serialisation and gRPC come on
-top of the padding, so the measured throughput is below the prediction by what the machine's load
-adds. The wasted-compute figures are not the same quantity: the simulator counts the dead node's
-lost work, the swarm counts the work done again (which is what it can measure).
+Reading. A death costs the dead node's own stage work (rules 1-3 redo one stage, never the
+pipeline) and its accumulated gradient sums (replayed from the neighbours' kept tensors): that
+part of the waste is small. What is not small is an iteration started over: the job's
+coordinator keeps the iteration's bookkeeping, and when it dies the next data holder starts the
+iteration again from scratch, throwing away every node's work of it; in this trace data holders
+die often (joiners go to the stage with the fewest nodes, and preemptions come in bursts), so
+restarts dominate the waste when there are several. The time from a crash to the first reroute
+is the failure detector's verdict (a heartbeat silent for the timeout, sooner when calls to the
+dead node are refused) plus one round of ledger reports (milliseconds on loopback). The
+simulator's throughput assumes nodes that run exactly at their stated speed and an iteration
+that survives its coordinator; on two shared cores the real nodes' torch work, serialisation
+and gRPC come on top of the padding, so the ratio carries both. The wasted-compute figures are
+not the same quantity: the simulator counts the dead node's lost work, the swarm counts the work
+done again (which is what it can measure).
 """
     write_section("churn", body)
     return body

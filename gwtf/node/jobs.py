@@ -899,7 +899,10 @@ class JobManager:
 
     def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply:
         worker = self._worker_for(request.job_id)
-        return worker.sync()
+        reply = worker.sync()
+        if self._active is not None:
+            reply.coordinator = self._active.coordinator
+        return reply
 
     def admit(self, request: job_pb2.AdmitRequest) -> job_pb2.AdmitReply:
         active, worker = self._participating(request.job_id, request.sender)
@@ -1159,8 +1162,13 @@ class JobManager:
 
         host = self.host
         me = host.node_id
+        if stage != 0:
+            return False
+        # Two holders joining at once must not both take over: wait for gossip to show each
+        # other, leave it to the smallest id, and to one the participants follow already.
+        await asyncio.sleep(4 * host.config.heartbeat_s)
         live = host.live_members()
-        if stage != 0 or any(m.stage == 0 and m.id < me for m in live):
+        if any(m.stage == 0 and m.id < me for m in live):
             return False
         request = job_pb2.SyncRequest(sender=me, job_id=job.job_id)
         replies: dict[str, tuple[int, job_pb2.SyncReply]] = {}
@@ -1173,6 +1181,9 @@ class JobManager:
             replies[member.id] = (member.stage, reply)
         if not replies or any(s == 0 for s, _ in replies.values()):
             return False  # nobody runs it here, or a holder still does
+        followed = {r.coordinator for _, r in replies.values()}
+        if any(c != me and host.member(c) is not None for c in followed):
+            return False  # another holder took it over: enter through it
         top = max(r.iteration for _, r in replies.values())
         state: tuple[int, bytes] | None = None
         for member in sorted(live, key=lambda m: m.id):
