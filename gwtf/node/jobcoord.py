@@ -58,6 +58,9 @@ def _step_call(request: job_pb2.StepRequest) -> Callable[[Stubs, float], Awaitab
     return call
 
 
+REPORT_TRIES = 4
+"""Times the live neighbours of a dead node are asked for their evidence before the iteration
+starts over instead."""
 DEAD_MEMORY_S = 60.0
 """How long a death stays in the sweeps' list (far longer than every node takes to hear of it)."""
 
@@ -293,7 +296,7 @@ class JobCoordinator:
             tuple((e.microbatch, Evidence(min(e.evidence, 2))) for e in reply.evidence),
         )
 
-    async def _recover(self, dead: str, stage: int) -> None:
+    async def _recover(self, dead: str, stage: int, tries: int = REPORT_TRIES) -> None:
         """Plan the recovery of `dead`'s microbatches of the round in progress and carry it out
         (again for a sweep: what was planned already is left alone)."""
         plan = self.plan
@@ -308,6 +311,17 @@ class JobCoordinator:
         )
         if (plan.injecting, plan.round) != (iteration, round_) or self._stopped:
             return  # the iteration moved on meanwhile: nothing of it is left to recover
+        silent = [n for n, r in zip(neighbours, replies, strict=True)
+                  if r is None and n in self.live_participants()]
+        if silent:
+            # A plan without a live neighbour's evidence could redo what it holds (a resend
+            # where a recompute is due): ask again, and start over if it stays silent.
+            if tries > 1:
+                await asyncio.sleep(1.0)
+                await self._recover(dead, stage, tries - 1)
+            else:
+                self._restart(f"{silent[0]} did not report what it holds of {dead}'s work")
+            return
         reports = [r for r in replies if r is not None]
         held = plan.held_by(dead) if stage == 0 else ()
         crash = plan_crash(

@@ -171,6 +171,13 @@ def _enter_call(request: job_pb2.EnterRequest) -> Callable[[Stubs, float], Await
     return call
 
 
+def _sync_call(request: job_pb2.SyncRequest) -> Callable[[Stubs, float], Awaitable[Any]]:
+    def call(stubs: Stubs, timeout: float) -> Awaitable[Any]:
+        return stubs.jobs.Sync(request, timeout=timeout)
+
+    return call
+
+
 def _state_name(state: int) -> str:
     return job_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()
 
@@ -800,8 +807,21 @@ class JobManager:
         assert active is not None
         if sender != active.coordinator:
             if active.participants.get(sender) != 0:
-                raise InvalidMessage(f"{sender[:40]!r} does not coordinate the job")
-            if self.host.member(active.coordinator) is not None and sender > active.coordinator:
+                member = self.host.member(sender)
+                orphan = not any(
+                    s == 0 and p not in active.departed and self.host.member(p) is not None
+                    for p, s in active.participants.items()
+                )
+                if not (orphan and member is not None and member.stage == 0):
+                    raise InvalidMessage(f"{sender[:40]!r} does not coordinate the job")
+                # Every holder had died: a stage-0 joiner took the job over (`_adopt`).
+                active.participants[sender] = 0
+                active.departed.discard(sender)
+                worker.undepart(sender)
+                worker.admit({sender: 0})
+            elif self.host.member(active.coordinator) is not None and (
+                sender > active.coordinator
+            ):
                 raise Refusal(
                     grpc.StatusCode.UNAVAILABLE,
                     f"{self.host.node_id} still sees {active.coordinator} coordinate the job",
@@ -879,7 +899,10 @@ class JobManager:
 
     def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply:
         worker = self._worker_for(request.job_id)
-        return worker.sync()
+        reply = worker.sync()
+        if self._active is not None:
+            reply.coordinator = self._active.coordinator
+        return reply
 
     def admit(self, request: job_pb2.AdmitRequest) -> job_pb2.AdmitReply:
         active, worker = self._participating(request.job_id, request.sender)
@@ -1062,7 +1085,10 @@ class JobManager:
                 return
             coordinator = host.member(record.coordinator)
             if coordinator is None:
-                # Its coordinator died: the next one's progress brings its name here.
+                # Its coordinator died: the next one's progress brings its name here, unless
+                # every data holder died, and this node is a holder that can take over.
+                if await self._adopt(job, module, stage):
+                    return
                 await asyncio.sleep(0.5)
                 continue
             ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage)
@@ -1120,12 +1146,83 @@ class JobManager:
             active.coordinator = reply.coordinator
             active.holders = tuple(reply.holders)
             active.started = active.last_iteration_end = time.monotonic()
-            worker.start(active.participants, active.holders, reply.round)
+            worker.start(active.participants, active.holders, None, reply.round)
             host.log.info("job %s: entered stage %d at iteration %d round %d", job.job_id,
                           stage, iteration, reply.round)
             return
         host.log.warning("job %s: could not enter within %.0f s", job.job_id,
                          host.config.prepare_timeout_s)
+
+    async def _adopt(self, job: Any, module: ModuleType, stage: int) -> bool:
+        """Every data holder of the running job died (the job waits, rule 5) and this joiner
+        is the first live stage-0 node: take stage 0's state from whichever node keeps the
+        last holder's backup, and coordinate the job from the iteration it is at."""
+        from gwtf.train.data import DataError
+        from gwtf.train.state import StateError
+
+        host = self.host
+        me = host.node_id
+        if stage != 0:
+            return False
+        # Two holders joining at once must not both take over: wait for gossip to show each
+        # other, leave it to the smallest id, and to one the participants follow already.
+        await asyncio.sleep(4 * host.config.heartbeat_s)
+        live = host.live_members()
+        if any(m.stage == 0 and m.id < me for m in live):
+            return False
+        request = job_pb2.SyncRequest(sender=me, job_id=job.job_id)
+        replies: dict[str, tuple[int, job_pb2.SyncReply]] = {}
+        for member in live:
+            try:
+                reply = await self.call(_sync_call(request), member,
+                                        host.config.rpc_timeout_s, attempts=1)
+            except RuntimeError:
+                continue
+            replies[member.id] = (member.stage, reply)
+        if not replies or any(s == 0 for s, _ in replies.values()):
+            return False  # nobody runs it here, or a holder still does
+        followed = {r.coordinator for _, r in replies.values()}
+        if any(c != me and host.member(c) is not None for c in followed):
+            return False  # another holder took it over: enter through it
+        top = max(r.iteration for _, r in replies.values())
+        state: tuple[int, bytes] | None = None
+        for member in sorted(live, key=lambda m: m.id):
+            try:
+                state = await self._fetch_from(member.id, job.job_id, 0)
+                break
+            except RuntimeError:
+                continue
+        if state is None or state[0] != top:
+            host.log.warning(
+                "job %s: every data holder died and no node keeps stage 0's state of iteration "
+                "%d; the job waits", job.job_id, top,
+            )
+            return False
+        try:
+            executor, corpus = await asyncio.to_thread(
+                module.StageWorker.build_from_state, job, 0, host.num_stages(),
+                host.memory_slots, state[1],
+            )
+        except (StateError, DataError) as err:
+            self.fail(job.job_id, f"{me} could not use stage 0's state: {err}")
+            return False
+        active = self._active
+        if active is None or active.job_id != job.job_id:
+            return False
+        worker = self._new_worker(module, job, executor, corpus)
+        participants = {node: s for node, (s, _) in replies.items()}
+        participants[me] = 0
+        round_ = max((r.round for _, r in replies.values() if r.iteration == top), default=0)
+        active.worker = worker
+        active.participants = participants
+        active.coordinator = me
+        active.last_iteration_end = time.monotonic()
+        worker.start(participants, (), None, round_)
+        host.log.warning("job %s: every data holder had died; %s takes stage 0 over from its "
+                         "backup of iteration %d", job.job_id, me, top)
+        self._records[job.job_id].joins += 1
+        await self._take_over(active, "")
+        return True
 
     async def drain(self) -> None:
         """A graceful leave: let the iteration in progress step here first, so that nothing
@@ -1315,8 +1412,12 @@ class JobManager:
                 and (p == me or self.host.member(p) is not None)
             )
             if not holders:
-                self.fail(active.job_id, f"every data holder of job {active.job_id} is gone: "
-                          "no node holds its data any more; submit it again", spread=False)
+                # Rule 5 for stage 0: the job waits until a holder joins, which takes the
+                # last holder's state from its backup and coordinates (`_adopt`).
+                progress.paused = ("stage 0 has no live node: the job waits for a data holder "
+                                   "to join")
+                self._record(progress)
+                self.host.log.warning("job %s paused: %s", active.job_id, progress.paused)
                 return
             active.coordinator = holders[0]
             self.host.log.warning("job %s: its coordinator %s %s; %s takes over",
@@ -1334,9 +1435,12 @@ class JobManager:
             return
         progress = self._records[active.job_id]
         progress.coordinator = self.host.node_id
+        progress.paused = ""
+        # The job's clock goes on from its progress (this node may have entered it late).
+        active.started = time.monotonic() - progress.elapsed_s
         if verb == "left":
             progress.leaves += 1
-        else:
+        elif verb:
             progress.crashes += 1
         active.coord = coord
         self.changed(active)

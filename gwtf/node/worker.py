@@ -529,9 +529,10 @@ class StageWorker:
 
     async def _inject(self, it: _Iteration) -> None:
         for m in it.mine:
-            await self._free.acquire()
+            free = self._free  # a restart replaces it: a slot goes back where it came from
+            await free.acquire()
             if not self._current(it):
-                self._free.release()
+                free.release()
                 return
             it.forwards[m] = ""
             it.paths[m] = (self.host.node_id,)
@@ -687,8 +688,9 @@ class StageWorker:
         it.forwards[m] = tag.sender
         if not self.is_last:
             acquired = False
+            free = self._free  # a restart replaces it: a slot goes back where it came from
             try:
-                await asyncio.wait_for(self._free.acquire(), deadline - time.monotonic())
+                await asyncio.wait_for(free.acquire(), deadline - time.monotonic())
                 acquired = True
             except TimeoutError:
                 raise _busy(f"no memory slot freed up for microbatch {m}") from None
@@ -696,8 +698,11 @@ class StageWorker:
                 if not acquired and it.forwards.get(m) == tag.sender:
                     del it.forwards[m]
             if not self._current(it):
-                self._free.release()
-                raise TensorError(f"iteration {tag.iteration} ended while microbatch waited")
+                free.release()
+                raise TensorError(
+                    f"iteration {tag.iteration} round {tag.round} is over here (it started "
+                    f"again while microbatch {m} waited for a slot)"
+                )
         mode = Mode(tag.mode)
         it.paths[m] = (*tag.path, self.host.node_id)
         it.modes[m] = mode
@@ -1049,9 +1054,10 @@ class StageWorker:
     ) -> None:
         """Stage 0 of a dead holder's microbatch, again, here: the token ids from this holder's
         copy of the data, forward recomputed, the gradient asked from `downstream`."""
-        await self._free.acquire()
+        free = self._free  # a restart replaces it: a slot goes back where it came from
+        await free.acquire()
         if not self._current(it) or m in it.forwards:
-            self._free.release()
+            free.release()
             return
         it.forwards[m] = ""
         it.paths[m] = (self.host.node_id,)

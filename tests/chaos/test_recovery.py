@@ -246,6 +246,32 @@ def test_the_last_node_of_a_stage_dies_and_the_job_resumes_when_one_joins(
     assert result.restarts == 0
 
 
+def test_every_data_holder_dies_and_a_joining_holder_takes_the_job_over(
+    swarm: LocalSwarm,
+) -> None:
+    # Stage 0 down to one holder (the coordinator), which keeps its state elsewhere after each
+    # step; SIGKILLed in iteration 2: no holder, no coordinator, the job waits. A holder that
+    # joins takes stage 0's state from the node that keeps it, coordinates and starts the
+    # iteration again.
+    holders = [p.id for p in swarm.live() if p.stage == 0]
+    for node in holders:
+        swarm.terminate(node)
+    for node in holders:
+        wait_for(lambda node=node: not swarm.procs[node].alive, 30, f"{node} to leave")
+    swarm.bootstrap = swarm.procs["z0"].address  # the first node, h0, is gone
+    lone = armed(swarm, "h6", 0, "crash-in:forward:iteration=2")
+    job = job_for("no-holder")
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: "stage 0 has no live node" in client.progress(job_id).paused, WAIT_S,
+             "the job to wait for a data holder")
+    died(lone)
+    swarm.join("h7", 0, 0.07)
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    assert_equals_reference(result, job)
+    assert result.coordinator == "h7" and result.joins >= 1 and result.restarts == 1
+
+
 def test_the_logs_hold_no_traceback(swarm: LocalSwarm) -> None:
     for proc in swarm.procs.values():
         text = proc.log.read_text()
