@@ -102,6 +102,16 @@ def _address(text: str) -> str:
     return text
 
 
+def _host(text: str) -> str:
+    """A host name or IP address, without a port."""
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if not bare or not bare.isprintable() or any(c in bare for c in " /@") or len(bare) > 253:
+        raise argparse.ArgumentTypeError(f"expected a host name or IP address, got {text!r}")
+    if ":" in bare and bare.count(":") < 2:
+        raise argparse.ArgumentTypeError(f"expected a host without a port, got {text!r}")
+    return bare
+
+
 def _node(args: argparse.Namespace) -> int:
     from gwtf.node.cli import run_node
 
@@ -152,7 +162,11 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--port", type=_port, default=0, metavar="P",
                       help="port to listen on (default 0: a free one, printed)")
     node.add_argument("--host", default="127.0.0.1", metavar="HOST",
-                      help="address to listen on (default 127.0.0.1)")
+                      help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
+    node.add_argument("--advertise", type=_host, metavar="HOST",
+                      help="the address peers reach this node at, when it is not --host (a "
+                      "public IP or DNS name; default: --host, or the machine's host name "
+                      "when --host is 0.0.0.0)")
     node.add_argument("--bootstrap", type=_address, nargs="+", action="extend", metavar="HOST:PORT",
                       help="members to join through (none: create a new swarm)")
     node.add_argument("--id", metavar="NAME", help="node id, unique in the swarm "

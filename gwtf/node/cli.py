@@ -88,6 +88,7 @@ def run_node(args: argparse.Namespace) -> int:
     settings = NodeSettings(
         stage=args.stage,
         host=args.host,
+        advertise=args.advertise,
         port=args.port,
         node_id=args.id,
         bootstrap=tuple(args.bootstrap or ()),

@@ -104,6 +104,9 @@ class NodeSettings:
     stage: int
     host: str = "127.0.0.1"
     port: int = 0
+    advertise: str | None = None
+    """The host peers reach this node at (behind NAT or a wildcard `host`); None: `host`, or the
+    machine's host name when `host` is a wildcard."""
     node_id: str | None = None
     """Default: the address it listens on, HOST:PORT (unique in a swarm)."""
     bootstrap: tuple[str, ...] = ()
@@ -149,10 +152,15 @@ class _Stats:
     started: float = field(default_factory=time.monotonic)
 
 
-def _advertised(host: str) -> str:
-    if host in ("", "0.0.0.0", "::", "[::]"):
-        return socket.gethostname()
-    return host
+def _advertised(host: str, advertise: str | None, port: int) -> str:
+    """HOST:PORT that peers dial (an IPv6 literal in brackets)."""
+    if advertise:
+        host = advertise
+    elif host in ("", "0.0.0.0", "::", "[::]"):
+        host = socket.gethostname()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
 
 
 class Node:
@@ -236,7 +244,7 @@ class Node:
         await server.start()
         self._server = server
         self.port = port
-        self.address = f"{_advertised(host)}:{port}"
+        self.address = _advertised(host, self.settings.advertise, port)
         if not self.node_id:
             self.node_id = self.address
         self.log = logging.LoggerAdapter(

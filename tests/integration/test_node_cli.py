@@ -235,3 +235,31 @@ def test_launch_refuses_a_trace_it_cannot_replay(tmp_path: Path) -> None:
     trace.write_text("time_s,event,node\n1.0,crash,nobody\n")
     result = gwtf("launch", "--nodes", "2", "--stages", "2", "--churn", str(trace))
     one_line_error(result, 2, "nobody", "not alive")
+
+
+def test_advertised_address_is_what_peers_dial(tmp_path: Path) -> None:
+    # A node behind NAT or on a wildcard address tells peers where to reach it. Here: listen on
+    # 127.0.0.1 but advertise the name `localhost`; a joiner dials that name and both see a swarm
+    # of two at the advertised addresses.
+    with LocalSwarm(tmp_path) as swarm:
+        first = swarm.spawn("a", 0, 0.1, "--stages", "2", "--advertise", "localhost")
+        swarm.wait_listening(first)
+        assert first.address.startswith("localhost:"), first.address
+        swarm.bootstrap = first.address
+        second = swarm.join("b", 1, 0.1, "--advertise", "localhost")
+        assert second.address.startswith("localhost:"), second.address
+
+        def both_alive() -> dict[str, str] | None:
+            view = swarm.status("b")
+            members = {m["id"]: m["address"] for m in (view or {}).get("members", [])
+                       if m["alive"]}  # fmt: skip
+            return members if len(members) == 2 else None
+
+        members = wait_for(both_alive, 30, "two members at advertised addresses")
+        assert members == {"a": first.address, "b": second.address}
+
+
+def test_advertise_must_be_a_bare_host() -> None:
+    for bad in ("host:7000", "a b", ""):
+        result = gwtf("node", "--stage", "0", "--stages", "2", "--advertise", bad)
+        one_line_error(result, 2, "--advertise")
