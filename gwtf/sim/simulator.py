@@ -901,6 +901,13 @@ class Simulation:
                     else Rule.DROP if s == 0 else Rule.RESEND)
             if rule == Rule.RECOMPUTE and s == self.S - 1:
                 rule = Rule.RESEND
+            if rule == Rule.DROP and self._held_downstream(mb):
+                # Its stage-0 work was being redone (a holder took over a dead holder's forward
+                # or gradient sum) when that holder died too: the microbatch left a holder
+                # long ago, later stages keep it, so rule 4 does not apply. Another holder
+                # redoes the forward from the tokens (they depend only on the job, the
+                # iteration and the id) and takes the gradient that comes back.
+                rule = Rule.RECOMPUTE
             self.recoveries["orphan"] += 1
             if rule == Rule.DROP:
                 if swarm:
