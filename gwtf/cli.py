@@ -441,11 +441,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nodes", type=_positive_int, metavar="N", help="nodes (default 8)")
     demo.add_argument("--stages", type=_positive_int, metavar="S", help="stages (default 3)")
     demo.add_argument("--iterations", type=_positive_int, metavar="K",
-                      help="iterations to train (default 30)")
+                      help="iterations to train (default 60)")
     demo.add_argument("--job", default="tiny-gpt", metavar="JOB",
                       help="preset or TOML job file (default tiny-gpt)")
     demo.add_argument("--churn-every", type=float, metavar="S",
-                      help="kill a node every S seconds (default 20; --quick 3; 0: never)")
+                      help="kill a node every S seconds (default 8; --quick 3; 0: never)")
     demo.add_argument("--rejoin-after", type=_positive_float, default=4.0, metavar="S",
                       help="a new node joins the stage S seconds after each kill (default 4)")
     demo.add_argument("--kill-holders", action="store_true",

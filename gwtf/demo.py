@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import random
 import signal
@@ -42,6 +43,7 @@ __all__ = ["DemoPlan", "run_demo"]
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+RATE_WINDOW_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,7 @@ def plan_from_args(args: argparse.Namespace) -> DemoPlan:
     if args.quick:
         nodes, stages, iterations, every = 6, 3, 10, 3.0
     else:
-        nodes, stages, iterations, every = 8, 3, 30, 20.0
+        nodes, stages, iterations, every = 8, 3, 60, 8.0
     return DemoPlan(
         nodes=args.nodes or nodes,
         stages=args.stages or stages,
@@ -74,7 +76,8 @@ class _Timeline:
 
     def __init__(self) -> None:
         self.start = time.monotonic()
-        self.samples: list[tuple[float, int, int, float]] = []  # t, alive, trained, flow value
+        # t, alive, trained, flow value (nan while the routing has not converged)
+        self.samples: list[tuple[float, int, int, float]] = []
         self.events: list[tuple[float, str, str]] = []  # t, kind, node
 
     def now(self) -> float:
@@ -292,8 +295,8 @@ def _follow(
                     continue
                 watch.update(view)
                 alive = sum(1 for m in view["members"] if m["alive"])
-                timeline.samples.append((t, alive, progress.microbatches_trained,
-                                         view["flow_value"]))  # fmt: skip
+                flow = view["flow_value"] if view["converged"] else math.nan
+                timeline.samples.append((t, alive, progress.microbatches_trained, flow))
                 try:
                     progress = type(client)(address).progress(job_id)
                 except ClientError as err:  # the asked node may die the next moment
@@ -358,6 +361,7 @@ def _plots(out: Path, summary: dict[str, Any], timeline: _Timeline) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (loss_ax, thr_ax, alive_ax) = plt.subplots(3, 1, figsize=(8, 9))
     loss_ax.plot(range(1, len(summary["loss"]) + 1), summary["loss"], "o-", label="swarm")
@@ -370,15 +374,25 @@ def _plots(out: Path, summary: dict[str, Any], timeline: _Timeline) -> None:
     if timeline.samples:
         t = [s[0] for s in timeline.samples]
         trained = [s[2] for s in timeline.samples]
-        rate = [0.0]
-        for i in range(1, len(t)):
-            rate.append((trained[i] - trained[i - 1]) / max(t[i] - t[i - 1], 1e-9))
-        thr_ax.plot(t, rate, label="microbatches/s trained")
-        thr_ax.plot(t, [s[3] for s in timeline.samples], label="flow value (routing)")
+        # Microbatches count as trained when their iteration commits, in steps of a whole
+        # iteration: a rate over a window of RATE_WINDOW_S seconds reads better than per sample.
+        rate, first = [], 0
+        for i in range(len(t)):
+            while t[i] - t[first] > RATE_WINDOW_S:
+                first += 1
+            span = t[i] - t[first]
+            rate.append((trained[i] - trained[first]) / span if span > 0 else 0.0)
+        thr_ax.plot(t, rate, label=f"trained (microbatches/s over {RATE_WINDOW_S:g} s)")
+        # Only while every node's flows have converged: in between, the flows of a scaling
+        # phase are not a feasible routing yet and their sum means nothing.
+        thr_ax.plot(t, [s[3] for s in timeline.samples], "o", markersize=3,
+                    label="flow value of the converged routing")  # fmt: skip
         thr_ax.set_ylabel("microbatches/s")
-        thr_ax.legend()
+        thr_ax.set_ylim(bottom=0)
+        thr_ax.legend(fontsize="small")
         alive_ax.step(t, [s[1] for s in timeline.samples], where="post")
         alive_ax.set_ylabel("live nodes")
+        alive_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (thr_ax, alive_ax):
         for at, kind, _ in timeline.events:
             ax.axvline(at, color="red" if kind == "crash" else "green", alpha=0.4)
