@@ -194,3 +194,62 @@ def test_job_metrics_and_event_logs_match_the_job_that_ran(tmp_path: Path) -> No
     assert [r["iteration"] for r in committed] == list(range(iterations))
     # At the default level a job with no crash logs nothing per microbatch.
     assert not [r for r in records("h1") if "microbatch" in r and r["level"] in ("debug", "info")]
+
+
+def test_a_crash_shows_in_the_job_metrics_and_event_logs(tmp_path: Path) -> None:
+    """A last-stage node dies in a forward: the holder's reroutes are the job's, every survivor
+    counts the crash, and the reroute's log line names its iteration and microbatch."""
+    job = dataclasses.replace(PRESETS["tiny-gpt"], name="observe-crash", iterations=3)
+    observed = ("--metrics-port", "0", "--log-json")
+    with LocalSwarm(tmp_path, train=True, heartbeat_s=0.25, failure_timeout_s=3.0) as swarm:
+        first = swarm.spawn("h0", 0, 0.05, "--stages", "2", *observed)
+        swarm.wait_listening(first)
+        swarm.bootstrap = first.address
+        relay = swarm.spawn("z0", 1, 0.05, *observed)
+        victim = swarm.spawn("z1", 1, 0.05, "--fault", "crash-in:forward:iteration=1")
+        swarm.wait_listening(relay, victim)
+        urls = {p.id: metrics_url(p) for p in (first, relay)}
+
+        def formed() -> bool:
+            for node in ("h0", "z0", "z1"):
+                view = swarm.status(node, swarm=False)
+                if view is None or sum(m["alive"] for m in view["members"]) != 3:
+                    return False
+            return True
+
+        wait_for(formed, TIMEOUT_S, "every node to know every member")
+        client = GwtfClient(first.address)
+        result = client.wait(client.submit(job), timeout_s=120)
+        assert victim.popen.poll() == -9
+        scraped = {node: scrape(url) for node, url in urls.items()}
+    assert result.state == "completed", result.error
+    assert result.crashes == 1 and result.rerouted_microbatches >= 1 and result.restarts == 0
+    job_id = result.job_id
+    h0, z0 = scraped["h0"], scraped["z0"]
+    # The only holder resent every microbatch the coordinator planned to recover (rule 1).
+    assert total(h0, "gwtf_job_reroutes_total", job=job_id, rule="resend") == (
+        result.rerouted_microbatches
+    )
+    assert total(h0, "gwtf_job_reroutes_total", job=job_id) == result.rerouted_microbatches
+    for samples in (h0, z0):
+        assert total(samples, "gwtf_job_participants_down_total", job=job_id, how="crashed") == 1
+        assert total(samples, "gwtf_job_iterations_committed_total", job=job_id) == 3
+        assert total(samples, "gwtf_crashes_detected_total") >= 1
+
+    def records(node: str) -> list[dict[str, Any]]:
+        lines = swarm.procs[node].log.read_text().splitlines()
+        return [json.loads(x) for x in lines if x.startswith("{")]
+
+    holder = records("h0")
+    rerouted = [r for r in holder if "rerouted from dead z1" in r["message"]]
+    assert len(rerouted) == result.rerouted_microbatches
+    assert all(r["level"] == "info" and r["job"] == job_id and r["iteration"] == 1
+               and isinstance(r["microbatch"], int) for r in rerouted)  # fmt: skip
+    recovery = [r for r in holder if "recovery of z1" in r["message"]]
+    assert recovery and recovery[0]["iteration"] == 1 and "microbatch" not in recovery[0]
+    # The coordinator hears of it in iteration 1 (which waits for the dead node's work); z0
+    # may hear a heartbeat later, after iteration 1 committed.
+    for node, iterations in (("h0", {1}), ("z0", {1, 2})):
+        down = [r for r in records(node) if "participant z1 (stage 1) crashed" in r["message"]]
+        assert len(down) == 1 and down[0]["job"] == job_id, (node, down)
+        assert down[0]["iteration"] in iterations, (node, down)
