@@ -37,6 +37,7 @@ from gwtf.node.iterations import (
     StepOrder,
 )
 from gwtf.node.membership import MemberInfo
+from gwtf.node.observe import job_event
 from gwtf.node.transport import Stubs
 from gwtf.recovery import CrashPlan, Evidence, NeighbourReport, Rule, plan_crash
 from gwtf.v1 import job_pb2
@@ -346,6 +347,7 @@ class JobCoordinator:
             "%d replayed, %d dropped (from %d neighbour reports)", self.job_id, iteration, dead,
             stage, fresh.count(Rule.RESEND), fresh.count(Rule.RECOMPUTE),
             fresh.count(Rule.REPLAY), len(dropped), len(reports),
+            extra=job_event(self.job_id, iteration),
         )
         self.manager.changed(self.active)
         for recovery in recoveries:
@@ -413,7 +415,7 @@ class JobCoordinator:
         progress.dropped.extend(kept)
         progress.dropped_microbatches -= undone
         self.log.warning("job %s iteration %d starts again as round %d: %s", self.job_id,
-                         iteration, round_, reason)
+                         iteration, round_, reason, extra=job_event(self.job_id, iteration))
         self.manager.changed(self.active)
         request = job_pb2.RestartRequest(
             sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,

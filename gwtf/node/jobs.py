@@ -61,6 +61,7 @@ from gwtf.node.iterations import (
 )
 from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.membership import MemberInfo
+from gwtf.node.observe import JobMetrics, job_event
 from gwtf.node.server import Refusal
 from gwtf.node.transport import Stubs
 from gwtf.node.wrr import next_hop_weights
@@ -197,6 +198,8 @@ class JobManager:
         """(job, stage) -> (iteration, state) of a lone replica, kept for a joiner."""
         self._spread_pending = False
         self._joining = False
+        self.metrics = JobMetrics()
+        """The job runtime's Prometheus families (the node serves them with its own)."""
 
     # ================================================================== lazy torch
 
@@ -729,6 +732,7 @@ class JobManager:
             "job %s iteration %d/%d committed: loss %.4f, %d microbatches, %.2f s",
             active.job_id, outcome.iteration + 1, active.job.iterations, outcome.loss,
             outcome.microbatches, progress.iteration_s[-1],
+            extra=job_event(active.job_id, outcome.iteration),
         )
         if outcome.final:
             from gwtf.train.state import checksum_of_digests
@@ -1393,6 +1397,13 @@ class JobManager:
         if worker is not None:
             worker.depart(member.id)
         stage = active.participants[member.id]
+        how = "left" if verb == "left" else "crashed"
+        self.metrics.count("gwtf_job_participants_down", active.job_id, how)
+        iteration = worker.iteration if worker is not None else progress.iterations_completed
+        self.host.log.info(
+            "job %s it %d: participant %s (stage %d) %s; no microbatch goes to it", active.job_id,
+            iteration, member.id, stage, how, extra=job_event(active.job_id, iteration),
+        )
         if active.coord is not None:
             if verb == "left":
                 progress.leaves += 1
@@ -1496,6 +1507,7 @@ class _WorkerHost:
         self._data_stubs: dict[str, Any] = {}
         self.node_id = manager.host.node_id
         self.log = manager.host.log
+        self.metrics = manager.metrics
 
     def member(self, node_id: str) -> MemberInfo | None:
         return self._host.member(node_id)

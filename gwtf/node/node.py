@@ -67,7 +67,7 @@ from gwtf.node.faults import Fault
 from gwtf.node.jobs import JobManager
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
-from gwtf.node.observe import NodeMetrics
+from gwtf.node.observe import NodeLog, NodeMetrics
 from gwtf.node.phases import Command, PhaseReportData
 from gwtf.node.prober import LinkProber
 from gwtf.node.security import Credentials, TokenServerInterceptor, add_port
@@ -176,7 +176,7 @@ class Node:
         self.settings = settings
         self.config = config
         self._clock = clock
-        self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
+        self.log: logging.LoggerAdapter[logging.Logger] = NodeLog(
             LOG, {"node": settings.node_id or "-", "stage": settings.stage}
         )
         self._wan: WanEmulator | None = None
@@ -206,6 +206,7 @@ class Node:
         self._stats = _Stats()
         self._rng: np.random.Generator | None = None
         self.jobs = JobManager(self)
+        self.metrics.add_source(self.jobs.metrics.collect)
 
     # ================================================================== lifecycle
 
@@ -247,7 +248,7 @@ class Node:
         self.address = _advertised(host, self.settings.advertise, port)
         if not self.node_id:
             self.node_id = self.address
-        self.log = logging.LoggerAdapter(
+        self.log = NodeLog(
             LOG, {"node": self.node_id, "stage": self.settings.stage}
         )
         self._pool = ChannelPool(

@@ -87,6 +87,7 @@ from gwtf.node.iterations import (
     assign,
 )
 from gwtf.node.membership import MemberInfo
+from gwtf.node.observe import JobMetrics, job_event
 from gwtf.node.server import Refusal
 from gwtf.node.tensors import DataPlaneStub, MicrobatchTag, TensorError, TensorSpec, send
 from gwtf.node.wrr import SmoothRoundRobin
@@ -116,6 +117,8 @@ FORWARD_SHARE = 1 / 3
 
 # Compute priorities: lower runs first.
 _COMMIT, _BACKWARD, _FORWARD, _INJECT = 0, 1, 2, 3
+_KIND = {_COMMIT: "commit", _BACKWARD: "backward", _FORWARD: "forward", _INJECT: "forward"}
+"""The `kind` label of gwtf_job_compute_seconds per priority (the last stage's forward: loss)."""
 # gRPC codes of a peer that will refuse a resend too: a bug or a mismatch, never a transient.
 _FINAL_CODES = (
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -167,6 +170,7 @@ class WorkerHost(Protocol):
 
     node_id: str
     log: logging.LoggerAdapter[logging.Logger]
+    metrics: JobMetrics
 
     def member(self, node_id: str) -> MemberInfo | None:
         """The live member with this id (None: dead, left or unknown)."""
@@ -334,6 +338,9 @@ class StageWorker:
         self._shapes = {name: tuple(p.shape) for name, p in executor.parameters().items()}
         self._numel = sum(p.numel() for p in executor.parameters().values())
         self._grad_dtype = torch.float64 if job.grad_accum == "float64" else torch.float32
+        self._metrics = host.metrics
+        self._metrics.start(self.job_id)
+        self._metrics.set("gwtf_job_iteration", self.job_id, executor.iteration)
         self._tasks.add(asyncio.get_running_loop().create_task(self._compute_loop()))
 
     # ------------------------------------------------------------------ building
@@ -428,6 +435,7 @@ class StageWorker:
         while not self._queue.empty():
             *_, future, _ = self._queue.get_nowait()
             future.cancel()
+        self._metrics.set("gwtf_job_queue_depth", self.job_id, 0)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str, it: _Iteration | None = None
@@ -477,6 +485,7 @@ class StageWorker:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._seq += 1
         self._queue.put_nowait((priority, self._seq, work, emulate_s, future, it))
+        self._metrics.set("gwtf_job_queue_depth", self.job_id, self._queue.qsize())
         result = await future
         if it is not None and not self._current(it):
             raise _Stale
@@ -485,7 +494,8 @@ class StageWorker:
     async def _compute_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            _, _, work, emulate_s, future, it = await self._queue.get()
+            priority, _, work, emulate_s, future, it = await self._queue.get()
+            self._metrics.set("gwtf_job_queue_depth", self.job_id, self._queue.qsize())
             if future.cancelled():
                 continue
             if it is not None and it is not self._it:
@@ -501,7 +511,10 @@ class StageWorker:
             rest = emulate_s - (loop.time() - start)
             if rest > 0:
                 await asyncio.sleep(rest)
-            self.busy_s += loop.time() - start
+            took = loop.time() - start
+            self.busy_s += took
+            kind = "loss" if self.is_last and priority == _FORWARD else _KIND[priority]
+            self._metrics.observe("gwtf_job_compute_seconds", self.job_id, took, kind)
             if not future.cancelled():
                 future.set_result(result)
 
@@ -565,6 +578,7 @@ class StageWorker:
             self._fail(f"{self.host.node_id} could not run microbatch {key}: {err}")
             return
         it.fwd_done[m].set()
+        self._forward_done(it, m, mode)
         tensors = {"activation": output, "labels": labels}
         if mode == Mode.FORWARD:
             await self._send_forward(it, m, tensors)
@@ -672,6 +686,7 @@ class StageWorker:
             await self._take_forward(it, tag, tensors, deadline)
         else:
             self._take_backward(it, tag, tensors["gradient"])
+        self._count_data("received", tag.direction, tensors)
 
     async def _take_forward(
         self, it: _Iteration, tag: MicrobatchTag, tensors: dict[str, Tensor], deadline: float
@@ -762,6 +777,7 @@ class StageWorker:
         except ExecutorError as err:
             self._fail(f"{self.host.node_id} could not run microbatch {key}: {err}")
             return
+        self._forward_done(it, m, mode)
         if self.is_last:
             assert result.loss is not None and result.grad_input is not None
             it.losses[m] = result.loss
@@ -807,6 +823,10 @@ class StageWorker:
             if self._current(it):
                 self._free.release()
         self.ledger.accumulated(m)
+        self.host.log.debug(
+            "job %s it %d mb %d: backward done at stage %d", self.job_id, it.number, m,
+            self.stage, extra=job_event(self.job_id, it.number, m),
+        )
         self._hit("after-backward", key.iteration, m)
         if it.modes.get(m) == Mode.REPLAY:
             self._replayed(it, m)
@@ -818,10 +838,26 @@ class StageWorker:
         it.finished.add(m)
         self.host.report_done(self.job_id, it.number, it.round, (m,))
 
+    def _forward_done(self, it: _Iteration, m: int, mode: Mode) -> None:
+        self.host.log.debug(
+            "job %s it %d mb %d: forward%s done at stage %d (%s)", self.job_id, it.number, m,
+            " and backward" if self.is_last else "", self.stage, mode.name.lower(),
+            extra=job_event(self.job_id, it.number, m),
+        )
+        if mode == Mode.RECOMPUTE:
+            self._metrics.count("gwtf_job_replays", self.job_id, "recompute")
+
+    def _count_data(self, verb: str, direction: str, tensors: Mapping[str, Tensor]) -> None:
+        """A microbatch `verb` (sent, received) on the data plane, and its payload bytes."""
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        self._metrics.count(f"gwtf_job_microbatches_{verb}", self.job_id, direction)
+        self._metrics.count(f"gwtf_job_bytes_{verb}", self.job_id, direction, nbytes)
+
     def _replayed(self, it: _Iteration, m: int) -> None:
+        self._metrics.count("gwtf_job_replays", self.job_id, "replay")
         self.host.log.info(
             "job %s it %d mb %d: replayed stage %d here (rule 3)", self.job_id, it.number, m,
-            self.stage,
+            self.stage, extra=job_event(self.job_id, it.number, m),
         )
         self.host.report_replayed(self.job_id, it.number, it.round, m, self.stage)
 
@@ -864,6 +900,7 @@ class StageWorker:
                     self.host.log.warning(
                         "job %s it %d mb %d: stage %d has no live node; the recovery waits for "
                         "one to join (rule 5)", self.job_id, it.number, m, self.stage + 1,
+                        extra=job_event(self.job_id, it.number, m),
                     )
                     waited = True
                 await asyncio.sleep(self._backoff(attempt))
@@ -878,9 +915,12 @@ class StageWorker:
             if outcome == _SENT:
                 if mode != Mode.FORWARD or dead:
                     self.rerouted += 1
+                    rule = Rule(int(mode) + 1 if mode else 1).name
+                    self._metrics.count("gwtf_job_reroutes", self.job_id, rule.lower())
                     self.host.log.info(
                         "job %s it %d mb %d: rerouted from dead %s to %s (%s)", self.job_id,
-                        it.number, m, dead, target, Rule(int(mode) + 1 if mode else 1).name,
+                        it.number, m, dead, target, rule,
+                        extra=job_event(self.job_id, it.number, m),
                     )
                 return
             if outcome == _GIVE_UP or self.ledger.activation_receiver(m) != target:
@@ -981,6 +1021,7 @@ class StageWorker:
             self.host.log.warning(
                 "job %s it %d mb %d: %s to %s failed (%s), attempt %d",
                 self.job_id, it.number, m, direction, target, err.code().name, attempt + 1,
+                extra=job_event(self.job_id, it.number, m),
             )
             if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 return _BUSY
@@ -988,6 +1029,7 @@ class StageWorker:
         except TensorError as err:
             self._fail(f"microbatch {m} of iteration {it.number} could not be sent: {err}")
             return _GIVE_UP
+        self._count_data("sent", direction, tensors)
         return _SENT
 
     # ------------------------------------------------------------------ recovery
@@ -1065,9 +1107,11 @@ class StageWorker:
         it.fwd_done[m] = asyncio.Event()
         self.ledger.activation_sent(m, downstream)
         self.rerouted += 1
+        self._metrics.count("gwtf_job_reroutes", self.job_id, Rule(int(mode) + 1).name.lower())
         self.host.log.info(
             "job %s it %d mb %d: stage 0 of dead %s's microbatch is recovered here (%s)",
             self.job_id, it.number, m, dead, mode.name.lower(),
+            extra=job_event(self.job_id, it.number, m),
         )
         self._spawn(self._redirect(it, m, downstream, mode), f"redirect {m}", it)
         await self._own_forward(it, m)
@@ -1093,6 +1137,7 @@ class StageWorker:
                     self.host.log.warning(
                         "job %s it %d mb %d: %s refused the redirect: %s", self.job_id,
                         it.number, m, downstream, err.details(),
+                        extra=job_event(self.job_id, it.number, m),
                     )
                     return
             await asyncio.sleep(self._backoff(attempt))
@@ -1140,8 +1185,10 @@ class StageWorker:
     def _abandon(self, old: _Iteration, round_: int, holders: tuple[str, ...],
                  weights: Mapping[str, int] | None) -> None:
         self.host.log.warning(
-            "job %s iteration %d starts again as round %d", self.job_id, old.number, round_
+            "job %s iteration %d starts again as round %d", self.job_id, old.number, round_,
+            extra=job_event(self.job_id, old.number),
         )
+        self._metrics.count("gwtf_job_restarts", self.job_id)
         compute = self.executor.stats.compute_s
         self._abandoned_s += compute - self._round_start_s
         self._round_start_s = compute
@@ -1197,6 +1244,8 @@ class StageWorker:
                 f"{header.sender} sent two contributions for iteration {header.iteration} "
                 f"attempt {header.attempt}"
             )
+        self._metrics.count("gwtf_job_bytes_received", self.job_id, "gradient_sums",
+                            flat.numel() * flat.element_size())
         store[header.sender] = GradContribution(
             node_id=header.sender,
             stage=self.stage,
@@ -1213,7 +1262,8 @@ class StageWorker:
         self._spawn(self._prepare(order), f"prepare {order.iteration}/{order.attempt}")
 
     async def _prepare(self, order: CommitOrder) -> None:
-        deadline = time.monotonic() + self.config.commit_timeout_s
+        began = time.monotonic()
+        deadline = began + self.config.commit_timeout_s
         try:
             await asyncio.wait_for(self._started.wait(), self.config.commit_timeout_s)
             await self._reach(order.iteration, order.round, deadline)
@@ -1270,6 +1320,8 @@ class StageWorker:
         got = self._sums.get(key, {})
         it.prepared = (order, [mine, *(got[p] for p in peers)])
         compute_s, replayed_s = self.compute_delta()
+        self._metrics.observe("gwtf_job_commit_seconds", self.job_id, time.monotonic() - began,
+                              "prepare")
         self.host.report_prepared(self.job_id, PreparedReport(
             sender=me,
             iteration=it.number,
@@ -1301,6 +1353,7 @@ class StageWorker:
                 await self.host.job_stub(member).Contribute(
                     encode(header, flat), timeout=max(0.001, deadline - time.monotonic())
                 )
+                self._metrics.count("gwtf_job_bytes_sent", self.job_id, "gradient_sums", nbytes)
                 return True
             except aio.AioRpcError as err:
                 if err.code() in _FINAL_CODES:
@@ -1329,6 +1382,7 @@ class StageWorker:
         self, it: _Iteration, order: StepOrder, commit: CommitOrder,
         contributions: list[GradContribution],
     ) -> None:
+        began = time.monotonic()
         expected = commit.microbatches
         me = self.host.node_id
         alone = not any(
@@ -1357,6 +1411,7 @@ class StageWorker:
             )
             return
         self.last_step = LastStep(order.iteration, order.loss, order.trained, order.dropped)
+        self._observe_step(order, time.monotonic() - began)
         report = CommittedReport(
             sender=me,
             iteration=it.number,
@@ -1369,6 +1424,15 @@ class StageWorker:
             await self.host.keep_backup(self.job_id, self.stage, order.iteration + 1, state)
         self._advance(order)
         self.host.report_committed(self.job_id, report)
+
+    def _observe_step(self, order: StepOrder, seconds: float) -> None:
+        job, metrics = self.job_id, self._metrics
+        metrics.observe("gwtf_job_commit_seconds", job, seconds, "step")
+        metrics.count("gwtf_job_iterations_committed", job)
+        metrics.count("gwtf_job_microbatches_trained", job, by=order.trained)
+        metrics.count("gwtf_job_dropped_microbatches", job, by=len(order.dropped))
+        metrics.set("gwtf_job_loss", job, order.loss)
+        metrics.set("gwtf_job_iteration", job, order.iteration + 1)
 
     def _advance(self, order: StepOrder) -> None:
         number = order.iteration + 1
