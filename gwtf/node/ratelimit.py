@@ -49,9 +49,11 @@ __all__ = [
 
 DEFAULT_RATE = 1000.0
 """Calls per second per peer. A node's own traffic to one peer is tens of calls per second
-(gossip, probes, flow exchanges, microbatches); a `gwtf status --watch` one per second. A
-thousand is far above any of them and far below what floods a node's event loop (a few
-thousand cheap calls per second on one core)."""
+(gossip, probes, flow exchanges, microbatches), more while the flows converge: an 8-node,
+4-stage local swarm converging from a cold start was refused some calls at a limit of 20 per
+second (and took twice as long to settle), none at 100. A thousand leaves ten times that, and
+is below what floods a node's event loop (one node answers one to two thousand cheap calls
+per second on this 2-core machine: `python -m benchmarks load`)."""
 BURST_S = 2.0
 """A bucket holds this many seconds of calls: a peer that was stalled (a loaded machine, a
 garbage collection) may catch up at once."""
