@@ -84,6 +84,14 @@ class NodeProcess:
     def alive(self) -> bool:
         return self._popen.poll() is None
 
+    def cpu_s(self) -> float:
+        """CPU seconds the node has used (user + system), from /proc; NaN elsewhere."""
+        try:
+            fields = Path(f"/proc/{self._popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def close(self) -> None:
         if self.alive:
             self._popen.send_signal(signal.SIGTERM)
@@ -110,6 +118,8 @@ class Window:
     failed: dict[str, int] = field(default_factory=dict)
     latency_s: list[float] = field(default_factory=list)
     refusal_s: list[float] = field(default_factory=list)
+    node_cpu: float = float("nan")  # cores the node used over the window
+    client_cpu: float = float("nan")  # cores this (client) process used
 
     @property
     def lost(self) -> int:
@@ -160,11 +170,17 @@ async def _drive(client: Client, window: Window, deadline: float) -> None:
             window.failed["wrong reply"] = window.failed.get("wrong reply", 0) + 1
 
 
-async def measure(clients: list[Client], kind: str, seconds: float) -> Window:
+async def measure(
+    clients: list[Client], kind: str, seconds: float, node_cpu: Callable[[], float]
+) -> Window:
     window = Window(kind, len(clients), seconds)
-    deadline = time.perf_counter() + seconds
+    cpu0, mine0, start = node_cpu(), time.process_time(), time.perf_counter()
+    deadline = start + seconds
     tasks = [asyncio.ensure_future(_drive(c, window, deadline)) for c in clients]
     _, pending = await asyncio.wait(tasks, timeout=seconds + DRAIN_S)
+    elapsed = time.perf_counter() - start
+    window.node_cpu = (node_cpu() - cpu0) / elapsed
+    window.client_cpu = (time.process_time() - mine0) / elapsed
     for task in pending:  # its call in flight stays unaccounted for: lost
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
@@ -172,16 +188,16 @@ async def measure(clients: list[Client], kind: str, seconds: float) -> Window:
 
 
 async def _capacity(
-    address: str, seconds: float, rounds: int, log: Callable[[str], None]
+    node: NodeProcess, seconds: float, rounds: int, log: Callable[[str], None]
 ) -> list[Window]:
-    clients = [Client(address) for _ in range(max(LEVELS))]
+    clients = [Client(node.address) for _ in range(max(LEVELS))]
     try:
         await asyncio.gather(*(c.call("health") for c in clients))  # connect every channel
         found = []
         for rnd in range(rounds):
             for level in LEVELS:
                 for kind in KINDS:
-                    window = await measure(clients[:level], kind, seconds)
+                    window = await measure(clients[:level], kind, seconds, node.cpu_s)
                     found.append(window)
                     log(f"round {rnd + 1}/{rounds}, {level} clients, {kind}: "
                         f"{window.rate:.0f} calls/s, {window.refused} refused, "
@@ -192,13 +208,13 @@ async def _capacity(
             await c.channel.close()
 
 
-async def _limited(address: str, seconds: float) -> Window:
-    clients = [Client(address) for _ in range(LIMITED_CLIENTS)]
+async def _limited(node: NodeProcess, seconds: float) -> Window:
+    clients = [Client(node.address) for _ in range(LIMITED_CLIENTS)]
     try:
         for c in clients:  # connect, one call at a time: within the burst
             await c.call("health")
         await asyncio.sleep(2.5)  # the bucket refills
-        return await measure(clients, "health", seconds)
+        return await measure(clients, "health", seconds, node.cpu_s)
     finally:
         for c in clients:
             await c.channel.close()
@@ -210,14 +226,14 @@ def collect(quick: bool, log: Callable[[str], None]) -> tuple[list[Window], Wind
         node = NodeProcess(Path(folder) / "node.log", "--rate-limit", "0")
         try:
             log(f"node at {node.address}, no rate limit")
-            windows = uvloop.run(_capacity(node.address, seconds, rounds, log))
+            windows = uvloop.run(_capacity(node, seconds, rounds, log))
             up = node.alive
         finally:
             node.close()
         node = NodeProcess(Path(folder) / "limited.log", "--rate-limit", str(LIMITED_RATE))
         try:
             log(f"node at {node.address}, --rate-limit {LIMITED_RATE}")
-            limited = uvloop.run(_limited(node.address, 2 * seconds))
+            limited = uvloop.run(_limited(node, 2 * seconds))
             up = up and node.alive
         finally:
             node.close()
@@ -250,11 +266,12 @@ def report(windows: list[Window], limited: Window, up: bool, command: str) -> st
         'the account are over all rounds). "echo 64 KiB": `Probe/Echo` carrying 64 KiB, '
         "acknowledged by the node's count of the bytes it received (the data plane only "
         "serves during a job). Lost = sent - acknowledged - refused - failed: calls that had "
-        f"not ended {DRAIN_S:g} s after the window.",
+        f"not ended {DRAIN_S:g} s after the window. Node CPU and client CPU: cores each "
+        "process used over the window (median over rounds; 1.00 = one core busy throughout).",
         "",
-        "| kind | clients | calls/s | / 1 client | p50 ms | p99 ms | sent | acknowledged | "
-        "refused | failed | lost |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kind | clients | calls/s | / 1 client | p50 ms | p99 ms | node CPU | client CPU | "
+        "sent | acknowledged | refused | failed | lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lost_total = 0
     for kind in KINDS:
@@ -269,10 +286,13 @@ def report(windows: list[Window], limited: Window, up: bool, command: str) -> st
             failed = sum(sum(w.failed.values()) for w in these)
             lost = sum(w.lost for w in these)
             lost_total += lost
+            node_cpu = statistics.median(w.node_cpu for w in these)
+            client_cpu = statistics.median(w.client_cpu for w in these)
             lines.append(
                 f"| {kind} | {level} | {rate:.0f} | {rate / base:.2f} | "
-                f"{_pct(latency, 0.5) * 1e3:.2f} | {_pct(latency, 0.99) * 1e3:.2f} | {sent} | "
-                f"{acked} | {refused} | {failed} | {lost} |"
+                f"{_pct(latency, 0.5) * 1e3:.2f} | {_pct(latency, 0.99) * 1e3:.2f} | "
+                f"{node_cpu:.2f} | {client_cpu:.2f} | {sent} | {acked} | {refused} | {failed} | "
+                f"{lost} |"
             )
     failures = sorted({name for w in windows for name in w.failed})
     bound = LIMITED_RATE * limited.seconds + 2 * LIMITED_RATE
@@ -292,7 +312,8 @@ def report(windows: list[Window], limited: Window, up: bool, command: str) -> st
         f"took p50 {_pct(limited.refusal_s, 0.5) * 1e3:.2f} ms, p99 "
         f"{_pct(limited.refusal_s, 0.99) * 1e3:.2f} ms; an acknowledged call p50 "
         f"{_pct(limited.latency_s, 0.5) * 1e3:.2f} ms, p99 "
-        f"{_pct(limited.latency_s, 0.99) * 1e3:.2f} ms.",
+        f"{_pct(limited.latency_s, 0.99) * 1e3:.2f} ms. The node used "
+        f"{limited.node_cpu:.2f} cores refusing, the clients {limited.client_cpu:.2f}.",
     ]
     return "\n".join(lines)
 
