@@ -118,6 +118,7 @@ class Window:
     failed: dict[str, int] = field(default_factory=dict)
     latency_s: list[float] = field(default_factory=list)
     refusal_s: list[float] = field(default_factory=list)
+    elapsed: float = float("nan")  # from the first call out to the last call's end
     node_cpu: float = float("nan")  # cores the node used over the window
     client_cpu: float = float("nan")  # cores this (client) process used
 
@@ -127,7 +128,7 @@ class Window:
 
     @property
     def rate(self) -> float:
-        return self.acked / self.seconds
+        return self.acked / self.elapsed
 
 
 class Client:
@@ -178,7 +179,7 @@ async def measure(
     deadline = start + seconds
     tasks = [asyncio.ensure_future(_drive(c, window, deadline)) for c in clients]
     _, pending = await asyncio.wait(tasks, timeout=seconds + DRAIN_S)
-    elapsed = time.perf_counter() - start
+    elapsed = window.elapsed = time.perf_counter() - start
     window.node_cpu = (node_cpu() - cpu0) / elapsed
     window.client_cpu = (time.process_time() - mine0) / elapsed
     for task in pending:  # its call in flight stays unaccounted for: lost
@@ -295,7 +296,7 @@ def report(windows: list[Window], limited: Window, up: bool, command: str) -> st
                 f"{lost} |"
             )
     failures = sorted({name for w in windows for name in w.failed})
-    bound = LIMITED_RATE * limited.seconds + 2 * LIMITED_RATE
+    bound = LIMITED_RATE * limited.elapsed + 2 * LIMITED_RATE
     lines += [
         "",
         f"Every call accounted for: {'yes' if lost_total == 0 else 'NO'} ({lost_total} lost"
@@ -306,7 +307,9 @@ def report(windows: list[Window], limited: Window, up: bool, command: str) -> st
         f"{2 * LIMITED_RATE}), {limited.clients} clients of one peer (same host, no node id) "
         f"calling health checks back to back for {limited.seconds:g} s: {limited.sent} sent, "
         f"{limited.acked} acknowledged ({limited.rate:.0f}/s; the limit allows at most "
-        f"{bound:.0f} in the window: the rate times the window plus one burst), "
+        f"{bound:.0f}: the rate times the {limited.elapsed:.2f} s from the first call to the "
+        f"last one's end, plus one burst: {'within' if limited.acked <= bound else 'ABOVE'} "
+        "it), "
         f"{limited.refused} refused with RESOURCE_EXHAUSTED, "
         f"{sum(limited.failed.values())} failed otherwise, {limited.lost} lost. A refusal "
         f"took p50 {_pct(limited.refusal_s, 0.5) * 1e3:.2f} ms, p99 "
