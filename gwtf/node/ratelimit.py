@@ -15,6 +15,9 @@ in its metadata, `gwtf-node`, empty for clients).
   swarm). With the host in the key, naming another node's id cannot drain that node's bucket
   from elsewhere; and a caller that names a new id for every call is bounded by a second bucket
   per host, `HOST_SHARE` times the per-peer rate.
+Nodes name themselves on their unary calls (gwtf.node.transport), not on their streams
+(microbatches, state transfers), so the streams from one host share its unnamed bucket with
+its clients' calls: tens of streams per second in a training job, far below the limit.
 The token check runs before this one, so a stranger without the token is refused there and
 cannot spend a member's tokens either.
 
