@@ -19,6 +19,8 @@ BENCHMARKS = {
     "tensor": "benchmarks.tensor",
     "train": "benchmarks.train_cluster",
     "reconverge": "benchmarks.reconverge",
+    "security": "benchmarks.security",
+    "load": "benchmarks.load",
 }
 
 

@@ -85,6 +85,20 @@ def _port(text: str) -> int:
     return value
 
 
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of calls per second (0: no limit), got {text!r}"
+        ) from None
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(
+            f"expected a number of calls per second >= 0 (0: no limit), got {text}"
+        )
+    return value
+
+
 def _stage(text: str) -> int:
     try:
         value = int(text)
@@ -224,6 +238,10 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--metrics-port", type=_port, metavar="P",
                       help="serve Prometheus metrics on http://HOST:P/metrics (0: a free port, "
                       "printed)")
+    node.add_argument("--rate-limit", type=_rate, default=1000.0, metavar="N",
+                      help="calls per second each peer (host and node id) may make, in bursts "
+                      "of up to two seconds' worth; beyond it a call is refused with "
+                      "RESOURCE_EXHAUSTED (default 1000; 0: no limit)")
     _add_security_flags(node)
     node.set_defaults(handler=_node)
 

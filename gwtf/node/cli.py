@@ -63,6 +63,7 @@ def run_node(args: argparse.Namespace) -> int:
     from gwtf.node.faults import FAULT_ENV, FaultError, parse_fault
     from gwtf.node.node import NodeSettings
     from gwtf.node.observe import configure_logging
+    from gwtf.node.ratelimit import RateLimit
     from gwtf.node.security import SecurityError, credentials_from_args
 
     try:
@@ -108,6 +109,7 @@ def run_node(args: argparse.Namespace) -> int:
         emulate_compute=args.emulate_compute,
         train=not args.no_train,
         fault=fault,
+        rate_limit=RateLimit(args.rate_limit),
     )
     configure_logging(args.log_level, json_lines=args.log_json)
     return uvloop.run(_serve(settings, config))

@@ -70,6 +70,7 @@ from gwtf.node.membership import MemberEvent, MemberInfo, Membership
 from gwtf.node.observe import NodeLog, NodeMetrics
 from gwtf.node.phases import Command, PhaseReportData
 from gwtf.node.prober import LinkProber
+from gwtf.node.ratelimit import RateLimit, RateLimiter, RateLimitInterceptor
 from gwtf.node.security import Credentials, TokenServerInterceptor, add_port
 from gwtf.node.server import HealthServicer, Refusal, add_servicers
 from gwtf.node.transport import (
@@ -140,6 +141,8 @@ class NodeSettings:
     messages: a local swarm then runs at the speeds its flows were computed for."""
     fault: Fault | None = None
     """Crash (SIGKILL itself) at this point of a job: chaos tests (gwtf.node.faults)."""
+    rate_limit: RateLimit = field(default_factory=RateLimit)
+    """Calls per second each peer may make (gwtf.node.ratelimit); rate 0: no limit."""
 
 
 @dataclass
@@ -184,6 +187,11 @@ class Node:
             self._wan = WanEmulator(settings.location, settings.links, clock)
         self._health = HealthServicer()
         self.metrics = NodeMetrics()
+        self.limiter = RateLimiter(settings.rate_limit, clock)
+        self._token_refusals = 0
+        # What the metrics thread reads: a copy made on the loop, replaced whole.
+        self._refusals: dict[str, int] = {}
+        self.metrics.add_source(self._refusal_metrics)
         self._server: aio.Server | None = None
         self._pool: ChannelPool | None = None
         self.node_id = settings.node_id or ""
@@ -216,7 +224,10 @@ class Node:
         interceptors: list[aio.ServerInterceptor] = []
         if creds.token is not None:
             # First: a stranger's call is refused before anything else looks at it.
-            interceptors.append(TokenServerInterceptor(creds.token))
+            interceptors.append(TokenServerInterceptor(creds.token, self._token_refused))
+        if self.settings.rate_limit.enabled:
+            # After the token: a stranger cannot spend a member's calls.
+            interceptors.append(RateLimitInterceptor(self.limiter))
         interceptors.append(MalformedRequestInterceptor())
         if self._wan is not None:
             interceptors.append(WanServerInterceptor(self._wan))
@@ -644,10 +655,26 @@ class Node:
     def _refused(self, member: MemberInfo) -> None:
         self._on_events(self.members.refused(member.id, member.epoch))
 
+    def _token_refused(self) -> None:
+        self._token_refusals += 1
+
+    def _refusal_metrics(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(
+            "gwtf_requests_refused", "Calls refused before any handler ran, by reason",
+            labels=["reason"],
+        )  # fmt: skip
+        refusals = self._refusals
+        for reason in ("rate", "token"):
+            family.add_metric([reason], refusals.get(reason, 0))
+        yield family
+
     def publish_metrics(self) -> None:
         """Hand the metrics thread a fresh snapshot (it never reads the loop's state)."""
         if self.metrics.port is None or self._members is None:
             return
+        self._refusals = {"rate": self.limiter.refused, "token": self._token_refusals}
         stats = self._stats
         self.metrics.publish(
             self.local_status(),

@@ -145,8 +145,9 @@ def secure_channel_options(creds: Credentials) -> list[tuple[str, Any]]:
 class TokenServerInterceptor(aio.ServerInterceptor):
     """Refuses with UNAUTHENTICATED every call whose metadata lacks the swarm's token."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, on_refuse: Callable[[], None] | None = None) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._on_refuse = on_refuse  # counts refusals (the node's metrics)
 
     async def intercept_service(
         self,
@@ -161,6 +162,8 @@ class TokenServerInterceptor(aio.ServerInterceptor):
         handler = await continuation(details)
         if hmac.compare_digest(given, self._expected) or handler is None:
             return handler  # (None: an unknown method, which grpc answers UNIMPLEMENTED)
+        if self._on_refuse is not None:
+            self._on_refuse()
         return _refusal(handler, "missing token" if not given else "wrong token")
 
 
