@@ -202,7 +202,10 @@ def test_a_crash_shows_in_the_job_metrics_and_event_logs(tmp_path: Path) -> None
     job = dataclasses.replace(PRESETS["tiny-gpt"], name="observe-crash", iterations=3)
     observed = ("--metrics-port", "0", "--log-json")
     with LocalSwarm(tmp_path, train=True, heartbeat_s=0.25, failure_timeout_s=3.0) as swarm:
-        first = swarm.spawn("h0", 0, 0.05, "--stages", "2", *observed)
+        # The holder is faster than one last-stage node (0.02 s against 0.05 s a microbatch), so
+        # the max flow needs both of them: the victim is routed microbatches whether the flows
+        # have settled or not (a holder no faster than one of them may send it nothing).
+        first = swarm.spawn("h0", 0, 0.02, "--stages", "2", *observed)
         swarm.wait_listening(first)
         swarm.bootstrap = first.address
         relay = swarm.spawn("z0", 1, 0.05, *observed)
