@@ -199,7 +199,8 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--fault", metavar="SPEC",
                       help="chaos tests: SIGKILL this node at one point of a job, "
                       "crash-in:POINT[:iteration=K][:microbatch=M], POINT one of forward, "
-                      "backward, after-backward, aggregation, state-transfer (default: the "
+                      "backward, after-backward, aggregation, state-transfer; or make it a "
+                      "bad peer, poison:gradients|weights[:scale=S][:from=K] (default: the "
                       "GWTF_FAULT environment variable, else none)")
     node.add_argument("--seed", type=int, metavar="N", help="seed of the gossip order "
                       "(default: from the id)")
