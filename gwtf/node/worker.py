@@ -50,6 +50,13 @@ and reports its stage checksum. A member that dies in phase one voids the attemp
 replayed elsewhere and the commit runs again. Forwards of `k + 1` that arrive before this node has
 stepped `k` are held until it has.
 
+With a robust aggregation (the job's `aggregation`, `gwtf.train.robust`), each member screens the
+sums it holds in phase one (`norm_outliers`) and names the out-of-bounds peers in its `prepared`
+report; the coordinator excludes a replica a majority of its stage names (`gwtf.node.jobcoord`),
+and the step combines the sums by the job's rule instead of the exact mean. Every replica holds
+the same sums and runs the same deterministic rule, so they still step to the same bits. A
+replica excluded from the job is `depart`ed like a dead one, and its contributions are refused.
+
 An iteration may also start again from scratch as a new `round` (`restart`): the node forgets the
 iteration's work, with no step, and the holders inject it again. Messages of an older round are
 refused.
@@ -105,6 +112,7 @@ from gwtf.train import (
     job_microbatch,
     load_corpus,
 )
+from gwtf.train.robust import aggregate, norm_outliers
 from gwtf.v1 import job_pb2, job_pb2_grpc
 
 __all__ = ["LastStep", "StageWorker", "WorkerConfig", "WorkerHost", "WorkerStopped"]
@@ -1170,6 +1178,7 @@ class StageWorker:
             self._participants.get(header.sender) != self.stage
             or header.stage != self.stage
             or header.sender == self.host.node_id
+            or header.sender in self._departed
         ):
             raise ContributionError(
                 f"{header.sender[:40]!r} is not a stage-{self.stage} replica of job {self.job_id}"
@@ -1249,10 +1258,11 @@ class StageWorker:
             attempt=order.attempt,
         )
         peers = sorted(p for p, s in order.members.items() if s == self.stage and p != me)
+        sent = self._poisoned(flat, it.number) if peers else flat
         for index, peer in enumerate(peers):
             if index == 1:
                 self._hit("aggregation", it.number)
-            ok = await self._contribute(peer, header, flat, deadline, it, order.attempt)
+            ok = await self._contribute(peer, header, sent, deadline, it, order.attempt)
             if not ok:
                 return
         if len(peers) == 1:
@@ -1268,7 +1278,22 @@ class StageWorker:
             except TimeoutError:
                 return
         got = self._sums.get(key, {})
-        it.prepared = (order, [mine, *(got[p] for p in peers)])
+        held = [mine, *(got[p] for p in peers)]
+        outliers: tuple[str, ...] = ()
+        rule = self.job.aggregation
+        if rule.robust:
+            try:
+                outliers = tuple(await self._compute(
+                    _COMMIT, lambda: norm_outliers(held, rule.norm_factor), 0.0, it))
+            except (WorkerStopped, _Stale):
+                return
+            if outliers:
+                self.host.log.warning(
+                    "job %s iteration %d attempt %d: stage %d screen names %s out of bounds "
+                    "(gradient norm above %g times the median, or not finite)", self.job_id,
+                    it.number, order.attempt, self.stage, ", ".join(outliers), rule.norm_factor,
+                )
+        it.prepared = (order, held)
         compute_s, replayed_s = self.compute_delta()
         self.host.report_prepared(self.job_id, PreparedReport(
             sender=me,
@@ -1281,7 +1306,17 @@ class StageWorker:
             routes=dict(it.routes),
             compute_s=compute_s,
             replayed_s=replayed_s,
+            outliers=frozenset(outliers),
         ))
+
+    def _poisoned(self, flat: Tensor, iteration: int) -> Tensor:
+        """What this node sends its stage peers: its sums, unless armed to poison them."""
+        scale = self.fault.gradient_scale(iteration) if self.fault is not None else None
+        if scale is None:
+            return flat
+        self.host.log.warning("fault injected: gradient sums of iteration %d sent scaled by %g",
+                              iteration, scale)
+        return flat * scale
 
     async def _contribute(
         self, peer: str, header: ContributionHeader, flat: Tensor, deadline: float,
@@ -1337,9 +1372,20 @@ class StageWorker:
             for p, s in order.participants.items()
         )
 
+        rule = self.job.aggregation
+        noise = self.fault.weight_noise(order.iteration) if self.fault is not None else None
+
         def step() -> tuple[str, dict[str, str], bytes | None]:
-            aggregated = combine_contributions(contributions, expected_ids=expected)
+            if rule.robust:
+                aggregated = aggregate(
+                    contributions, rule.rule, expected_ids=expected, trim=rule.trim,
+                    clip_iterations=rule.clip_iterations,
+                )
+            else:
+                aggregated = combine_contributions(contributions, expected_ids=expected)
             checksum = self.executor.commit(aggregated)
+            if noise is not None:
+                checksum = self._corrupt(noise, order.iteration)
             digests = self.executor.digests() if order.final else {}
             # The last replica of a stage keeps its new state elsewhere before it does anything
             # of the next iteration: a node joining the stage after it died starts from there.
@@ -1369,6 +1415,17 @@ class StageWorker:
             await self.host.keep_backup(self.job_id, self.stage, order.iteration + 1, state)
         self._advance(order)
         self.host.report_committed(self.job_id, report)
+
+    def _corrupt(self, scale: float, iteration: int) -> str:
+        """The `poison:weights` fault: noise on this replica's parameters (compute thread)."""
+        self.host.log.warning("fault injected: stage parameters corrupted after iteration %d",
+                              iteration)
+        generator = torch.Generator().manual_seed(iteration)
+        with torch.no_grad():
+            for _, param in sorted(self.executor.parameters().items()):
+                noise = torch.randn(param.shape, generator=generator, dtype=param.dtype)
+                param.add_(noise * scale * float(param.abs().mean()))
+        return self.executor.checksum()
 
     def _advance(self, order: StepOrder) -> None:
         number = order.iteration + 1
