@@ -20,8 +20,9 @@ preempted machine dies: no goodbye, no cleanup, nothing flushed but what is alre
 A poisoning node keeps running and lies to its stage peers:
 
 - `poison:gradients`: from iteration K on (default 0), the gradient sums it sends to its stage
-  peers at every commit are its true sums times S (default 1e4); it keeps the true ones for its
-  own step, as a node that wants to push the others off course would;
+  peers at every commit are its true sums times S (default 1e4; `nan` or `inf` send non-finite
+  sums); it keeps the true ones for its own step, as a node that wants to push the others off
+  course would;
 - `poison:weights`: once it stepped iteration K (default 0), it adds noise of relative size S
   (default 1e-2) to its stage's parameters, as a node whose memory went bad: its checksum no
   longer matches its stage peers'.
@@ -112,8 +113,10 @@ def _poison(spec: str, parts: list[str]) -> Fault:
                 scale = float(value)
             except ValueError:
                 raise FaultError(f"fault {spec!r}: {value!r} is not a number") from None
-            if not math.isfinite(scale) or scale == 0:
-                raise FaultError(f"fault {spec!r}: scale must be finite and not 0")
+            if scale == 0 or (what == "weights" and not math.isfinite(scale)):
+                raise FaultError(
+                    f"fault {spec!r}: scale must not be 0 (and be finite for weights)"
+                )
         else:
             try:
                 start = int(value)

@@ -1522,6 +1522,12 @@ class JobManager:
 
     # ================================================================== contributions
 
+    def screens(self, job_id: str) -> bool:
+        """Does the job here screen its stage peers' sums (a robust aggregation)?"""
+        active = self._active
+        return bool(active is not None and active.job_id == job_id
+                    and active.job.aggregation.robust)
+
     def contribution_expect(self, header: Any) -> int:
         return int(self._worker_for(header.job_id).contribution_numel(header))
 

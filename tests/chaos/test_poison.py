@@ -1,7 +1,9 @@
 """A bad peer in a stage is detected, excluded, and the job still converges (real processes).
 
 Second case: a replica whose parameters go wrong after a step (`poison:weights`) is outvoted by
-its stage's checksums after that commit and excluded the same way.
+its stage's checksums after that commit and excluded the same way. Third: a replica that sends
+NaN sums (`poison:gradients:scale=nan`) is excluded too, with no restart of an iteration (a job
+with the plain mean refuses such sums on the wire, and its commit would wait for them).
 
 A swarm of 5 nodes in 3 stages: one data holder, three replicas of stage 1, one last-stage node.
 One stage-1 replica is armed with `gwtf node --fault poison:gradients`: it keeps running, trains
@@ -147,6 +149,31 @@ def test_a_replica_whose_weights_go_wrong_is_outvoted_by_its_stage_checksums(
     assert result.loss[-1] < result.loss[0] - 0.5, result.loss
     for k, (got, want) in enumerate(zip(result.loss, ref.loss, strict=True)):
         assert abs(got - want) <= 5e-3 * want, (k, result.loss, ref.loss)
+
+
+def test_a_replica_that_sends_nan_is_excluded_rather_than_refused(swarm: LocalSwarm) -> None:
+    # A mean job refuses non-finite sums on the wire; a screening job takes them in, so that the
+    # stage can name the sender instead of waiting for sums that never pass.
+    for bad in (POISONER, "a3"):
+        swarm.kill(bad)
+    swarm.join("a4", 1, 0.15, "--fault", "poison:gradients:scale=nan")
+    wait_formed(swarm)
+    job = dataclasses.replace(
+        PRESETS["tiny-gpt"], name="nan", iterations=3,
+        aggregation=AggregationConfig(rule="trimmed-mean"),
+    )
+    client = GwtfClient(swarm.procs["h0"].address)
+    result = client.wait(client.submit(job), timeout_s=WAIT_S)
+
+    assert result.state == "completed", result.error
+    assert [e.node for e in result.excluded] == ["a4"], result.excluded
+    assert "out of bounds" in result.excluded[0].reason
+    assert result.lost_microbatches == 0 and result.dropped_microbatches == 0
+    assert result.microbatches_trained == 3 * job.microbatches
+    assert result.checksum_mismatches == 0 and result.restarts == 0
+    ref = train_reference(job)
+    for k, (got, want) in enumerate(zip(result.loss, ref.loss, strict=True)):
+        assert abs(got - want) <= 1e-3 * want, (k, result.loss, ref.loss)
 
 
 def test_the_logs_hold_no_traceback(swarm: LocalSwarm) -> None:

@@ -1,5 +1,6 @@
 """The fault hook's spec (gwtf.node.faults) and `gwtf node --fault` with a bad one."""
 
+import math
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ def test_a_poison_spec_says_what_from_when_and_how_much() -> None:
     weights = parse_fault("poison:weights:from=1")
     assert [weights.weight_noise(k) for k in range(3)] == [None, 1e-2, None]
     assert weights.gradient_scale(5) is None
+    assert math.isnan(parse_fault("poison:gradients:scale=nan").gradient_scale(0) or 0.0)
 
 
 @pytest.mark.parametrize(
@@ -40,8 +42,8 @@ def test_a_poison_spec_says_what_from_when_and_how_much() -> None:
         ("forward", "crash-in:POINT"),
         ("poison", "poison:WHAT"),
         ("poison:activations", "poison 'activations' is not one of gradients, weights"),
-        ("poison:gradients:scale=0", "scale must be finite and not 0"),
-        ("poison:gradients:scale=nan", "scale must be finite and not 0"),
+        ("poison:gradients:scale=0", "scale must not be 0"),
+        ("poison:weights:scale=inf", "be finite for weights"),
         ("poison:gradients:scale=big", "'big' is not a number"),
         ("poison:weights:from=-1", "from must not be negative"),
         ("poison:weights:from=1:from=2", "is not scale=S or from=K"),
