@@ -252,6 +252,10 @@ def _add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         help="a TOML job file, or a preset: tiny-gpt, tiny-llama")
     submit.add_argument("--iterations", type=_positive_int, metavar="N",
                         help="train N iterations instead of the job's (a different job id)")
+    submit.add_argument("--aggregation", metavar="RULE",
+                        help="how a stage's replicas combine gradients instead of the job's: "
+                        "mean, trimmed-mean or centered-clip (the last two also exclude bad "
+                        "peers; a different job id)")
     submit.add_argument("--wait", action="store_true",
                         help="follow the job until it completes or fails")
     submit.add_argument("--json", action="store_true",

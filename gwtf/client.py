@@ -390,13 +390,18 @@ def _submitted_job(args: argparse.Namespace) -> Any:
         job = resolve_job(args.job)
         if args.iterations is not None:
             job = dataclasses.replace(job, iterations=args.iterations)
+        if args.aggregation is not None:
+            job = dataclasses.replace(
+                job, aggregation=dataclasses.replace(job.aggregation, rule=args.aggregation)
+            )
     except JobError as err:
         raise ClientError(str(err), EXIT_USAGE) from None
     return job
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    """`gwtf submit --to HOST:PORT --job JOB [--iterations N] [--wait] [--json]`."""
+    """`gwtf submit --to HOST:PORT --job JOB [--iterations N] [--aggregation RULE] [--wait]
+    [--json]`."""
     from gwtf.node.security import SecurityError, credentials_from_args
 
     try:

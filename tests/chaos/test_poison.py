@@ -29,7 +29,11 @@ true ones for its own step. The job chooses `trimmed-mean`. What must hold:
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,6 +43,8 @@ from gwtf.client import GwtfClient
 from gwtf.train import PRESETS, AggregationConfig, train_reference
 
 pytestmark = pytest.mark.chaos
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Stage 1 is declared the slowest, so that the flows need all three of its replicas: a replica
 # the flows leave idle sends no gradient, and the screen compares the norms of the replicas that
@@ -159,21 +165,25 @@ def test_a_replica_that_sends_nan_is_excluded_rather_than_refused(swarm: LocalSw
     swarm.join("a4", 1, 0.15, "--fault", "poison:gradients:scale=nan")
     wait_formed(swarm)
     job = dataclasses.replace(
-        PRESETS["tiny-gpt"], name="nan", iterations=3,
-        aggregation=AggregationConfig(rule="trimmed-mean"),
+        PRESETS["tiny-gpt"], iterations=3, aggregation=AggregationConfig(rule="trimmed-mean"),
     )
-    client = GwtfClient(swarm.procs["h0"].address)
-    result = client.wait(client.submit(job), timeout_s=WAIT_S)
-
-    assert result.state == "completed", result.error
-    assert [e.node for e in result.excluded] == ["a4"], result.excluded
-    assert "out of bounds" in result.excluded[0].reason
-    assert result.lost_microbatches == 0 and result.dropped_microbatches == 0
-    assert result.microbatches_trained == 3 * job.microbatches
-    assert result.checksum_mismatches == 0 and result.restarts == 0
+    # Through the command line this time: the exclusion is in `gwtf submit --json`.
+    done = subprocess.run(
+        [sys.executable, "-m", "gwtf", "submit", "--to", swarm.procs["h0"].address,
+         "--job", "tiny-gpt", "--iterations", "3", "--aggregation", "trimmed-mean",
+         "--wait", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=WAIT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["job_id"] == job.job_id
+    assert [(e["node"], e["stage"]) for e in summary["excluded"]] == [("a4", 1)], summary
+    assert "out of bounds" in summary["excluded"][0]["reason"]
+    assert summary["lost_microbatches"] == 0 and summary["dropped_microbatches"] == 0
+    assert summary["iterations_completed"] == 3 and summary["restarts"] == 0
     ref = train_reference(job)
-    for k, (got, want) in enumerate(zip(result.loss, ref.loss, strict=True)):
-        assert abs(got - want) <= 1e-3 * want, (k, result.loss, ref.loss)
+    for k, (got, want) in enumerate(zip(summary["loss"], ref.loss, strict=True)):
+        assert abs(got - want) <= 1e-3 * want, (k, summary["loss"], ref.loss)
 
 
 def test_the_logs_hold_no_traceback(swarm: LocalSwarm) -> None:
