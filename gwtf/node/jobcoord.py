@@ -276,7 +276,10 @@ class JobCoordinator:
         """`node` is excluded as a bad peer: from now on it is as good as dead to the job, so
         the rules that recover a dead node's work redo its work of the iteration in progress
         at its honest peers (its microbatches are neither dropped nor kept as it computed
-        them: replaying costs a little compute and keeps every microbatch in the step)."""
+        them: replaying costs a little compute and keeps every microbatch in the step). What
+        it sent to the other stages is kept: a replay reuses the activation its downstream peer
+        got from it and the input gradient its upstream peer accumulated, which the screen and
+        the checksums, watching one stage's own gradients and parameters, cannot judge."""
         self._down(node, "was excluded")
 
     def _down(self, node: str, verb: str) -> None:
