@@ -810,7 +810,7 @@ class JobManager:
                 self._stop_worker(active)
                 continue
             if active.worker is not None:
-                active.worker.depart(node)
+                active.worker.exclude(node)
             if active.coord is None:
                 self.host.log.info("job %s: %s is excluded from the job; nothing more goes to it",
                                    active.job_id, node)

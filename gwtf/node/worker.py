@@ -307,6 +307,8 @@ class StageWorker:
         self._participants: dict[str, int] = {}
         """Every node that took part in the job (a dead one too: paths still name it)."""
         self._departed: set[str] = set()
+        self._excluded: set[str] = set()
+        """Bad peers excluded from the job: departed for good, and nothing they send is taken."""
         self._started = asyncio.Event()
         self._changed = asyncio.Event()
         """Set (and replaced) whenever the iteration advances or contributions arrive."""
@@ -409,6 +411,11 @@ class StageWorker:
     def depart(self, node: str) -> None:
         """`node` died or left: no microbatch goes to it (nor to a new process under its id,
         until the coordinator admits that one)."""
+        self._departed.add(node)
+
+    def exclude(self, node: str) -> None:
+        """`node` was excluded from the job as a bad peer."""
+        self._excluded.add(node)
         self._departed.add(node)
 
     def undepart(self, node: str) -> None:
@@ -599,6 +606,8 @@ class StageWorker:
             )
         if tag.iteration >= self.job.iterations:
             raise TensorError(f"iteration {tag.iteration} is past the job's last")
+        if tag.sender in self._excluded:
+            raise TensorError(f"{tag.sender} was excluded from job {self.job_id} as a bad peer")
         path = tag.path
         if tag.direction == "forward":
             if len(path) != stage or not path or path[-1] != tag.sender:
@@ -1178,7 +1187,7 @@ class StageWorker:
             self._participants.get(header.sender) != self.stage
             or header.stage != self.stage
             or header.sender == self.host.node_id
-            or header.sender in self._departed
+            or header.sender in self._excluded
         ):
             raise ContributionError(
                 f"{header.sender[:40]!r} is not a stage-{self.stage} replica of job {self.job_id}"
