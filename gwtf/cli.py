@@ -227,7 +227,8 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--fault", metavar="SPEC",
                       help="chaos tests: SIGKILL this node at one point of a job, "
                       "crash-in:POINT[:iteration=K][:microbatch=M], POINT one of forward, "
-                      "backward, after-backward, aggregation, state-transfer (default: the "
+                      "backward, after-backward, aggregation, state-transfer; or make it a "
+                      "bad peer, poison:gradients|weights[:scale=S][:from=K] (default: the "
                       "GWTF_FAULT environment variable, else none)")
     node.add_argument("--seed", type=int, metavar="N", help="seed of the gossip order "
                       "(default: from the id)")
@@ -283,6 +284,10 @@ def _add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         help="a TOML job file, or a preset: tiny-gpt, tiny-llama")
     submit.add_argument("--iterations", type=_positive_int, metavar="N",
                         help="train N iterations instead of the job's (a different job id)")
+    submit.add_argument("--aggregation", metavar="RULE",
+                        help="how a stage's replicas combine gradients instead of the job's: "
+                        "mean, trimmed-mean or centered-clip (the last two also exclude bad "
+                        "peers; a different job id)")
     submit.add_argument("--wait", action="store_true",
                         help="follow the job until it completes or fails")
     submit.add_argument("--json", action="store_true",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -35,6 +36,7 @@ from gwtf.node.security import Credentials
 
 __all__ = [
     "ClientError",
+    "Excluded",
     "GwtfClient",
     "JobResult",
     "StatusError",
@@ -110,6 +112,16 @@ _STATES = {1: "preparing", 2: "running", 3: "completed", 4: "failed"}
 
 
 @dataclass(frozen=True)
+class Excluded:
+    """A replica the job excluded as a bad peer: where, when and why."""
+
+    node: str
+    stage: int
+    iteration: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class JobResult:
     """A job's progress as a node reports it (complete once `state` is completed or failed)."""
 
@@ -149,6 +161,8 @@ class JobResult:
     restarts: int = 0
     paused: str = ""
     paused_s: float = 0.0
+    excluded: tuple[Excluded, ...] = ()
+    """Replicas excluded from the job as bad peers (a robust aggregation only), in order."""
 
     @property
     def over(self) -> bool:
@@ -180,6 +194,7 @@ class JobResult:
             "lost_microbatches": self.lost_microbatches,
             "restarts": self.restarts,
             "dropped": {str(k): list(ids) for k, ids in self.dropped},
+            "excluded": [dataclasses.asdict(e) for e in self.excluded],
         }
 
 
@@ -214,6 +229,7 @@ def job_result(pb: Any) -> JobResult:
         restarts=pb.restarts,
         paused=pb.paused,
         paused_s=pb.paused_s,
+        excluded=tuple(Excluded(e.node, e.stage, e.iteration, e.reason) for e in pb.excluded),
     )
 
 
@@ -374,13 +390,18 @@ def _submitted_job(args: argparse.Namespace) -> Any:
         job = resolve_job(args.job)
         if args.iterations is not None:
             job = dataclasses.replace(job, iterations=args.iterations)
+        if args.aggregation is not None:
+            job = dataclasses.replace(
+                job, aggregation=dataclasses.replace(job.aggregation, rule=args.aggregation)
+            )
     except JobError as err:
         raise ClientError(str(err), EXIT_USAGE) from None
     return job
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    """`gwtf submit --to HOST:PORT --job JOB [--iterations N] [--wait] [--json]`."""
+    """`gwtf submit --to HOST:PORT --job JOB [--iterations N] [--aggregation RULE] [--wait]
+    [--json]`."""
     from gwtf.node.security import SecurityError, credentials_from_args
 
     try:
@@ -460,6 +481,9 @@ def format_result(result: JobResult) -> str:
                  f"{result.restarts} iterations restarted")
     lines.append(f"microbatches    {result.dropped_microbatches} dropped (a data holder died "
                  f"with them), {result.lost_microbatches} lost")
+    for e in result.excluded:
+        lines.append(f"excluded        {e.node} (stage {e.stage}) at iteration {e.iteration}: "
+                     f"{e.reason}")
     if result.paused:
         lines.append(f"paused          {result.paused}")
     return "\n".join(lines)

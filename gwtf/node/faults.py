@@ -1,7 +1,9 @@
-"""Fault injection: a node that SIGKILLs itself at one chosen point of a job, for chaos tests.
+"""Fault injection: a node that SIGKILLs itself at one chosen point of a job, or that poisons its
+stage, for chaos tests.
 
 A test arms it with `gwtf node --fault SPEC` or the environment variable `GWTF_FAULT=SPEC`, read
-once at start. SPEC is `crash-in:POINT[:iteration=K][:microbatch=M]`:
+once at start. SPEC is `crash-in:POINT[:iteration=K][:microbatch=M]` or
+`poison:WHAT[:scale=S][:from=K]`. A crash point is one of:
 
 - `forward`: while this node runs the forward of microbatch M of iteration K (its output never
   leaves it);
@@ -14,6 +16,17 @@ once at start. SPEC is `crash-in:POINT[:iteration=K][:microbatch=M]`:
 
 Left out, `iteration` and `microbatch` match any. The node kills itself with SIGKILL, as a
 preempted machine dies: no goodbye, no cleanup, nothing flushed but what is already written.
+
+A poisoning node keeps running and lies to its stage peers:
+
+- `poison:gradients`: from iteration K on (default 0), the gradient sums it sends to its stage
+  peers at every commit are its true sums times S (default 1e4; `nan` or `inf` send non-finite
+  sums); it keeps the true ones for its own step, as a node that wants to push the others off
+  course would;
+- `poison:weights`: once it stepped iteration K (default 0), it adds noise of relative size S
+  (default 1e-2) to its stage's parameters, as a node whose memory went bad: its checksum no
+  longer matches its stage peers'.
+
 Like torchft's `EventInjector.fail_at(rank, step)`, it is a first-class test tool, not a mock: the
 rest of the swarm sees a real crash.
 """
@@ -21,14 +34,17 @@ rest of the swarm sees a real crash.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 from dataclasses import dataclass
 
-__all__ = ["FAULT_ENV", "POINTS", "Fault", "FaultError", "parse_fault"]
+__all__ = ["FAULT_ENV", "POINTS", "POISONS", "Fault", "FaultError", "parse_fault"]
 
 FAULT_ENV = "GWTF_FAULT"
 POINTS = ("forward", "backward", "after-backward", "aggregation", "state-transfer")
+POISONS = {"gradients": 1e4, "weights": 1e-2}
+"""What a poisoning node corrupts, and the default scale."""
 LOG = logging.getLogger("gwtf.node.faults")
 
 
@@ -38,15 +54,32 @@ class FaultError(ValueError):
 
 @dataclass(frozen=True)
 class Fault:
-    """Crash at `point` of iteration `iteration` and microbatch `microbatch` (None: any)."""
+    """Crash at `point` of iteration `iteration` and microbatch `microbatch` (None: any); or,
+    with `poison` set (point ""), poison `poison` by `scale` from iteration `start` on."""
 
     point: str
     iteration: int | None = None
     microbatch: int | None = None
+    poison: str = ""
+    scale: float = 0.0
+    start: int = 0
+
+    def gradient_scale(self, iteration: int) -> float | None:
+        """The factor on the gradient sums sent to stage peers at `iteration` (None: honest)."""
+        if self.poison == "gradients" and iteration >= self.start:
+            return self.scale
+        return None
+
+    def weight_noise(self, iteration: int) -> float | None:
+        """The relative noise to add to the stage's parameters once `iteration` stepped."""
+        if self.poison == "weights" and iteration == self.start:
+            return self.scale
+        return None
 
     def matches(self, point: str, iteration: int | None, microbatch: int | None = None) -> bool:
         return (
-            point == self.point
+            bool(self.point)
+            and point == self.point
             and (self.iteration is None or iteration == self.iteration)
             and (self.microbatch is None or microbatch == self.microbatch)
         )
@@ -63,13 +96,48 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _poison(spec: str, parts: list[str]) -> Fault:
+    what = parts[1]
+    if what not in POISONS:
+        raise FaultError(f"poison {what!r} is not one of {', '.join(POISONS)}")
+    scale = POISONS[what]
+    start = 0
+    seen: set[str] = set()
+    for part in parts[2:]:
+        name, sep, value = part.partition("=")
+        if not sep or name not in ("scale", "from") or name in seen:
+            raise FaultError(f"fault {spec!r}: {part!r} is not scale=S or from=K")
+        seen.add(name)
+        if name == "scale":
+            try:
+                scale = float(value)
+            except ValueError:
+                raise FaultError(f"fault {spec!r}: {value!r} is not a number") from None
+            if scale == 0 or (what == "weights" and not math.isfinite(scale)):
+                raise FaultError(
+                    f"fault {spec!r}: scale must not be 0 (and be finite for weights)"
+                )
+        else:
+            try:
+                start = int(value)
+            except ValueError:
+                raise FaultError(f"fault {spec!r}: {value!r} is not a whole number") from None
+            if start < 0:
+                raise FaultError(f"fault {spec!r}: from must not be negative")
+    return Fault("", poison=what, scale=scale, start=start)
+
+
 def parse_fault(spec: str) -> Fault:
-    """`crash-in:POINT[:iteration=K][:microbatch=M]`; FaultError if it is anything else."""
+    """`crash-in:POINT[:iteration=K][:microbatch=M]` or `poison:WHAT[:scale=S][:from=K]`;
+    FaultError if it is anything else."""
     parts = spec.strip().split(":")
+    if len(parts) >= 2 and parts[0] == "poison":
+        return _poison(spec, parts)
     if len(parts) < 2 or parts[0] != "crash-in":
         raise FaultError(
             f"fault {spec!r} must read crash-in:POINT[:iteration=K][:microbatch=M], "
-            f"POINT one of {', '.join(POINTS)}"
+            f"POINT one of {', '.join(POINTS)}, or poison:WHAT[:scale=S][:from=K], WHAT one "
+            f"of {', '.join(POISONS)}"
         )
     point = parts[1]
     if point not in POINTS:

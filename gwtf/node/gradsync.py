@@ -11,8 +11,10 @@ sends a header with no payload.
 
 The receiver checks the order of the chunks, the header (once, first), the dtype and the size
 against what its stage expects, and that every value is finite, before it hands the contribution
-on. Splitting is a view of the received bytes: the sums arrive bit for bit, which is what lets
-every replica combine them into the same bits.
+on. A job with a robust aggregation takes non-finite sums in (`finish(allow_non_finite=True)`):
+its screen names the sender, so that the stage can exclude it rather than stall on a refusal.
+Splitting is a view of the received bytes: the sums arrive bit for bit, which is what lets every
+replica combine them into the same bits.
 """
 
 from __future__ import annotations
@@ -184,13 +186,17 @@ class ContributionAssembler:
         if expected:
             self._view = self._buffer.view(torch.uint8).numpy().data
 
-    def finish(self) -> tuple[ContributionHeader, Tensor]:
+    def finish(self, *, allow_non_finite: bool = False) -> tuple[ContributionHeader, Tensor]:
         if self.header is None or self._buffer is None:
             raise ContributionError("the contribution stream ended before its header")
         if self._received != self._total:
             raise ContributionError(
                 f"the contribution stream ended after {self._received} of {self._total} bytes"
             )
-        if self._buffer.numel() and not bool(torch.isfinite(self._buffer).all()):
+        if (
+            not allow_non_finite
+            and self._buffer.numel()
+            and not bool(torch.isfinite(self._buffer).all())
+        ):
             raise ContributionError(f"the contribution of {self.header.sender} holds NaN or inf")
         return self.header, self._buffer

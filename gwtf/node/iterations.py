@@ -23,6 +23,15 @@ next one takes over, see `gwtf.node.jobcoord`). Iteration `k` goes:
    nothing: every other replica of its stage already holds its sums;
 6. once every live member of the step has reported, `k` is complete (`IterationOutcome`).
 
+Bad peers (a job with a robust aggregation, `gwtf.train.robust`). In phase one every member
+screens the gradient sums it holds and names the stage peers out of bounds (`outliers`). A
+replica named by a strict majority of its stage's members in the attempt is excluded (`prepared`
+returns `Outliers` instead of a step order, and the attempt is void): the coordinator drops it
+from the job as if it had died, so its work of the iteration is replayed by its honest peers and
+the commit runs again without it. A poisoner alone cannot get an honest replica excluded: it is
+one vote. After a step, a replica whose checksum differs from a strict majority of its stage is
+`outvoted` in the iteration's outcome.
+
 When the rules cannot recover a microbatch (no live node holds its input: two neighbours died
 at once), or a new coordinator takes over, the iteration starts again from scratch as a new
 `round` (`restart`): every node forgets its work of the iteration; parameters only change at a
@@ -57,6 +66,7 @@ __all__ = [
     "CommittedReport",
     "IterationCoordinator",
     "IterationOutcome",
+    "Outliers",
     "PreparedReport",
     "ReportError",
     "StepOrder",
@@ -125,6 +135,17 @@ class PreparedReport:
     routes: Mapping[tuple[str, ...], int] = field(default_factory=dict)
     compute_s: float = 0.0
     replayed_s: float = 0.0
+    outliers: frozenset[str] = frozenset()
+    """Stage peers whose gradient sums this member's screen found out of bounds."""
+
+
+@dataclass(frozen=True)
+class Outliers:
+    """Replicas a strict majority of their stage named out of bounds: the attempt is void and
+    they are to be excluded. `nodes`: node -> (stage, votes, members of its stage)."""
+
+    iteration: int
+    nodes: Mapping[str, tuple[int, int, int]]
 
 
 @dataclass(frozen=True)
@@ -175,6 +196,8 @@ class IterationOutcome:
     dropped: tuple[int, ...] = ()
     compute_s: float = 0.0
     replayed_s: float = 0.0
+    outvoted: tuple[str, ...] = ()
+    """Of `mismatched`, those whose stage had a strict majority of one checksum."""
 
 
 @dataclass
@@ -347,9 +370,10 @@ class IterationCoordinator:
             () if final else self.live_holders(), self.round, self.attempt, dict(self._members),
         )
 
-    def prepared(self, report: PreparedReport) -> StepOrder | str | None:
-        """A member is prepared. The step order once all are and rule 6 holds; a reason (str)
-        when all are but it does not (the attempt is void); else None."""
+    def prepared(self, report: PreparedReport) -> StepOrder | Outliers | str | None:
+        """A member is prepared. The step order once all are and rule 6 holds; the replicas to
+        exclude when all are and a majority of a stage named some (the attempt is void); a
+        reason (str) when all are but rule 6 does not hold (void too); else None."""
         if not self._current(report.iteration, report.round) or report.attempt != self.attempt:
             return None
         stage = self._members.get(report.sender)
@@ -368,6 +392,11 @@ class IterationCoordinator:
         if set(self._prepared) != set(self._members):
             return None
         reports = list(self._prepared.values())
+        outliers = self._outliers(reports)
+        if outliers:
+            self._members = {}
+            self._prepared = {}
+            return Outliers(self.injecting, outliers)
         contributions = {
             s: [r.contributed for r in reports if r.stage == s] for s in range(self.num_stages)
         }
@@ -413,6 +442,21 @@ class IterationCoordinator:
         )
         self._next_iteration(order.next_holders, order.weights())
         return order
+
+    def _outliers(self, reports: Sequence[PreparedReport]) -> dict[str, tuple[int, int, int]]:
+        """Members named out of bounds by a strict majority of their stage's members."""
+        out: dict[str, tuple[int, int, int]] = {}
+        for stage in range(self.num_stages):
+            voters = [r for r in reports if r.stage == stage]
+            votes: dict[str, int] = {}
+            for r in voters:
+                for node in r.outliers:
+                    if self._members.get(node) == stage:
+                        votes[node] = votes.get(node, 0) + 1
+            for node in sorted(votes):
+                if 2 * votes[node] > len(voters):
+                    out[node] = (stage, votes[node], len(voters))
+        return out
 
     def _next_iteration(self, holders: Sequence[str], weights: Mapping[str, int] | None
                         ) -> None:
@@ -519,6 +563,7 @@ class IterationCoordinator:
     def _outcome(self, stepping: _Stepping) -> IterationOutcome:
         order = stepping.order
         mismatched: list[str] = []
+        outvoted: list[str] = []
         digests: dict[str, str] = {}
         for stage in range(self.num_stages):
             reports = sorted(
@@ -532,6 +577,7 @@ class IterationCoordinator:
             common = max(sorted(counts), key=lambda c: counts[c])
             if 2 * counts[common] > len(reports):
                 mismatched.extend(r.sender for r in reports if r.checksum != common)
+                outvoted.extend(r.sender for r in reports if r.checksum != common)
             else:  # no majority: which replica is right cannot be told
                 mismatched.extend(r.sender for r in reports if len(counts) > 1)
             if order.final:
@@ -548,4 +594,5 @@ class IterationCoordinator:
             dropped=order.dropped,
             compute_s=stepping.compute_s,
             replayed_s=stepping.replayed_s,
+            outvoted=tuple(sorted(outvoted)),
         )

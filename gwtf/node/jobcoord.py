@@ -15,6 +15,12 @@ calls between nodes:
   scratch as a new round (`Restart`): safe, since parameters only change at a step;
 - joiners (`enter`): whom to fetch the stage's state from, and admission once they hold the
   state of the iteration in progress;
+- bad peers (a job with a robust aggregation): the replicas a majority of their stage names out
+  of bounds in phase one (`gwtf.node.iterations.Outliers`), and after a step those whose
+  checksum a majority of their stage outvotes, are excluded (`exclude`): dropped from the job
+  exactly as a dead node is, so that their work of the iteration in progress is replayed by
+  their honest peers by the same rules (nothing is lost, and nothing they computed is kept at
+  their own stage), and named in every later Commit and Step so no microbatch goes to them;
 - a node that becomes coordinator because the previous one died (`take_over`) asks every
   participant where it is (`Sync`), finishes a step its predecessor ordered, and starts the
   iteration in progress again (its predecessor's bookkeeping died with it).
@@ -32,6 +38,7 @@ from gwtf.node.iterations import (
     CommittedReport,
     IterationCoordinator,
     IterationOutcome,
+    Outliers,
     PreparedReport,
     ReportError,
     StepOrder,
@@ -182,10 +189,20 @@ class JobCoordinator:
             routes=routes,
             compute_s=request.compute_s,
             replayed_s=request.replayed_s,
+            outliers=frozenset(request.outliers),
         )
         outcome = self.plan.prepared(report)
         self._moved()
-        if isinstance(outcome, str):
+        if isinstance(outcome, Outliers):
+            factor = self.job.aggregation.norm_factor
+            for node, (stage, votes, voters) in sorted(outcome.nodes.items()):
+                self.manager.exclude(
+                    self.active, node, stage, outcome.iteration,
+                    f"{votes} of the {voters} replicas of stage {stage} found its gradient "
+                    f"out of bounds (not finite, or its norm above {factor:g} times the "
+                    f"stage's median)",
+                )
+        elif isinstance(outcome, str):
             self.log.warning(
                 "job %s iteration %d attempt %d cannot commit: %s; it starts again",
                 self.job_id, request.iteration, request.attempt, outcome,
@@ -217,6 +234,7 @@ class JobCoordinator:
             microbatches=order.microbatches, final=order.final,
             next_holders=order.next_holders, round=order.round, attempt=order.attempt,
             members=participants_pb(dict(order.members)),
+            excluded=self.manager.excluded(self.job_id),
         )
         for node in sorted(order.members):
             self._spawn(self._send_commit(node, request, order), "commit")
@@ -240,7 +258,7 @@ class JobCoordinator:
             next_holders=order.next_holders,
             participants=participants_pb(dict(order.participants)),
             loss=order.loss, trained=order.trained, next_weights=order.next_weights,
-            dropped=order.dropped,
+            dropped=order.dropped, excluded=self.manager.excluded(self.job_id),
         )
         self.planned = {}
         for node in sorted(order.participants):
@@ -253,24 +271,37 @@ class JobCoordinator:
     # ------------------------------------------------------------------ deaths
 
     def member_down(self, member: MemberInfo, verb: str) -> None:
-        stage = self.plan.participants.get(member.id)
+        self._down(member.id, verb)
+
+    def exclude(self, node: str) -> None:
+        """`node` is excluded as a bad peer: from now on it is as good as dead to the job, so
+        the rules that recover a dead node's work redo its work of the iteration in progress
+        at its honest peers (its microbatches are neither dropped nor kept as it computed
+        them: replaying costs a little compute and keeps every microbatch in the step). What
+        it sent to the other stages is kept: a replay reuses the activation its downstream peer
+        got from it and the input gradient its upstream peer accumulated, which the screen and
+        the checksums, watching one stage's own gradients and parameters, cannot judge."""
+        self._down(node, "was excluded")
+
+    def _down(self, node: str, verb: str) -> None:
+        stage = self.plan.participants.get(node)
         if stage is None:
             return
-        voided = self.plan.member_down(member.id)
+        voided = self.plan.member_down(node)
         if voided:
             self.log.warning(
                 "job %s: %s %s during the commit of iteration %d: the commit runs again once "
-                "its work is replayed", self.job_id, member.id, verb, self.plan.injecting,
+                "its work is replayed", self.job_id, node, verb, self.plan.injecting,
             )
         now = time.monotonic()
         self.dead = {n: d for n, d in self.dead.items() if now - d[1] < DEAD_MEMORY_S}
-        self.dead[member.id] = (stage, now)
+        self.dead[node] = (stage, now)
         for outcome in self.plan.completions():
             self.manager.completed(self.active, outcome)
         self._update_pause()
         self._moved()
-        self._spawn(self._recover(member.id, stage), f"recover {member.id}")
-        self._spawn(self._recover_later(member.id, stage), f"sweep {member.id}")
+        self._spawn(self._recover(node, stage), f"recover {node}")
+        self._spawn(self._recover_later(node, stage), f"sweep {node}")
 
     async def _recover_later(self, dead: str, stage: int) -> None:
         """Plan `dead` again once every node must have heard of its death: what they sent it
@@ -472,6 +503,8 @@ class JobCoordinator:
     def enter(self, request: job_pb2.EnterRequest) -> job_pb2.EnterReply:
         plan = self.plan
         stage = request.stage
+        if request.sender in self.manager.excluded(self.job_id):
+            raise ReportError(f"{request.sender} was excluded from the job as a bad peer")
         if not 0 <= stage < plan.num_stages:
             raise ReportError(f"stage {stage} is outside the job's 0..{plan.num_stages - 1}")
         live = self.live_participants()

@@ -38,7 +38,15 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -728,6 +736,7 @@ class JobManager:
                 "job %s iteration %d: the parameters of %s differ from their stage peers'",
                 active.job_id, outcome.iteration, ", ".join(outcome.mismatched),
             )
+        outvoted = outcome.outvoted if active.job.aggregation.robust and not outcome.final else ()
         log.info(
             "job %s iteration %d/%d committed: loss %.4f, %d microbatches, %.2f s",
             active.job_id, outcome.iteration + 1, active.job.iterations, outcome.loss,
@@ -753,6 +762,62 @@ class JobManager:
             )
         self._record(progress)
         self._spread_progress(progress)
+        for node in outvoted:
+            stage = active.participants.get(node, 0)
+            self.exclude(
+                active, node, stage, outcome.iteration,
+                f"its stage-{stage} parameters after the step of iteration {outcome.iteration} "
+                "differ from those of the majority of its stage's replicas",
+            )
+
+    # ================================================================== bad peers
+
+    def excluded(self, job_id: str) -> list[str]:
+        """The replicas excluded from the job so far, in order."""
+        return [e.node for e in self._records[job_id].excluded]
+
+    def exclude(self, active: _Active, node: str, stage: int, iteration: int, reason: str
+                ) -> None:
+        """The coordinator excludes `node` from the job (a bad peer, see gwtf.node.jobcoord)."""
+        progress = self._records[active.job_id]
+        if node in self.excluded(active.job_id) or progress.state != job_pb2.JOB_STATE_RUNNING:
+            return
+        if node == self.host.node_id:
+            # The coordinator cannot hand itself over here; its peers' votes are logged.
+            self.host.log.error("job %s: this coordinator was named a bad peer: %s",
+                                active.job_id, reason)
+            return
+        progress.excluded.append(
+            job_pb2.Exclusion(node=node, stage=stage, iteration=iteration, reason=reason)
+        )
+        self.host.log.warning("job %s iteration %d: %s (stage %d) is excluded from the job: %s",
+                              active.job_id, iteration, node, stage, reason)
+        self._excluded_here(active, [node])
+        if active.coord is not None:
+            active.coord.exclude(node)
+        self._record(progress)
+        self._spread_progress(progress)
+
+    def _excluded_here(self, active: _Active, nodes: Iterable[str]) -> None:
+        """A participant hears of exclusions: nothing goes to those nodes any more; a node
+        that hears of its own stops its part of the job."""
+        me = self.host.node_id
+        for node in nodes:
+            if node not in active.participants or node in active.departed:
+                continue
+            active.departed.add(node)
+            if node == me:
+                self.host.log.warning(
+                    "job %s: this node was excluded from the job by its coordinator; it takes "
+                    "no further part", active.job_id,
+                )
+                self._stop_worker(active)
+                continue
+            if active.worker is not None:
+                active.worker.exclude(node)
+            if active.coord is None:
+                self.host.log.info("job %s: %s is excluded from the job; nothing more goes to it",
+                                   active.job_id, node)
 
     def _spread_progress(self, progress: job_pb2.JobProgress) -> None:
         request = job_pb2.ProgressRequest(sender=self.host.node_id, progress=progress)
@@ -787,6 +852,8 @@ class JobManager:
             known.state in OVER or progress.iterations_completed < known.iterations_completed
         ):
             return job_pb2.ProgressReply()  # older news
+        if active is not None and active.job_id == progress.job_id and progress.excluded:
+            self._excluded_here(active, [e.node for e in progress.excluded])
         self._record(progress)
         if progress.state in OVER and active is not None and active.job_id == progress.job_id:
             self._stop_worker(active)
@@ -843,6 +910,11 @@ class JobManager:
         if request.iteration >= job.iterations:
             raise InvalidMessage(f"iteration {request.iteration} is past the job's last")
         members = {p.id: p.stage for p in request.members}
+        active = self._active
+        assert active is not None
+        self._excluded_here(active, request.excluded)
+        if self._active is None or self._active.worker is not worker:
+            return job_pb2.CommitReply()  # this node was the one excluded
         worker.order_commit(CommitOrder(
             request.iteration, ids, request.final, tuple(request.next_holders), request.round,
             request.attempt, members,
@@ -859,6 +931,9 @@ class JobManager:
         ):
             raise InvalidMessage("the step's weights do not match its holders")
         active.participants.update(participants)
+        self._excluded_here(active, request.excluded)
+        if active.worker is not worker:
+            return job_pb2.StepReply()  # this node was the one excluded
         worker.step(StepOrder(
             iteration=request.iteration, round=request.round, attempt=request.attempt,
             final=request.final, next_holders=tuple(request.next_holders),
@@ -1458,6 +1533,12 @@ class JobManager:
 
     # ================================================================== contributions
 
+    def screens(self, job_id: str) -> bool:
+        """Does the job here screen its stage peers' sums (a robust aggregation)?"""
+        active = self._active
+        return bool(active is not None and active.job_id == job_id
+                    and active.job.aggregation.robust)
+
     def contribution_expect(self, header: Any) -> int:
         return int(self._worker_for(header.job_id).contribution_numel(header))
 
@@ -1565,6 +1646,7 @@ class _WorkerHost:
             routes=[job_pb2.RouteCount(path=list(p), microbatches=c) for p, c in sorted(
                 report.routes.items())],
             compute_s=report.compute_s, replayed_s=report.replayed_s,
+            outliers=sorted(report.outliers),
         )
         self._manager.to_coordinator(
             job_id, lambda stubs, t: stubs.jobs.Prepared(request, timeout=t),

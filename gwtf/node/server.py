@@ -341,7 +341,8 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         try:
             async for chunk in request_iterator:
                 assembler.add(chunk)
-            header, flat = assembler.finish()
+            screened = assembler.header is not None and jobs.screens(assembler.header.job_id)
+            header, flat = assembler.finish(allow_non_finite=screened)
             jobs.on_contribution(header, flat)
         except (ContributionError, InvalidMessage, Refusal) as err:
             await _fail(context, err)

@@ -50,6 +50,13 @@ and reports its stage checksum. A member that dies in phase one voids the attemp
 replayed elsewhere and the commit runs again. Forwards of `k + 1` that arrive before this node has
 stepped `k` are held until it has.
 
+With a robust aggregation (the job's `aggregation`, `gwtf.train.robust`), each member screens the
+sums it holds in phase one (`norm_outliers`) and names the out-of-bounds peers in its `prepared`
+report; the coordinator excludes a replica a majority of its stage names (`gwtf.node.jobcoord`),
+and the step combines the sums by the job's rule instead of the exact mean. Every replica holds
+the same sums and runs the same deterministic rule, so they still step to the same bits. A
+replica excluded from the job is `depart`ed like a dead one, and its contributions are refused.
+
 An iteration may also start again from scratch as a new `round` (`restart`): the node forgets the
 iteration's work, with no step, and the holders inject it again. Messages of an older round are
 refused.
@@ -106,6 +113,7 @@ from gwtf.train import (
     job_microbatch,
     load_corpus,
 )
+from gwtf.train.robust import aggregate, norm_outliers
 from gwtf.v1 import job_pb2, job_pb2_grpc
 
 __all__ = ["LastStep", "StageWorker", "WorkerConfig", "WorkerHost", "WorkerStopped"]
@@ -303,6 +311,8 @@ class StageWorker:
         self._participants: dict[str, int] = {}
         """Every node that took part in the job (a dead one too: paths still name it)."""
         self._departed: set[str] = set()
+        self._excluded: set[str] = set()
+        """Bad peers excluded from the job: departed for good, and nothing they send is taken."""
         self._started = asyncio.Event()
         self._changed = asyncio.Event()
         """Set (and replaced) whenever the iteration advances or contributions arrive."""
@@ -408,6 +418,11 @@ class StageWorker:
     def depart(self, node: str) -> None:
         """`node` died or left: no microbatch goes to it (nor to a new process under its id,
         until the coordinator admits that one)."""
+        self._departed.add(node)
+
+    def exclude(self, node: str) -> None:
+        """`node` was excluded from the job as a bad peer."""
+        self._excluded.add(node)
         self._departed.add(node)
 
     def undepart(self, node: str) -> None:
@@ -605,6 +620,8 @@ class StageWorker:
             )
         if tag.iteration >= self.job.iterations:
             raise TensorError(f"iteration {tag.iteration} is past the job's last")
+        if tag.sender in self._excluded:
+            raise TensorError(f"{tag.sender} was excluded from job {self.job_id} as a bad peer")
         path = tag.path
         if tag.direction == "forward":
             if len(path) != stage or not path or path[-1] != tag.sender:
@@ -1217,6 +1234,7 @@ class StageWorker:
             self._participants.get(header.sender) != self.stage
             or header.stage != self.stage
             or header.sender == self.host.node_id
+            or header.sender in self._excluded
         ):
             raise ContributionError(
                 f"{header.sender[:40]!r} is not a stage-{self.stage} replica of job {self.job_id}"
@@ -1299,10 +1317,11 @@ class StageWorker:
             attempt=order.attempt,
         )
         peers = sorted(p for p, s in order.members.items() if s == self.stage and p != me)
+        sent = self._poisoned(flat, it.number) if peers else flat
         for index, peer in enumerate(peers):
             if index == 1:
                 self._hit("aggregation", it.number)
-            ok = await self._contribute(peer, header, flat, deadline, it, order.attempt)
+            ok = await self._contribute(peer, header, sent, deadline, it, order.attempt)
             if not ok:
                 return
         if len(peers) == 1:
@@ -1318,7 +1337,22 @@ class StageWorker:
             except TimeoutError:
                 return
         got = self._sums.get(key, {})
-        it.prepared = (order, [mine, *(got[p] for p in peers)])
+        held = [mine, *(got[p] for p in peers)]
+        outliers: tuple[str, ...] = ()
+        rule = self.job.aggregation
+        if rule.robust:
+            try:
+                outliers = tuple(await self._compute(
+                    _COMMIT, lambda: norm_outliers(held, rule.norm_factor), 0.0, it))
+            except (WorkerStopped, _Stale):
+                return
+            if outliers:
+                self.host.log.warning(
+                    "job %s iteration %d attempt %d: stage %d screen names %s out of bounds "
+                    "(gradient norm above %g times the median, or not finite)", self.job_id,
+                    it.number, order.attempt, self.stage, ", ".join(outliers), rule.norm_factor,
+                )
+        it.prepared = (order, held)
         compute_s, replayed_s = self.compute_delta()
         self._metrics.observe("gwtf_job_commit_seconds", self.job_id, time.monotonic() - began,
                               "prepare")
@@ -1333,7 +1367,17 @@ class StageWorker:
             routes=dict(it.routes),
             compute_s=compute_s,
             replayed_s=replayed_s,
+            outliers=frozenset(outliers),
         ))
+
+    def _poisoned(self, flat: Tensor, iteration: int) -> Tensor:
+        """What this node sends its stage peers: its sums, unless armed to poison them."""
+        scale = self.fault.gradient_scale(iteration) if self.fault is not None else None
+        if scale is None:
+            return flat
+        self.host.log.warning("fault injected: gradient sums of iteration %d sent scaled by %g",
+                              iteration, scale)
+        return flat * scale
 
     async def _contribute(
         self, peer: str, header: ContributionHeader, flat: Tensor, deadline: float,
@@ -1391,9 +1435,20 @@ class StageWorker:
             for p, s in order.participants.items()
         )
 
+        rule = self.job.aggregation
+        noise = self.fault.weight_noise(order.iteration) if self.fault is not None else None
+
         def step() -> tuple[str, dict[str, str], bytes | None]:
-            aggregated = combine_contributions(contributions, expected_ids=expected)
+            if rule.robust:
+                aggregated = aggregate(
+                    contributions, rule.rule, expected_ids=expected, trim=rule.trim,
+                    clip_iterations=rule.clip_iterations,
+                )
+            else:
+                aggregated = combine_contributions(contributions, expected_ids=expected)
             checksum = self.executor.commit(aggregated)
+            if noise is not None:
+                checksum = self._corrupt(noise, order.iteration)
             digests = self.executor.digests() if order.final else {}
             # The last replica of a stage keeps its new state elsewhere before it does anything
             # of the next iteration: a node joining the stage after it died starts from there.
@@ -1433,6 +1488,17 @@ class StageWorker:
         metrics.count("gwtf_job_dropped_microbatches", job, by=len(order.dropped))
         metrics.set("gwtf_job_loss", job, order.loss)
         metrics.set("gwtf_job_iteration", job, order.iteration + 1)
+
+    def _corrupt(self, scale: float, iteration: int) -> str:
+        """The `poison:weights` fault: noise on this replica's parameters (compute thread)."""
+        self.host.log.warning("fault injected: stage parameters corrupted after iteration %d",
+                              iteration)
+        generator = torch.Generator().manual_seed(iteration)
+        with torch.no_grad():
+            for _, param in sorted(self.executor.parameters().items()):
+                noise = torch.randn(param.shape, generator=generator, dtype=param.dtype)
+                param.add_(noise * scale * float(param.abs().mean()))
+        return self.executor.checksum()
 
     def _advance(self, order: StepOrder) -> None:
         number = order.iteration + 1

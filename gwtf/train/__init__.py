@@ -56,6 +56,7 @@ from gwtf.train.executor import (
 )
 from gwtf.train.job import (
     PRESETS,
+    AggregationConfig,
     JobConfig,
     JobError,
     ModelConfig,
@@ -72,6 +73,7 @@ __all__ = [
     "PRESETS",
     "AggregatedGradient",
     "BadTensorError",
+    "AggregationConfig",
     "CapacityError",
     "ContributionError",
     "Corpus",

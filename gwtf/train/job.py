@@ -10,6 +10,7 @@ File format (TOML; every key is listed, optional ones with their default)::
     data = "corpus.txt"        # optional, a text file, relative to this file's folder
                                # (default: the Python standard library sources on the machine)
     grad_accum = "float64"     # optional, float64|float32: dtype of the gradient sums (below)
+    aggregation = "mean"       # optional, mean|trimmed-mean|centered-clip (below); or a table:
 
     [model]
     kind = "gpt"               # gpt (LayerNorm, GELU, learned positions) | llama (RMSNorm,
@@ -26,6 +27,20 @@ File format (TOML; every key is listed, optional ones with their default)::
     betas = [0.9, 0.95]        # default [0.9, 0.95]
     weight_decay = 0.1         # default 0.1, on matrices and embeddings, not on norms or biases
     eps = 1e-8                 # default 1e-8
+
+    [aggregation]              # optional table, instead of the one-word `aggregation = ...`
+    rule = "trimmed-mean"      # mean (default) | trimmed-mean | centered-clip
+    trim = 0.2                 # trimmed-mean: fraction of the replicas cut at each end, [0, 0.5)
+    clip_iterations = 3        # centered-clip: clipping rounds, at least 1
+    norm_factor = 10.0         # screen: a replica whose mean gradient's norm is above this
+                               # times its stage's median is excluded from the job; above 1
+
+`aggregation` is how the replicas of a stage combine their gradients at each commit
+(`gwtf.train.robust`). `mean` is the exact weighted mean, equal to the one-process reference bit
+for bit, and trusts every replica. `trimmed-mean` and `centered-clip` bound what one poisoning
+replica can do to the step, and with either the swarm also excludes a replica whose gradient
+norm its stage peers find out of bounds (`norm_factor`) or whose parameters disagree with the
+majority of its stage after a step (`gwtf.node.jobs`).
 
 `grad_accum = "float64"` keeps each node's gradient sums in float64. A float64 holds the sum of
 float32 values exactly as long as their magnitudes span less than about 2**29, which gradients of
@@ -52,7 +67,9 @@ from typing import Any
 
 __all__ = [
     "BYTE_VOCAB",
+    "AGGREGATION_RULES",
     "GRAD_ACCUM_DTYPES",
+    "AggregationConfig",
     "MODEL_KINDS",
     "PRESETS",
     "JobConfig",
@@ -68,6 +85,7 @@ __all__ = [
 BYTE_VOCAB = 256
 MODEL_KINDS = ("gpt", "llama")
 GRAD_ACCUM_DTYPES = ("float64", "float32")
+AGGREGATION_RULES = ("mean", "trimmed-mean", "centered-clip")
 
 
 class JobError(ValueError):
@@ -186,6 +204,39 @@ class OptimizerConfig:
 
 
 @dataclass(frozen=True)
+class AggregationConfig:
+    """How a stage's replicas combine their gradients (`gwtf.train.robust`)."""
+
+    rule: str = "mean"
+    trim: float = 0.2
+    clip_iterations: int = 3
+    norm_factor: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.rule not in AGGREGATION_RULES:
+            raise JobError(
+                f"aggregation must be one of {', '.join(AGGREGATION_RULES)}, got {self.rule!r}"
+            )
+        trim = _check_float("aggregation.trim", self.trim)
+        if not 0.0 <= trim < 0.5:
+            raise JobError(f"aggregation.trim must be in [0, 0.5), got {self.trim}")
+        _check_int("aggregation.clip_iterations", self.clip_iterations, minimum=1)
+        norm_factor = _check_float("aggregation.norm_factor", self.norm_factor)
+        if norm_factor <= 1.0:
+            raise JobError(
+                f"aggregation.norm_factor must be above 1 (a multiple of the median gradient "
+                f"norm), got {self.norm_factor}"
+            )
+        object.__setattr__(self, "trim", trim)
+        object.__setattr__(self, "norm_factor", norm_factor)
+
+    @property
+    def robust(self) -> bool:
+        """Anything but the plain mean: the swarm screens and excludes bad replicas."""
+        return self.rule != "mean"
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """One training job. `job_id` is derived from the content, so equal jobs share an id."""
 
@@ -198,6 +249,7 @@ class JobConfig:
     data: str | None = None
     grad_accum: str = "float64"
     name: str = ""
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelConfig):
@@ -213,6 +265,8 @@ class JobConfig:
             raise JobError(
                 f"grad_accum must be one of {', '.join(GRAD_ACCUM_DTYPES)}, got {self.grad_accum!r}"
             )
+        if not isinstance(self.aggregation, AggregationConfig):
+            raise JobError("aggregation must be a rule name or an [aggregation] table")
         if not isinstance(self.name, str):
             raise JobError(f"name must be a string, got {self.name!r} ({_type_name(self.name)})")
 
@@ -228,6 +282,9 @@ class JobConfig:
         out["optimizer"]["betas"] = list(self.optimizer.betas)
         if self.data is None:
             del out["data"]
+        # The default is left out, so that a job that does not choose keeps its id.
+        if self.aggregation == AggregationConfig():
+            del out["aggregation"]
         return out
 
 
@@ -241,11 +298,13 @@ _TOP_KEYS = {
     "grad_accum",
     "model",
     "optimizer",
+    "aggregation",
 }
 _REQUIRED_TOP = ("iterations", "microbatches", "microbatch_size", "model")
 _MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
 _REQUIRED_MODEL = ("kind", "layers", "width", "heads", "seq_len")
 _OPTIMIZER_KEYS = {f.name for f in dataclasses.fields(OptimizerConfig)}
+_AGGREGATION_KEYS = {f.name for f in dataclasses.fields(AggregationConfig)}
 
 
 def _check_keys(where: str, table: Mapping[str, Any], known: set[str]) -> None:
@@ -277,15 +336,30 @@ def job_from_dict(table: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     _check_keys("optimizer", optimizer_table, _OPTIMIZER_KEYS)
     if "betas" in optimizer_table and isinstance(optimizer_table["betas"], list):
         optimizer_table = {**optimizer_table, "betas": tuple(optimizer_table["betas"])}
-    rest = {k: v for k, v in table.items() if k not in ("model", "optimizer")}
+    aggregation = _aggregation(table.get("aggregation", "mean"))
+    rest = {k: v for k, v in table.items() if k not in ("model", "optimizer", "aggregation")}
     data = rest.get("data")
     if isinstance(data, str) and data and base_dir is not None:
         rest["data"] = str((base_dir / data).resolve()) if not Path(data).is_absolute() else data
     return JobConfig(
         model=ModelConfig(**model_table),
         optimizer=OptimizerConfig(**optimizer_table),
+        aggregation=aggregation,
         **rest,
     )
+
+
+def _aggregation(value: object) -> AggregationConfig:
+    """`aggregation = "rule"` or an [aggregation] table."""
+    if isinstance(value, str):
+        return AggregationConfig(rule=value)
+    if not isinstance(value, dict):
+        raise JobError(
+            f"aggregation must be one of {', '.join(AGGREGATION_RULES)} or an [aggregation] "
+            f"table, got {value!r}"
+        )
+    _check_keys("aggregation", value, _AGGREGATION_KEYS)
+    return AggregationConfig(**value)
 
 
 def load_job(path: str | Path) -> JobConfig:

@@ -179,7 +179,7 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
                             "throughput_mb_s", "dropped_microbatches", "crashes", "leaves",
                             "joins", "rerouted_microbatches", "replayed_microbatches",
                             "replayed_s", "compute_s", "lost_microbatches", "restarts",
-                            "dropped"}
+                            "dropped", "excluded"}
     ref = reference(job_of("tiny-llama", LLAMA_ITERATIONS))
     assert summary["job_id"] == ref.job_id
     assert summary["iterations_completed"] == LLAMA_ITERATIONS
@@ -189,6 +189,7 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
     assert summary["crashes"] == 0 and summary["rerouted_microbatches"] == 0
     assert summary["lost_microbatches"] == 0 and summary["restarts"] == 0
     assert summary["replayed_s"] == 0 and summary["compute_s"] > 0
+    assert summary["excluded"] == []
     status = subprocess.run(
         [sys.executable, "-m", "gwtf", "status", "--to", swarm.procs["z0"].address, "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=False,

@@ -68,6 +68,8 @@ def test_submit_mistakes_are_one_line(tmp_path: Path) -> None:
              "model.heads (4) must divide model.width (30)")
     bad.write_text("iterations = [\n")
     one_line(run_gwtf("submit", "--to", "127.0.0.1:9", "--job", str(bad)), 2, "not valid TOML")
+    one_line(run_gwtf("submit", "--to", "127.0.0.1:9", "--job", "tiny-gpt", "--aggregation",
+                      "median"), 2, "aggregation must be one of mean, trimmed-mean, centered-clip")
     one_line(run_gwtf("submit", "--to", "127.0.0.1:9", "--job", "tiny-gpt"), 1, "cannot reach")
 
 
@@ -78,7 +80,7 @@ def test_node_status_launch_show_their_flags() -> None:
                  "--stages"),
         "status": ("--to", "--json"),
         "launch": ("--nodes", "--stages", "--base-port", "--link-matrix", "--json"),
-        "submit": ("--to", "--job", "--wait", "--json", "--iterations"),
+        "submit": ("--to", "--job", "--wait", "--json", "--iterations", "--aggregation"),
     }
     for command, flags in expected.items():
         result = run_gwtf(command, "--help")

@@ -1,5 +1,6 @@
 """The fault hook's spec (gwtf.node.faults) and `gwtf node --fault` with a bad one."""
 
+import math
 import os
 import subprocess
 import sys
@@ -22,10 +23,31 @@ def test_a_spec_names_a_point_and_optionally_where() -> None:
     assert not fault.matches("backward", 7, 5)
 
 
+def test_a_poison_spec_says_what_from_when_and_how_much() -> None:
+    grads = parse_fault("poison:gradients")
+    assert grads == Fault("", poison="gradients", scale=1e4, start=0)
+    assert grads.gradient_scale(0) == 1e4 and grads.weight_noise(0) is None
+    assert not grads.matches("", 0) and not grads.matches("aggregation", 0)
+    late = parse_fault("poison:gradients:scale=-3:from=2")
+    assert [late.gradient_scale(k) for k in range(4)] == [None, None, -3.0, -3.0]
+    weights = parse_fault("poison:weights:from=1")
+    assert [weights.weight_noise(k) for k in range(3)] == [None, 1e-2, None]
+    assert weights.gradient_scale(5) is None
+    assert math.isnan(parse_fault("poison:gradients:scale=nan").gradient_scale(0) or 0.0)
+
+
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
         ("forward", "crash-in:POINT"),
+        ("poison", "poison:WHAT"),
+        ("poison:activations", "poison 'activations' is not one of gradients, weights"),
+        ("poison:gradients:scale=0", "scale must not be 0"),
+        ("poison:weights:scale=inf", "be finite for weights"),
+        ("poison:gradients:scale=big", "'big' is not a number"),
+        ("poison:weights:from=-1", "from must not be negative"),
+        ("poison:weights:from=1:from=2", "is not scale=S or from=K"),
+        ("poison:weights:iteration=1", "is not scale=S or from=K"),
         ("crash-in:sideways", "is not one of"),
         ("crash-in:forward:iteration=x", "not a whole number"),
         ("crash-in:forward:iteration=-1", "must not be negative"),

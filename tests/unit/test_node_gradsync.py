@@ -86,3 +86,13 @@ def test_malformed_streams_are_refused_with_one_sentence(make: object, message: 
 def test_unflatten_refuses_a_vector_of_another_size() -> None:
     with pytest.raises(ContributionError):
         unflatten(torch.zeros(NUMEL + 1, dtype=torch.float64), SHAPES)
+
+
+def test_a_screening_stage_takes_non_finite_sums_in_for_its_screen_to_name() -> None:
+    flat = flatten(sums(), sorted(SHAPES), torch.float64)
+    flat[3] = float("inf")
+    assembler = ContributionAssembler(lambda h: NUMEL)
+    for chunk in encode(header(), flat, chunk_bytes=40):
+        assembler.add(chunk)
+    got_header, got = assembler.finish(allow_non_finite=True)
+    assert got_header == header() and torch.equal(got, flat)

@@ -5,6 +5,7 @@ import pytest
 from gwtf.node.iterations import (
     CommittedReport,
     IterationCoordinator,
+    Outliers,
     PreparedReport,
     ReportError,
     StepOrder,
@@ -206,6 +207,64 @@ def test_the_final_iteration_names_replicas_that_diverge() -> None:
     committed(c, 0, "b", checksum="other")
     (outcome,) = committed(c, 0, "z")
     assert outcome.mismatched == ("a", "b")  # 1:1, which is right cannot be told
+
+
+def test_a_replica_named_by_a_majority_of_its_stage_is_an_outlier_and_voids_the_attempt() -> None:
+    trio = {"h0": 0, "a": 1, "b": 1, "x": 1, "z": 2}
+    c = IterationCoordinator(iterations=2, microbatches=6, participants=trio, num_stages=3,
+                             holders=("h0",))
+    c.done("h0", 0, 0, range(6))
+    order = c.commit_order()
+    assert order is not None
+
+    def report(sender: str, ids: list[int], outliers: frozenset[str] = frozenset()
+               ) -> StepOrder | Outliers | str | None:
+        stage = trio[sender]
+        extra: dict[str, object] = {}
+        if stage == 2:
+            extra = {"losses": {m: 1.0 for m in ids}, "routes": {("h0", "a", "z"): len(ids)}}
+        return c.prepared(PreparedReport(sender, 0, 0, c.attempt, stage, frozenset(ids),
+                                         outliers=outliers, **extra))  # type: ignore[arg-type]
+
+    # x accuses b alone: one vote of three is no majority, and nobody else is named.
+    assert report("h0", list(range(6))) is None
+    assert report("x", [4, 5], frozenset({"b"})) is None
+    assert report("a", [0, 1], frozenset({"x"})) is None
+    assert report("z", list(range(6)), frozenset({"x"})) is None  # not of its stage: ignored
+    verdict = report("b", [2, 3], frozenset({"x"}))
+    assert verdict == Outliers(0, {"x": (1, 2, 3)})
+    assert not c.in_commit  # void: the coordinator excludes x, replays, and tries again
+    c.member_down("x")
+    again = c.commit_order()
+    assert again is not None and again.attempt == 2 and "x" not in again.members
+
+
+def test_a_replica_outvoted_by_its_stage_checksums_is_named_and_a_tie_is_not() -> None:
+    c = coordinator(iterations=2)
+    c.done("h0", 0, 0, range(5))
+    c.commit_order()
+    all_prepared(c, range(5))
+    committed(c, 0, "h0")
+    committed(c, 0, "h1", checksum="bad")
+    committed(c, 0, "a")
+    committed(c, 0, "b", checksum="other")
+    (outcome,) = committed(c, 0, "z")
+    # Stage 0 and stage 1 are both 1:1; nothing tells which replica is right.
+    assert outcome.mismatched == ("a", "b", "h0", "h1") and outcome.outvoted == ()
+    trio = {"h0": 0, "a": 1, "b": 1, "x": 1, "z": 2}
+    c = IterationCoordinator(iterations=2, microbatches=2, participants=trio, num_stages=3,
+                             holders=("h0",))
+    c.done("h0", 0, 0, [0, 1])
+    c.commit_order()
+    for sender, ids in (("h0", [0, 1]), ("a", [0]), ("b", [1]), ("x", [])):
+        c.prepared(PreparedReport(sender, 0, 0, 1, trio[sender], frozenset(ids)))
+    step = c.prepared(PreparedReport("z", 0, 0, 1, 2, frozenset({0, 1}), losses={0: 1.0, 1: 1.0},
+                                     routes={("h0", "a", "z"): 2}))
+    assert isinstance(step, StepOrder)
+    for sender, checksum in (("h0", "s0"), ("a", "s1"), ("b", "s1"), ("x", "wrong")):
+        c.committed(CommittedReport(sender, 0, trio[sender], checksum))
+    (outcome,) = c.committed(CommittedReport("z", 0, 2, "s2"))
+    assert outcome.mismatched == ("x",) and outcome.outvoted == ("x",)
 
 
 def test_a_restart_forgets_the_round_and_its_late_reports() -> None:

@@ -9,10 +9,12 @@ import pytest
 
 from gwtf.train.job import (
     PRESETS,
+    AggregationConfig,
     JobConfig,
     JobError,
     ModelConfig,
     OptimizerConfig,
+    job_from_dict,
     load_job,
     preset,
     resolve_job,
@@ -71,6 +73,24 @@ def test_job_id_follows_the_content() -> None:
     assert job.job_id != PRESETS["tiny-llama"].job_id
 
 
+def test_aggregation_is_a_word_or_a_table_and_the_mean_keeps_the_job_id(tmp_path: Path) -> None:
+    assert load_job(write(tmp_path, MINIMAL)).aggregation == AggregationConfig(rule="mean")
+    word = load_job(write(tmp_path, 'aggregation = "centered-clip"\n' + MINIMAL))
+    assert word.aggregation == AggregationConfig(rule="centered-clip") and word.aggregation.robust
+    table = load_job(write(tmp_path, MINIMAL + '\n[aggregation]\nrule = "trimmed-mean"\n'
+                                             "trim = 0.25\nnorm_factor = 5\n"))
+    assert table.aggregation == AggregationConfig("trimmed-mean", trim=0.25, norm_factor=5.0)
+    # The default is left out of the job's canonical form: jobs that do not choose keep their id.
+    plain = load_job(write(tmp_path, 'aggregation = "mean"\n' + MINIMAL))
+    assert "aggregation" not in plain.to_dict()
+    assert plain.job_id == load_job(write(tmp_path, MINIMAL)).job_id
+    assert PRESETS["tiny-gpt"].job_id == "job-829bebfa546dad2e"
+    # A choice changes the id and travels whole through the job's canonical form.
+    assert table.job_id not in (plain.job_id, word.job_id)
+    assert job_from_dict(table.to_dict()) == table
+    assert job_from_dict(word.to_dict()) == word
+
+
 def test_relative_data_path_is_relative_to_the_job_file(tmp_path: Path) -> None:
     job = load_job(write(tmp_path, 'data = "corpus.txt"\n' + MINIMAL))
     assert job.data == str(tmp_path.resolve() / "corpus.txt")
@@ -114,6 +134,21 @@ def test_presets_are_a_few_hundred_thousand_parameters_and_cut_into_three() -> N
         (lambda t: "model = 3\n" + t.split("[model]")[0], "model must be a [model] table"),
         (lambda t: t.replace('"gpt"', '"llama"').replace("width = 16", "width = 6"), "even"),
         (lambda t: t + "= broken", "is not valid TOML"),
+        (lambda t: 'aggregation = "median"\n' + t,
+         "aggregation must be one of mean, trimmed-mean, centered-clip, got 'median'"),
+        (lambda t: "aggregation = 2\n" + t, "aggregation must be one of mean, trimmed-mean, "
+         "centered-clip or an [aggregation] table"),
+        (lambda t: t + '\n[aggregation]\nrule = "trimmed-mean"\ntrim = 0.5\n',
+         "aggregation.trim must be in [0, 0.5), got 0.5"),
+        (lambda t: t + "\n[aggregation]\ntrim = -0.1\n", "aggregation.trim must be in [0, 0.5)"),
+        (lambda t: t + "\n[aggregation]\ntrim = 'x'\n", "aggregation.trim must be a number"),
+        (lambda t: t + "\n[aggregation]\nnorm_factor = 1\n", "aggregation.norm_factor must be "
+         "above 1"),
+        (lambda t: t + "\n[aggregation]\nnorm_factor = inf\n", "norm_factor must be a finite"),
+        (lambda t: t + "\n[aggregation]\nclip_iterations = 0\n",
+         "aggregation.clip_iterations must be positive"),
+        (lambda t: t + "\n[aggregation]\ntau = 1\n", "unknown key 'aggregation.tau'; the keys "
+         "allowed in [aggregation] are clip_iterations, norm_factor, rule, trim"),
     ],
 )
 def test_bad_job_file_is_one_clear_sentence(tmp_path: Path, edit: object, message: str) -> None:

@@ -89,3 +89,33 @@ def test_the_commit_checks_hold_for_every_rule() -> None:
             aggregate(twice, rule)
     with pytest.raises(ValueError, match="unknown aggregation 'median'"):
         aggregate(swarm(), "median")
+
+
+def scaled(c: GradContribution, factor: float) -> GradContribution:
+    return GradContribution(c.node_id, c.stage, c.iteration, c.microbatch_ids,
+                            {n: factor * t for n, t in c.grad_sums.items()})
+
+
+@pytest.mark.parametrize("rule", ["trimmed-mean", "centered-clip"])
+def test_honest_replicas_screen_alike_and_the_poisoners_own_view_differs(rule: str) -> None:
+    """What the nodes of a stage hold at a commit: each its own sums and what its peers sent.
+    The poisoner `x` sends its peers its sums scaled by 1e4 and keeps the true ones."""
+    a, b, x = honest("a", (0, 1), 1), honest("b", (2, 3), 2), honest("x", (4, 5), 3)
+    at_a = [a, b, scaled(x, 1e4)]
+    at_b = [b, scaled(x, 1e4), a]
+    at_x = [x, a, b]
+    # The screen: both honest replicas name x (a majority of three), x names nobody.
+    assert norm_outliers(at_a) == norm_outliers(at_b) == ["x"]
+    assert norm_outliers(at_x) == []
+    # Every honest replica steps with the same bits; the poisoner with others, so its checksum
+    # disagrees with the majority of its stage even when the screen lets it through.
+    mine, theirs, its = (aggregate(view, rule) for view in (at_a, at_b, at_x))
+    assert all(torch.equal(mine.grads[n], theirs.grads[n]) for n in SHAPES)
+    assert not all(torch.equal(mine.grads[n], its.grads[n]) for n in SHAPES)
+    # Once it is excluded and its microbatches replayed at a and b, two honest replicas are left:
+    # the trimmed mean cuts nothing of two, and is then their weighted mean.
+    if rule == "trimmed-mean":
+        pair = aggregate([a, b], rule, dtype=torch.float64)
+        exact = aggregate([a, b], "mean", dtype=torch.float64)
+        assert all(torch.allclose(pair.grads[n], exact.grads[n], rtol=1e-12, atol=0)
+                   for n in SHAPES)
