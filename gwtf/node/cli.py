@@ -55,6 +55,9 @@ def load_matrix(
 
 
 def run_node(args: argparse.Namespace) -> int:
+    from gwtf.node.launch import die_with_launcher
+
+    die_with_launcher()
     quiet_grpc_core()
     import uvloop
 

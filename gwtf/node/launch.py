@@ -12,7 +12,8 @@ crash, SIGTERM on a leave, a new node process on a join, at the trace's times sc
 
 Children run in their own session (Ctrl-C in the terminal reaches only this process, which then
 stops them by pid: SIGTERM, so they leave gracefully, then SIGKILL after a grace period) and, on
-Linux, die with it if it is killed (PR_SET_PDEATHSIG). Their logs go to one file each.
+Linux, die with it if it is killed (PR_SET_PDEATHSIG, which each node asks for itself: see
+`die_with_launcher`). Their logs go to one file each.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from gwtf.flow.topology import TopologyError, load_link_matrix
 if TYPE_CHECKING:
     from gwtf.node.churn import ChurnAction
 
-__all__ = ["NodePlan", "die_with_parent", "plan_nodes", "run_launch"]
+__all__ = ["LAUNCHER_ENV", "NodePlan", "child_env", "die_with_launcher", "plan_nodes", "run_launch"]
 
 START_TIMEOUT_S = 120.0
 """How long a node may take to print its address (a loaded machine starts Python slowly)."""
@@ -97,13 +98,35 @@ def plan_nodes(
     return plans
 
 
-def die_with_parent() -> None:
-    """In the child, before exec: receive SIGTERM when the launcher dies (Linux only)."""
+LAUNCHER_ENV = "GWTF_LAUNCHER_PID"
+"""Set by a launcher in its nodes' environment: its pid, which the node dies with."""
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a node this process starts and wants to die with it."""
+    return {**os.environ, LAUNCHER_ENV: str(os.getpid()), **extra}
+
+
+def die_with_launcher() -> None:
+    """In a node whose environment names its launcher: SIGTERM this process when the launcher
+    dies (Linux; elsewhere nothing). Called first thing by `gwtf node`.
+
+    The node asks for it itself rather than in a `preexec_fn` of the launcher's Popen: that
+    runs Python in the forked child before exec, so gRPC's fork handlers run there too, and
+    with channels open in the launcher (the demo's live view, a test's client) gRPC's poller
+    in the child can die on a closed epoll descriptor (grpc/grpc#43055) before the node even
+    starts. Without a preexec_fn, Popen uses vfork, which runs no fork handlers.
+    """
+    launcher = os.environ.pop(LAUNCHER_ENV, "")
+    if not launcher.isdigit() or not sys.platform.startswith("linux"):
+        return
     with contextlib.suppress(Exception):
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(launcher):  # it died before the request: do what it would have done
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _Cluster:
@@ -123,7 +146,7 @@ class _Cluster:
             stdin=subprocess.DEVNULL,
             text=True,
             start_new_session=True,
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            env=child_env(),
         )
         index = len(self.procs)
         self.procs.append((plan, proc))

@@ -81,8 +81,10 @@ def job_for(case: str, iterations: int = ITERATIONS) -> JobConfig:
     return dataclasses.replace(PRESETS["tiny-gpt"], name=f"chaos-{case}", iterations=iterations)
 
 
-def armed(swarm: LocalSwarm, node_id: str, stage: int, fault: str) -> Proc:
-    proc = swarm.join(node_id, stage, 0.07, "--fault", fault)
+def armed(
+    swarm: LocalSwarm, node_id: str, stage: int, fault: str, compute_s: float = 0.07
+) -> Proc:
+    proc = swarm.join(node_id, stage, compute_s, "--fault", fault)
     wait_formed(swarm)
     return proc
 
@@ -94,7 +96,14 @@ def train(swarm: LocalSwarm, job: JobConfig, to: str = "z0") -> JobResult:
 
 
 def died(proc: Proc) -> None:
-    wait_for(lambda: proc.popen.poll() is not None, 30, f"{proc.id} to die")
+    try:
+        wait_for(lambda: proc.popen.poll() is not None, 30, f"{proc.id} to die")
+    except AssertionError:
+        # Its fault never fired: kill it anyway, so that the armed node cannot fire in the next
+        # case's job and fail that one too (the cases share the swarm).
+        proc.popen.kill()
+        proc.popen.wait(timeout=10)
+        raise
     assert proc.popen.returncode == -9, (proc.id, proc.popen.returncode)
 
 
@@ -139,7 +148,10 @@ def test_a_crash_in_a_backward_is_recomputed_only_at_its_stage(swarm: LocalSwarm
 def test_a_crash_after_a_backward_before_its_gradient_left_is_redone(swarm: LocalSwarm) -> None:
     # On the last stage forward and backward are one step: with no proof that it finished
     # (its gradient never left), the microbatch is resent whole to the other last-stage node.
-    victim = armed(swarm, "z2", 2, "crash-in:after-backward:iteration=2")
+    # Stage 1 is the bottleneck, so stage 2 needs only part of its capacity; a victim as slow
+    # as z1 could be left without flow (tied costs) and never reach its fault. The fastest node
+    # of the stage has the cheapest arcs: min-cost routing fills it first.
+    victim = armed(swarm, "z2", 2, "crash-in:after-backward:iteration=2", compute_s=0.03)
     job = job_for("after-backward")
     result = train(swarm, job)
     died(victim)

@@ -7,7 +7,6 @@ with a deadline. `LocalSwarm.close()` (a context manager exit) kills whatever is
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import re
 import signal
@@ -23,7 +22,7 @@ from typing import Any, TypeVar
 from gwtf.client import StatusError, fetch_status, status_json
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
-from gwtf.node.launch import die_with_parent
+from gwtf.node.launch import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
@@ -103,16 +102,14 @@ class LocalSwarm:
             incarnation += 1
             log = self.log_dir / f"{node_id}.{incarnation}.log"
         handle = open(log, "w", encoding="utf-8")  # noqa: SIM115
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         popen = subprocess.Popen(
             argv,
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=handle,
             text=True,
-            env=env,
             # If this process dies without cleaning up (a killed test run), so do its nodes.
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            env=child_env(PYTHONUNBUFFERED="1"),
         )
         handle.close()
         proc = Proc(node_id, stage, popen, log)
