@@ -16,6 +16,12 @@ Failure detector, two pieces of evidence:
   push-pull gossip); if the connection is refused (UNAVAILABLE: no process listens there), the
   member is declared dead at once. A call that merely times out proves nothing (a slow link, a
   loaded machine) and the full timeout applies.
+Silence is counted only while this node was listening. When its own checks come late (its process
+was starved of CPU or paused: a loaded or sleeping machine), the time it was away is not held
+against the others: their last progress moves forward by as much. Without this, a machine that
+stalls for longer than the timeout wakes up and declares every member dead at once (seen when
+every process on a 2-core machine stalled for 3 s), and the swarm loses all its jobs' state to
+false suspicions. A member that really died in the stall is declared that much later.
 A verdict is gossiped like any entry, so every member learns it within a few periods of the first
 one. A member that hears of its own death (a false suspicion) comes back as a new incarnation.
 """
@@ -97,6 +103,7 @@ class Membership:
         self._rng = rng
         self._entries: dict[str, _Entry] = {}
         self._cycle: list[str] = []
+        self._checked_at: float | None = None
         self.declared_dead = False
         """Set when gossip says this incarnation is dead: it must come back as a new one."""
 
@@ -233,6 +240,13 @@ class Membership:
         """Apply the timeout: the members now declared dead, and the silent ones to call
         directly (half the timeout without progress, at most once per ping interval)."""
         now = self._clock()
+        if self._checked_at is not None:
+            # Checks come every ping interval; beyond a second one, this node was not listening.
+            away = now - self._checked_at - self.ping_interval_s
+            if away > self.ping_interval_s:
+                for entry in self._entries.values():
+                    entry.progress_at = min(now, entry.progress_at + away)
+        self._checked_at = now
         events: list[MemberEvent] = []
         to_ping: list[MemberInfo] = []
         for node_id, entry in sorted(self._entries.items()):

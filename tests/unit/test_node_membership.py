@@ -38,6 +38,15 @@ def kinds(events: list) -> list[tuple[str, str]]:  # type: ignore[type-arg]
     return [(e.kind, e.member.id) for e in events]
 
 
+def checks_until(t: Membership, clock: Clock, until: float, every: float = 0.5) -> list:  # type: ignore[type-arg]
+    """Check every ping interval up to `until`, as the node's heartbeat loop does; the events."""
+    events = []
+    while clock.now + every <= until + 1e-9:
+        clock.now += every
+        events += t.check()[0]
+    return events
+
+
 def test_new_members_and_heartbeats() -> None:
     clock = Clock()
     t = table(clock)
@@ -80,12 +89,14 @@ def test_silence_declares_dead_after_the_timeout() -> None:
     clock = Clock()
     t = table(clock)
     t.merge([member("a")])
+    assert checks_until(t, clock, TIMEOUT / 2 - 0.5) == []
     clock.now = TIMEOUT / 2 - 0.01
     assert t.check() == ([], [])
     clock.now = TIMEOUT / 2
     events, ping = t.check()
     assert events == [] and [m.id for m in ping] == ["a"]  # half the timeout: call it
     assert t.check() == ([], [])  # not again before the ping interval
+    assert checks_until(t, clock, TIMEOUT - 0.5) == []
     clock.now = TIMEOUT
     events, _ = t.check()
     assert kinds(events) == [("dead", "a")] and "no heartbeat" in events[0].reason
@@ -132,11 +143,9 @@ def test_digest_leaves_out_the_silent_and_tombstones_expire() -> None:
     clock.now = TIMEOUT / 2
     t.merge([member("b", heartbeat=1)])
     assert [m.id for m in t.digest()] == ["me", "b"]  # a's last entry stops spreading
-    clock.now = TIMEOUT
-    t.check()
+    checks_until(t, clock, TIMEOUT)
     assert [m.id for m in t.departed()] == ["a"]
-    clock.now = TIMEOUT + 61
-    t.check()
+    checks_until(t, clock, TIMEOUT + 61)
     assert t.get("a") is None  # forgotten; b died later and is still remembered
     assert [m.id for m in t.departed()] == ["b"]
 
@@ -160,3 +169,27 @@ def test_view_hash_names_the_live_incarnations() -> None:
     assert a.view_hash() == b.view_hash()
     b.merge([member("y", epoch=2)])
     assert a.view_hash() != b.view_hash()
+
+
+def test_a_node_that_stalled_does_not_hold_its_stall_against_the_others() -> None:
+    # Its checks stop for longer than the timeout (its process was starved); when they resume,
+    # a member that was heard from just before the stall is not declared dead, and is declared
+    # once it has been silent for a whole timeout of this node listening.
+    clock = Clock()
+    t = table(clock)
+    t.merge([member("a")])
+    assert checks_until(t, clock, 1.0) == []
+    t.merge([member("a", heartbeat=1)])  # heard from at 1.0, the last check before the stall
+    clock.now = 1.0 + TIMEOUT + 2.0  # no check for 6 s
+    assert t.check()[0] == []
+    assert kinds(checks_until(t, clock, clock.now + TIMEOUT - 1.0)) == []
+    assert kinds(checks_until(t, clock, clock.now + 1.0)) == [("dead", "a")]
+
+
+def test_checks_on_time_declare_at_the_timeout() -> None:
+    # The same member silent, checks every ping interval: declared at the timeout, not later.
+    clock = Clock()
+    t = table(clock)
+    t.merge([member("a")])
+    assert checks_until(t, clock, TIMEOUT - 0.5) == []
+    assert kinds(checks_until(t, clock, TIMEOUT)) == [("dead", "a")]
