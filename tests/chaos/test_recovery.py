@@ -82,10 +82,25 @@ def job_for(case: str, iterations: int = ITERATIONS) -> JobConfig:
 
 
 def armed(
-    swarm: LocalSwarm, node_id: str, stage: int, fault: str, compute_s: float = 0.07
+    swarm: LocalSwarm, node_id: str, stage: int, fault: str, compute_s: float = 0.07,
+    *, routed: bool = True,
 ) -> Proc:
+    """A node that SIGKILLs itself at `fault`. `routed`: wait until the flows send it
+    microbatches (a data holder: until it sends some), or its fault may never fire: a newcomer's
+    links are first measured while it is still starting (a low bandwidth, so a costly arc), and
+    the flows take it in only once they are measured again."""
     proc = swarm.join(node_id, stage, compute_s, "--fault", fault)
     wait_formed(swarm)
+    if routed:
+
+        def carries_flow() -> bool:
+            view = swarm.status(node_id)
+            return view is not None and any(
+                arc["flow"] > 0 and (arc["src"] if stage == 0 else arc["dst"]) == node_id
+                for arc in view["arcs"]
+            )
+
+        wait_for(carries_flow, 90, f"the flows to route microbatches through {node_id}")
     return proc
 
 
@@ -213,7 +228,7 @@ def test_a_joiner_gets_its_state_from_another_donor_when_the_first_dies(
     # Joiners ask the live replicas of their stage in id order: "a-donor" first, which dies
     # once the first chunk of its state is on its way; the joiner fetches it from a0 instead.
     # Meanwhile a1 leaves gracefully: it lets the iteration it is in step, then goes.
-    donor = armed(swarm, "a-donor", 1, "crash-in:state-transfer")
+    donor = armed(swarm, "a-donor", 1, "crash-in:state-transfer", routed=False)
     job = job_for("join", iterations=24)
     client = GwtfClient(swarm.procs["z0"].address)
     job_id = client.submit(job)
