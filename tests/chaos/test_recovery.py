@@ -95,12 +95,14 @@ def armed(
 
         def carries_flow() -> bool:
             view = swarm.status(node_id)
-            return view is not None and any(
+            # Converged flows only: a scaling phase's flows move, and the job follows the
+            # flows as they are when it routes.
+            return view is not None and view["converged"] and any(
                 arc["flow"] > 0 and (arc["src"] if stage == 0 else arc["dst"]) == node_id
                 for arc in view["arcs"]
             )
 
-        wait_for(carries_flow, 90, f"the flows to route microbatches through {node_id}")
+        wait_for(carries_flow, 120, f"the flows to route microbatches through {node_id}")
     return proc
 
 
