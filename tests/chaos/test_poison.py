@@ -36,8 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from cluster import LocalSwarm, wait_for
+from cluster import LocalSwarm
 
 from gwtf.client import GwtfClient
 from gwtf.train import PRESETS, AggregationConfig, train_reference
@@ -66,29 +65,8 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
     with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=3.0, train=True) as s:
         s.start(NODES, num_stages=3)
         s.join(POISONER, 1, 0.15, "--fault", "poison:gradients")
-        wait_formed(s)
+        s.wait_formed()
         yield s
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """The reference runs with the nodes' thread count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def wait_formed(swarm: LocalSwarm) -> None:
-    def formed() -> bool:
-        everyone = {p.id for p in swarm.live()}
-        for proc in swarm.live():
-            view = swarm.status(proc.id, swarm=False)
-            if view is None or {m["id"] for m in view["members"] if m["alive"]} != everyone:
-                return False
-        return True
-
-    wait_for(formed, 60, "every node to know every live member")
 
 
 def test_a_poisoning_replica_is_excluded_and_the_job_converges(swarm: LocalSwarm) -> None:
@@ -129,7 +107,7 @@ def test_a_replica_whose_weights_go_wrong_is_outvoted_by_its_stage_checksums(
     # A fourth stage-1 replica whose parameters get noise once it stepped iteration 1; the
     # gradient poisoner is still there and is caught again in this job.
     swarm.join("a3", 1, 0.15, "--fault", "poison:weights:from=1")
-    wait_formed(swarm)
+    swarm.wait_formed()
     job = dataclasses.replace(
         PRESETS["tiny-gpt"], name="bad-weights", iterations=ITERATIONS,
         aggregation=AggregationConfig(rule="centered-clip"),
@@ -163,7 +141,7 @@ def test_a_replica_that_sends_nan_is_excluded_rather_than_refused(swarm: LocalSw
     for bad in (POISONER, "a3"):
         swarm.kill(bad)
     swarm.join("a4", 1, 0.15, "--fault", "poison:gradients:scale=nan")
-    wait_formed(swarm)
+    swarm.wait_formed()
     job = dataclasses.replace(
         PRESETS["tiny-gpt"], iterations=3, aggregation=AggregationConfig(rule="trimmed-mean"),
     )

@@ -26,7 +26,6 @@ import dataclasses
 from collections.abc import Iterator
 
 import pytest
-import torch
 from cluster import LocalSwarm, Proc, wait_for
 
 from gwtf.client import GwtfClient, JobResult
@@ -51,30 +50,8 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
     logs = tmp_path_factory.mktemp("chaos")
     with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=3.0, train=True) as s:
         s.start(NODES, num_stages=3)
-        wait_formed(s)
+        s.wait_formed()
         yield s
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """The reference runs with the nodes' thread count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def wait_formed(swarm: LocalSwarm) -> None:
-    """Every live node knows exactly the live nodes (a joiner learns them by gossip)."""
-    def formed() -> bool:
-        everyone = {p.id for p in swarm.live()}
-        for proc in swarm.live():
-            view = swarm.status(proc.id, swarm=False)
-            if view is None or {m["id"] for m in view["members"] if m["alive"]} != everyone:
-                return False
-        return True
-
-    wait_for(formed, 60, "every node to know every live member")
 
 
 def job_for(case: str, iterations: int = ITERATIONS) -> JobConfig:
@@ -90,7 +67,7 @@ def armed(
     links are first measured while it is still starting (a low bandwidth, so a costly arc), and
     the flows take it in only once they are measured again."""
     proc = swarm.join(node_id, stage, compute_s, "--fault", fault)
-    wait_formed(swarm)
+    swarm.wait_formed()
     if routed:
 
         def carries_flow() -> bool:

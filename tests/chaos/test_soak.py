@@ -18,12 +18,10 @@ import dataclasses
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from cluster import REPO, wait_for
 
 from gwtf.client import GwtfClient, StatusError, fetch_status, status_json
@@ -63,14 +61,6 @@ def soak_trace(
             rows.append((t, "join", node, stage))
         t += float(rng.uniform(4.0, 6.0))
     return rows
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_a_cluster_under_churn_trains_exactly_what_the_reference_trains(tmp_path: Path) -> None:

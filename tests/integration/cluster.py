@@ -169,6 +169,19 @@ class LocalSwarm:
     def live(self) -> list[Proc]:
         return [p for p in self.procs.values() if p.alive]
 
+    def wait_formed(self, timeout_s: float = 60.0) -> None:
+        """Until every live node knows exactly the live nodes (a joiner learns them by gossip)."""
+
+        def formed() -> bool:
+            everyone = {p.id for p in self.live()}
+            for proc in self.live():
+                view = self.status(proc.id, swarm=False)
+                if view is None or {m["id"] for m in view["members"] if m["alive"]} != everyone:
+                    return False
+            return True
+
+        wait_for(formed, timeout_s, "every node to know every live member")
+
     def tail(self, proc: Proc, lines: int = 3) -> str:
         with contextlib.suppress(OSError):
             return " | ".join(proc.log.read_text().strip().splitlines()[-lines:])
