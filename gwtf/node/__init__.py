@@ -23,7 +23,12 @@ I/O):
     wrr         next hops: smooth weighted round-robin over the flows (pure)
     iterations  IterationCoordinator: a job's two-phase commits, recoveries, drops, restarts
                 and joiners as its coordinator sees them (pure)
-    faults      fault injection for chaos tests: SIGKILL at a chosen point (--fault)
+    faults      fault injection for chaos tests: SIGKILL at a chosen point, or a replica that
+                poisons its stage (--fault)
+    security    the swarm's token (a server interceptor, constant-time) and mutual TLS
+    ratelimit   a token bucket per peer and per host (--rate-limit), an interceptor
+    observe     logs (text or JSON lines, with job/iteration/microbatch ids) and the Prometheus
+                exposition (the control plane's snapshot, the job runtime's families)
     jobcoord    JobCoordinator: the coordinator's calls: commit phases, crash recovery with
                 gwtf.recovery (evidence, plan_crash, recoveries), the watchdog, joiners, and a
                 new coordinator taking over
@@ -35,7 +40,8 @@ I/O):
     gradsync    replicas' gradient sums as a chunked stream, checked
     tensors     the data plane: microbatch tensors as chunked streams, checked
     node        Node: the asyncio orchestration of all the above, host of prober and coordinator
-    cli         `gwtf node`;  launch: `gwtf launch`
+    cli         `gwtf node`;  launch: `gwtf launch` (and the nodes' die-with-launcher);
+                churn: `gwtf launch --churn`, replaying a trace
 
 The import arrows: cli -> node -> server/transport/prober/coordinator/jobs -> driver/membership/
 links/phases/wan/iterations/wrr -> gwtf.flow; jobs -> jobcoord -> iterations -> gwtf.recovery;
