@@ -111,17 +111,27 @@ def test_a_node_that_joins_later_carries_flow(swarm: LocalSwarm) -> None:
     assert view["flow_value_units"] == oracle_value(view)
 
 
-def test_graceful_leave_reconverges_faster_than_a_crash(swarm: LocalSwarm) -> None:
-    # The same change of topology both ways: s2b crashes, comes back, then leaves.
+def test_a_graceful_leave_is_known_sooner_than_a_crash(swarm: LocalSwarm) -> None:
+    # The same change of topology both ways: s2b crashes, comes back, then leaves. A leave is
+    # known at once (the leaving node tells every member); a crash only once it is detected (a
+    # refused call after half the timeout of silence, or the whole timeout). The flows then
+    # reconverge around the same hole either way, and how long that takes varies between runs
+    # by more than the difference (a crash settled in 1.8 s and a leave in 2.4 s in one run), so
+    # the test compares when the survivors knew, and that both settle.
     settle(swarm)
-    crashed_at = swarm.kill("s2b")
+    crashed_at = wall(swarm.kill("s2b"))
     settle(swarm)
-    crash_s = time.monotonic() - crashed_at
+    crash_known = [detection_time(swarm, p.id, "s2b") for p in swarm.live()]
+    assert all(t is not None for t in crash_known), crash_known
     swarm.join("s2b", 2, 0.12)
     settle(swarm)
-    left_at = swarm.terminate("s2b")
+    left_at = wall(swarm.terminate("s2b"))
     settle(swarm, without="s2b")
-    leave_s = time.monotonic() - left_at
+    survivors = [p.id for p in swarm.live() if p.id != "s2b"]
+    leave_known = [detection_time(swarm, node, "s2b", "left: said goodbye") for node in survivors]
+    assert all(t is not None for t in leave_known), leave_known
+    crash_s = max(t for t in crash_known if t is not None) - crashed_at
+    leave_s = max(t for t in leave_known if t is not None) - left_at
     assert leave_s < crash_s, (leave_s, crash_s)
     wait_for(lambda: swarm.procs["s2b"].popen.poll() == 0, 15, "s2b to exit cleanly")
 
@@ -135,12 +145,14 @@ def wall(monotonic: float) -> float:
     return monotonic + _WALL_OFFSET
 
 
-def detection_time(swarm: LocalSwarm, node_id: str, victim: str) -> float | None:
-    """When `node_id` logged that `victim` died (wall clock, from its log line)."""
+def detection_time(
+    swarm: LocalSwarm, node_id: str, victim: str, verdict: str = "declared dead"
+) -> float | None:
+    """When `node_id` first logged `verdict` about `victim` (wall clock, from its log line)."""
     import datetime
 
     for line in swarm.procs[node_id].log.read_text().splitlines():
-        if f"member {victim} " in line and "declared dead" in line:
+        if f"member {victim} " in line and verdict in line:
             stamp = line[:23]
             moment = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
             return moment.timestamp()
