@@ -37,6 +37,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from gwtf.node.security import guarded
 from gwtf.node.transport import CALLER_NODE
 
 __all__ = [
@@ -204,37 +205,4 @@ def _limited(
                 f"rate limit: more than {rate:g} calls per second from this peer; slow down",
             )
 
-    de, se = handler.request_deserializer, handler.response_serializer
-    if handler.unary_unary is not None:
-        unary = handler.unary_unary
-
-        async def unary_unary(request: Any, context: aio.ServicerContext) -> Any:
-            await check(context)
-            return await unary(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, de, se)
-    if handler.unary_stream is not None:
-        unary_stream = handler.unary_stream
-
-        async def limited_unary_stream(request: Any, context: aio.ServicerContext) -> Any:
-            await check(context)
-            async for reply in unary_stream(request, context):
-                yield reply
-
-        return grpc.unary_stream_rpc_method_handler(limited_unary_stream, de, se)
-    if handler.stream_unary is not None:
-        stream_unary = handler.stream_unary
-
-        async def limited_stream_unary(requests: Any, context: aio.ServicerContext) -> Any:
-            await check(context)
-            return await stream_unary(requests, context)
-
-        return grpc.stream_unary_rpc_method_handler(limited_stream_unary, de, se)
-    stream_stream = handler.stream_stream
-
-    async def limited_stream_stream(requests: Any, context: aio.ServicerContext) -> Any:
-        await check(context)
-        async for reply in stream_stream(requests, context):
-            yield reply
-
-    return grpc.stream_stream_rpc_method_handler(limited_stream_stream, de, se)
+    return guarded(handler, check)

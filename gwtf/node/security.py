@@ -37,6 +37,7 @@ __all__ = [
     "add_port",
     "channel_credentials",
     "credentials_from_args",
+    "guarded",
     "load_credentials",
     "open_channel",
     "server_credentials",
@@ -172,22 +173,52 @@ def _refusal(handler: grpc.RpcMethodHandler, why: str) -> grpc.RpcMethodHandler:
     reads anything the caller sent."""
     message = f"{why}: this swarm requires its token (--token-file)"
 
-    async def abort(request: Any, context: aio.ServicerContext) -> Any:
+    async def refuse(context: aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    async def abort_stream(request: Any, context: aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield  # pragma: no cover - an async generator, as a streaming handler must be
+    return guarded(handler, refuse)
 
-    kind = (handler.request_streaming, handler.response_streaming)
+
+def guarded(
+    handler: grpc.RpcMethodHandler, check: Callable[[aio.ServicerContext], Awaitable[None]]
+) -> grpc.RpcMethodHandler:
+    """`handler`, of whichever of the four kinds, behind `check(context)`: awaited before the
+    behaviour runs and before a streamed request is read; `check` refuses the call by aborting
+    it. (The server interceptors that gate calls, the token here and the rate limit, share it.)"""
     de, se = handler.request_deserializer, handler.response_serializer
-    if kind == (False, False):
-        return grpc.unary_unary_rpc_method_handler(abort, de, se)
-    if kind == (False, True):
-        return grpc.unary_stream_rpc_method_handler(abort_stream, de, se)
-    if kind == (True, False):
-        return grpc.stream_unary_rpc_method_handler(abort, de, se)
-    return grpc.stream_stream_rpc_method_handler(abort_stream, de, se)
+    if handler.unary_unary is not None:
+        unary_unary = handler.unary_unary
+
+        async def checked_unary_unary(request: Any, context: aio.ServicerContext) -> Any:
+            await check(context)
+            return await unary_unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(checked_unary_unary, de, se)
+    if handler.unary_stream is not None:
+        unary_stream = handler.unary_stream
+
+        async def checked_unary_stream(request: Any, context: aio.ServicerContext) -> Any:
+            await check(context)
+            async for reply in unary_stream(request, context):
+                yield reply
+
+        return grpc.unary_stream_rpc_method_handler(checked_unary_stream, de, se)
+    if handler.stream_unary is not None:
+        stream_unary = handler.stream_unary
+
+        async def checked_stream_unary(requests: Any, context: aio.ServicerContext) -> Any:
+            await check(context)
+            return await stream_unary(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(checked_stream_unary, de, se)
+    stream_stream = handler.stream_stream
+
+    async def checked_stream_stream(requests: Any, context: aio.ServicerContext) -> Any:
+        await check(context)
+        async for reply in stream_stream(requests, context):
+            yield reply
+
+    return grpc.stream_stream_rpc_method_handler(checked_stream_stream, de, se)
 
 
 class _TokenAdder:
