@@ -390,8 +390,9 @@ def _plots(out: Path, summary: dict[str, Any], timeline: _Timeline) -> None:
             thr_ax.plot(t, flows, "o", markersize=3, label="flow value of the converged routing")
             thr_ax.set_ylim(bottom=0)
         else:
-            # On the emulated WAN a cold start takes about 30 s to converge and a crash about as
-            # long again: with a kill every few seconds the swarm trains on flows in progress.
+            # On the emulated WAN the flows take tens of seconds to settle after a crash
+            # (RESULTS.md, section node): with a kill every few seconds the swarm trains on
+            # flows in progress.
             thr_ax.set_ylim(0, 1.4 * max(max(rate), 1.0))  # room for the note
             thr_ax.text(0.99, 0.97, "the routing did not converge between kills; the job\n"
                         "followed the flows as they were", transform=thr_ax.transAxes,
