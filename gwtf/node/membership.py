@@ -103,7 +103,7 @@ class Membership:
         self._rng = rng
         self._entries: dict[str, _Entry] = {}
         self._cycle: list[str] = []
-        self._checked_at: float | None = None
+        self._checked_at = clock()  # listening from now: a stall before the first check counts too
         self.declared_dead = False
         """Set when gossip says this incarnation is dead: it must come back as a new one."""
 
@@ -240,12 +240,11 @@ class Membership:
         """Apply the timeout: the members now declared dead, and the silent ones to call
         directly (half the timeout without progress, at most once per ping interval)."""
         now = self._clock()
-        if self._checked_at is not None:
-            # Checks come every ping interval; beyond a second one, this node was not listening.
-            away = now - self._checked_at - self.ping_interval_s
-            if away > self.ping_interval_s:
-                for entry in self._entries.values():
-                    entry.progress_at = min(now, entry.progress_at + away)
+        # Checks come every ping interval; beyond a second one, this node was not listening.
+        away = now - self._checked_at - self.ping_interval_s
+        if away > self.ping_interval_s:
+            for entry in self._entries.values():
+                entry.progress_at = min(now, entry.progress_at + away)
         self._checked_at = now
         events: list[MemberEvent] = []
         to_ping: list[MemberInfo] = []

@@ -159,6 +159,30 @@ def detection_time(
     return None
 
 
+def test_a_node_stopped_longer_than_the_timeout_does_not_declare_the_others_dead(
+    tmp_path: Path,
+) -> None:
+    # SIGSTOP holds c for twice the failure timeout, as a starved or suspended machine would
+    # be held. The others rightly declare c dead; c, once resumed, must not declare them dead
+    # for a silence that was its own (it comes back as a new incarnation instead).
+    import signal
+
+    with LocalSwarm(tmp_path, heartbeat_s=0.25, failure_timeout_s=FAILURE_TIMEOUT_S) as small:
+        small.start([("a", 0, 0.1), ("b", 1, 0.1), ("c", 1, 0.1)], num_stages=2)
+        small.wait_formed()
+        stopped = small.procs["c"].popen
+        stopped.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: all(detection_time(small, p, "c") for p in ("a", "b")),
+                     FAILURE_TIMEOUT_S + 10, "a and b to declare c dead")  # fmt: skip
+            time.sleep(FAILURE_TIMEOUT_S)
+        finally:
+            stopped.send_signal(signal.SIGCONT)
+        small.wait_formed()  # c is back, as a new incarnation, and sees a and b alive
+        for peer in ("a", "b"):
+            assert detection_time(small, "c", peer) is None, small.procs["c"].log.read_text()
+
+
 def test_emulated_wan_latencies_match_the_matrix(tmp_path: Path) -> None:
     from gwtf.flow.generate import data_path, geo10_links
 
