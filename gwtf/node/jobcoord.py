@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gwtf.node.codec import member_to_pb
 from gwtf.node.iterations import (
     CommitOrder,
     CommittedReport,
@@ -47,7 +48,7 @@ from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import job_event
 from gwtf.node.transport import Stubs
 from gwtf.recovery import CrashPlan, Evidence, NeighbourReport, Rule, plan_crash
-from gwtf.v1 import job_pb2
+from gwtf.v1 import job_pb2, node_pb2
 
 if TYPE_CHECKING:
     from gwtf.node.jobs import JobManager, _Active
@@ -235,9 +236,20 @@ class JobCoordinator:
             next_holders=order.next_holders, round=order.round, attempt=order.attempt,
             members=participants_pb(dict(order.members)),
             excluded=self.manager.excluded(self.job_id),
+            departed=self._verdicts(order.members),
         )
         for node in sorted(order.members):
             self._spawn(self._send_commit(node, request, order), "commit")
+
+    def _verdicts(self, members: Mapping[str, int]) -> list[node_pb2.Member]:
+        """This node's membership entries of the participants an attempt leaves out because
+        they died or left (excluded ones are named apart, and are alive)."""
+        out = []
+        for node in sorted(set(self.active.participants) - set(members)):
+            info = self.host.known_member(node)
+            if info is not None and not info.alive:
+                out.append(member_to_pb(info))
+        return out
 
     async def _send_commit(self, node: str, request: job_pb2.CommitRequest,
                            order: CommitOrder) -> None:

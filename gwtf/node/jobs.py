@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 from grpc import aio
 
-from gwtf.node.codec import InvalidMessage, check_name
+from gwtf.node.codec import InvalidMessage, check_name, members_from_pb
 from gwtf.node.config import NodeConfig
 from gwtf.node.faults import Fault
 from gwtf.node.iterations import (
@@ -71,7 +71,7 @@ from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics, job_event
 from gwtf.node.server import Refusal
-from gwtf.node.transport import Stubs
+from gwtf.node.transport import Stubs, is_refused
 from gwtf.node.wrr import next_hop_weights
 from gwtf.v1 import job_pb2, job_pb2_grpc
 
@@ -123,6 +123,16 @@ class JobsHost(Protocol):
         ...
 
     def stubs(self, member: MemberInfo) -> Stubs: ...
+
+    def refused(self, member: MemberInfo) -> None:
+        """A call of the job's to `member` was refused (nothing listens there): evidence for
+        the node's failure detector, whichever part of the node made the call."""
+        ...
+
+    def hear_verdicts(self, infos: list[MemberInfo]) -> None:
+        """Membership verdicts (dead or left) another node acted on: merged as gossip is, so
+        this node's membership, flows and jobs hear of them now."""
+        ...
 
     def stubs_at(self, address: str) -> Stubs: ...
 
@@ -461,6 +471,8 @@ class JobManager:
                 return await call(self.host.stubs(member), timeout_s)
             except aio.AioRpcError as err:
                 last = err.details() or err.code().name
+                if is_refused(err):
+                    self.host.refused(member)
                 if err.code() not in (
                     grpc.StatusCode.UNAVAILABLE,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -901,7 +913,13 @@ class JobManager:
         return active, worker
 
     def commit(self, request: job_pb2.CommitRequest) -> job_pb2.CommitReply:
+        verdicts = members_from_pb(request.departed, self.host.num_stages())
+        if any(info.alive for info in verdicts):
+            raise InvalidMessage("the commit names a departed participant that is alive")
         _, worker = self._participating(request.job_id, request.sender)
+        # The coordinator left these out of the attempt because they died or left: hear of
+        # it before acting on the attempt, as the coordinator did (node.Node._on_events).
+        self.host.hear_verdicts(verdicts)
         job = self._active.job if self._active is not None else None
         assert job is not None
         ids = tuple(request.microbatches)
@@ -1592,6 +1610,9 @@ class _WorkerHost:
 
     def member(self, node_id: str) -> MemberInfo | None:
         return self._host.member(node_id)
+
+    def refused(self, member: MemberInfo) -> None:
+        self._host.refused(member)
 
     def data_stub(self, member: MemberInfo) -> Any:
         """gwtf.node.tensors' stub on the member's channel (it sends chunks as wire bytes)."""

@@ -613,7 +613,10 @@ class Node:
     # ================================================================== membership
 
     def _on_events(self, events: Iterable[MemberEvent]) -> None:
-        """React to membership changes: arcs in and out of the flow state machine."""
+        """React to membership changes: arcs in and out of the flow state machine, then the
+        jobs. The order is the guarantee: the metrics show a death, and the flows stop routing
+        to the dead member, before the job acts on it, so nothing the job reports about a
+        member is ahead of what the rest of the node says."""
         me = self.members.me
         last = self.swarm.num_stages - 1
         events = list(events)
@@ -621,10 +624,17 @@ class Node:
             # Any change anywhere may call for price moves here, and lets this node ask for a
             # rescale (FlowNode.note_change), as the in-process bus does on every node.
             self.driver.note_change()
+            for event in events:
+                if event.kind == "alive":
+                    self._stats.joins += 1
+                elif event.kind == "left":
+                    self._stats.leaves += 1
+                else:
+                    self._stats.deaths += 1
+            self.publish_metrics()
         for event in events:
             m = event.member
             if event.kind == "alive":
-                self._stats.joins += 1
                 self.log.info(
                     "member %s alive (stage %d, %s%s): %s",
                     m.id,
@@ -640,20 +650,22 @@ class Node:
                     self._start_link(m)
             else:
                 verb = "left" if event.kind == "left" else "declared dead"
-                if event.kind == "left":
-                    self._stats.leaves += 1
-                else:
-                    self._stats.deaths += 1
                 self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
-                self.jobs.on_member_down(m, "left" if event.kind == "left" else "died")
                 self.prober.stop(m.id)
                 self.driver.drop_peer(m.id)
                 if self._wan is not None:
                     self._wan.forget(m.id)
+                self.jobs.on_member_down(m, "left" if event.kind == "left" else "died")
         self._after_change()
 
     def _refused(self, member: MemberInfo) -> None:
         self._on_events(self.members.refused(member.id, member.epoch))
+
+    def refused(self, member: MemberInfo) -> None:
+        self._refused(member)
+
+    def hear_verdicts(self, infos: list[MemberInfo]) -> None:
+        self._on_events(self.members.merge(i for i in infos if not i.alive))
 
     def _token_refused(self) -> None:
         self._token_refusals += 1

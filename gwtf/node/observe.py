@@ -8,9 +8,11 @@ that happen per microbatch (a forward or backward done) are logged at debug leve
 Metrics (`--metrics-port P`): the standard text exposition on http://HOST:P/metrics, served by
 prometheus_client's HTTP server in a thread. The asyncio loop owns the node's state, so the
 scraping thread never reads it: the loop publishes a `NodeStatus` snapshot (the very message
-`gwtf status` shows) once per heartbeat, and the collector turns the latest snapshot into metric
-families at scrape time. Counters are the node's own cumulative counters, so a scrape between two
-snapshots sees values at most one heartbeat old, never a torn state. Other parts of the node
+`gwtf status` shows) once per heartbeat and at every membership change, before the rest of the
+node acts on the change (so a job's count of a dead participant is never ahead of the node's count
+of deaths), and the collector turns the latest snapshot into metric families at scrape time.
+Counters are the node's own cumulative counters, so a scrape between two snapshots sees values at
+most one heartbeat old, never a torn state. Other parts of the node
 add families through `add_source`: the job runtime's are `JobMetrics`, counters and gauges that
 the loop updates and the scraping thread reads under one lock (each update is a dict write).
 """

@@ -97,6 +97,7 @@ from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics, job_event
 from gwtf.node.server import Refusal
 from gwtf.node.tensors import DataPlaneStub, MicrobatchTag, TensorError, TensorSpec, send
+from gwtf.node.transport import is_refused
 from gwtf.node.wrr import SmoothRoundRobin
 from gwtf.recovery import Ledger, Mode, NeighbourReport, Rule
 from gwtf.train import (
@@ -182,6 +183,10 @@ class WorkerHost(Protocol):
 
     def member(self, node_id: str) -> MemberInfo | None:
         """The live member with this id (None: dead, left or unknown)."""
+        ...
+
+    def refused(self, member: MemberInfo) -> None:
+        """A call to `member` was refused: evidence for the node's failure detector."""
         ...
 
     def data_stub(self, member: MemberInfo) -> DataPlaneStub: ...
@@ -1042,6 +1047,8 @@ class StageWorker:
             )
             if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 return _BUSY
+            if is_refused(err):
+                self.host.refused(member)
             return _RETRY
         except TensorError as err:
             self._fail(f"microbatch {m} of iteration {it.number} could not be sent: {err}")
