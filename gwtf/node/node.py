@@ -613,10 +613,10 @@ class Node:
     # ================================================================== membership
 
     def _on_events(self, events: Iterable[MemberEvent]) -> None:
-        """React to membership changes: arcs in and out of the flow state machine, then the
-        jobs. The order is the guarantee: the metrics show a death, and the flows stop routing
-        to the dead member, before the job acts on it, so nothing the job reports about a
-        member is ahead of what the rest of the node says."""
+        """React to membership changes: arcs in and out of the flow state machine, the metrics,
+        then the jobs. The order is the guarantee: the flows stop routing to a dead member and
+        the metrics show its death before the job acts on it, so nothing the job reports about
+        a member is ahead of what the rest of the node says."""
         me = self.members.me
         last = self.swarm.num_stages - 1
         events = list(events)
@@ -624,17 +624,11 @@ class Node:
             # Any change anywhere may call for price moves here, and lets this node ask for a
             # rescale (FlowNode.note_change), as the in-process bus does on every node.
             self.driver.note_change()
-            for event in events:
-                if event.kind == "alive":
-                    self._stats.joins += 1
-                elif event.kind == "left":
-                    self._stats.leaves += 1
-                else:
-                    self._stats.deaths += 1
-            self.publish_metrics()
+        down: list[MemberEvent] = []
         for event in events:
             m = event.member
             if event.kind == "alive":
+                self._stats.joins += 1
                 self.log.info(
                     "member %s alive (stage %d, %s%s): %s",
                     m.id,
@@ -648,14 +642,22 @@ class Node:
                     self.driver.own_arc(m.id, m.epoch, params, ring=True)
                 elif m.stage == me.stage + 1 and me.stage != last:
                     self._start_link(m)
+                continue
+            if event.kind == "left":
+                self._stats.leaves += 1
             else:
-                verb = "left" if event.kind == "left" else "declared dead"
-                self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
-                self.prober.stop(m.id)
-                self.driver.drop_peer(m.id)
-                if self._wan is not None:
-                    self._wan.forget(m.id)
-                self.jobs.on_member_down(m, "left" if event.kind == "left" else "died")
+                self._stats.deaths += 1
+            verb = "left" if event.kind == "left" else "declared dead"
+            self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
+            self.prober.stop(m.id)
+            self.driver.drop_peer(m.id)
+            if self._wan is not None:
+                self._wan.forget(m.id)
+            down.append(event)
+        if events:
+            self.publish_metrics()
+        for event in down:
+            self.jobs.on_member_down(event.member, "left" if event.kind == "left" else "died")
         self._after_change()
 
     def _refused(self, member: MemberInfo) -> None:
