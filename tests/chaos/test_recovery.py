@@ -208,7 +208,10 @@ def test_a_joiner_gets_its_state_from_another_donor_when_the_first_dies(
     # once the first chunk of its state is on its way; the joiner fetches it from a0 instead.
     # Meanwhile a1 leaves gracefully: it lets the iteration it is in step, then goes.
     donor = armed(swarm, "a-donor", 1, "crash-in:state-transfer", routed=False)
-    job = job_for("join", iterations=24)
+    # Long enough for a9 to start, fetch its state twice and enter, and for a1 to leave,
+    # with iterations to spare for a9 to be routed microbatches: the job's end must not race
+    # them (checked below, so a slow machine fails with that reason, not a missing route).
+    job = job_for("join", iterations=48)
     client = GwtfClient(swarm.procs["z0"].address)
     job_id = client.submit(job)
     wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S,
@@ -216,6 +219,8 @@ def test_a_joiner_gets_its_state_from_another_donor_when_the_first_dies(
     joiner = swarm.join("a9", 1, 0.07)
     wait_for(lambda: client.progress(job_id).joins >= 1, WAIT_S, "a9 to enter the job")
     swarm.terminate("a1")
+    done = client.progress(job_id).iterations_completed
+    assert done <= job.iterations - 8, f"a9 entered with {job.iterations - done} iterations left"
     result = client.wait(job_id, timeout_s=WAIT_S)
     died(donor)
     assert swarm.procs["a1"].popen.wait(timeout=30) == 0

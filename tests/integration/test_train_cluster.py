@@ -25,6 +25,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -159,9 +160,14 @@ def test_a_gpt_job_equals_the_reference_bit_for_bit_whatever_the_routes(
     assert sum(count for _, count in result.routes) == result.microbatches_trained
     # The loss falls on the default data (the Python standard library sources).
     assert sum(result.loss[-4:]) / 4 < result.loss[0] - 1.0, result.loss
-    # Every member heard: another node reports the same outcome.
-    (elsewhere,) = [r for r in fetch_jobs(swarm.procs["z1"].address) if r.job_id == job_id]
-    assert elsewhere.state == "completed" and elsewhere.param_checksum == ref.param_checksum
+    # Every member hears: another node reports the same outcome (the coordinator tells each
+    # member in its own call, so z1 may hear a moment after the client did).
+    def heard() -> Any:
+        (record,) = [r for r in fetch_jobs(swarm.procs["z1"].address) if r.job_id == job_id]
+        return record if record.state == "completed" else None
+
+    elsewhere = wait_for(heard, 30, "z1 to hear that the job completed")
+    assert elsewhere.param_checksum == ref.param_checksum
 
 
 def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
@@ -190,12 +196,16 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
     assert summary["lost_microbatches"] == 0 and summary["restarts"] == 0
     assert summary["replayed_s"] == 0 and summary["compute_s"] > 0
     assert summary["excluded"] == []
-    status = subprocess.run(
-        [sys.executable, "-m", "gwtf", "status", "--to", swarm.procs["z0"].address, "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    jobs = {j["job_id"]: j for j in json.loads(status.stdout)["jobs"]}
-    assert jobs[ref.job_id]["state"] == "completed"
+
+    def z0_heard() -> bool:
+        status = subprocess.run(
+            [sys.executable, "-m", "gwtf", "status", "--to", swarm.procs["z0"].address, "--json"],
+            cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        jobs = {j["job_id"]: j for j in json.loads(status.stdout)["jobs"]}
+        return bool(jobs[ref.job_id]["state"] == "completed")
+
+    wait_for(z0_heard, 60, "gwtf status at z0 to show the job completed", interval_s=0.5)
 
 
 def test_a_model_that_does_not_cut_into_the_stages_is_refused(swarm: LocalSwarm) -> None:

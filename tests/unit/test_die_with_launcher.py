@@ -34,9 +34,13 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie is dead too (its parent, the launcher, is gone; init reaps it soon).
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        return stat.read().split()[2] != "Z"
+    # A zombie is dead too (its parent, the launcher, is gone; init reaps it soon, and may do
+    # so between the two looks).
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_node_dies_when_its_launcher_is_killed() -> None:
