@@ -5,9 +5,11 @@ PYTHON3 ?= python3
 # Everything is installed by pip into $(VENV); this stamp says it is done for this pyproject.toml.
 SETUP_STAMP = $(VENV)/.setup-stamp
 
+# The generated protobuf code (gwtf/v1/*_pb2*.py, *.pyi) is committed, so that `pip install .`,
+# a wheel and an sdist carry it with no build step; `make proto` regenerates it after a .proto
+# changes, and tests/unit/test_proto.py fails while the committed code differs from what protos/
+# generates with the pinned grpcio-tools.
 PROTOS := $(sort $(shell find protos -name '*.proto' 2>/dev/null))
-# protoc writes, for protos/gwtf/v1/x.proto: gwtf/v1/x_pb2.py, x_pb2.pyi, x_pb2_grpc.py.
-PROTO_GEN := $(foreach p,$(PROTOS:protos/%.proto=%),$(p)_pb2.py $(p)_pb2.pyi $(p)_pb2_grpc.py)
 
 # torch==2.13.0 is installed on its own and first: this machine keeps a CPU build of it in
 # /opt/wheels (pip's config already points there; the flag only makes it explicit), whereas a
@@ -21,16 +23,16 @@ LINT_PATHS = $(wildcard gwtf tests benchmarks)
 .PHONY: help setup proto lint test soak bench demo clean distclean
 
 help:
-	@echo "make setup   create $(VENV), install gwtf[dev] into it, generate the protobuf code"
+	@echo "make setup   create $(VENV) and install gwtf[dev] into it"
 	@echo "make proto   regenerate gwtf/v1/*_pb2*.py(i) from protos/"
 	@echo "make lint    ruff on gwtf tests benchmarks; mypy (strict) on the typed packages"
 	@echo "make test    setup, lint, then the whole pytest suite but the soak test"
 	@echo "make soak    setup, then the soak test (a local cluster trains under churn, ~3 min)"
 	@echo "make bench   setup, then python -m benchmarks"
 	@echo "make demo    setup, then gwtf demo"
-	@echo "make clean   remove generated code and caches (keeps $(VENV)); distclean also removes it"
+	@echo "make clean   remove caches and build outputs (keeps $(VENV)); distclean also removes it"
 
-setup: $(SETUP_STAMP) $(PROTO_GEN)
+setup: $(SETUP_STAMP)
 
 $(SETUP_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -38,11 +40,6 @@ $(SETUP_STAMP): pyproject.toml
 	$(PY) -m pip install $(TORCH_FIND_LINKS) '$(TORCH_PIN)'
 	$(PY) -m pip install -e '.[dev]'
 	touch $@
-
-# One protoc run writes all of them (grouped target), and only when a .proto or the install changed.
-$(PROTO_GEN) &: $(PROTOS) $(SETUP_STAMP)
-	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
-	touch $(PROTO_GEN)
 
 proto: $(SETUP_STAMP)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
@@ -68,7 +65,6 @@ demo: setup
 	$(VENV)/bin/gwtf demo
 
 clean:
-	rm -f gwtf/v1/*_pb2.py gwtf/v1/*_pb2.pyi gwtf/v1/*_pb2_grpc.py
 	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
