@@ -381,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     route.add_argument("topology", metavar="TOPOLOGY", help="the topology file to route on")
     route.add_argument(
-        "--oracle", action="store_true", help="also solve centrally and compare with the oracle"
+        "--oracle", action="store_true",
+        help="solve centrally with the networkx oracle instead (the reference)",
     )
     route.add_argument(
         "--seed", type=int, default=0, metavar="N", help="seed for all randomness (default: 0)"

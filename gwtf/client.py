@@ -143,7 +143,7 @@ class JobResult:
     checksum_mismatches: int
     iteration_s: tuple[float, ...]
     crashes: int = 0
-    """Participants that died while the job ran (DESIGN.md 4)."""
+    """Participants that died while the job ran (docs/design.md 4)."""
     leaves: int = 0
     joins: int = 0
     rerouted_microbatches: int = 0

@@ -1,10 +1,10 @@
 """The decentralized routing algorithm: one sans-I/O state machine per node.
 
-Problem (DESIGN.md 2), as a circulation. Every node `v` is split into an in half `I_v` and an out
-half `O_v` joined by an internal arc of capacity `cap_v` and cost 0. Arcs `O_u -> I_v` join nodes
-of consecutive stages with the costs and capacities of the topology. The pipeline is closed into
-a ring by *return arcs* `O_z -> I_h` from every last-stage node `z` to every data holder `h`, of
-cost `-M` and capacity `min(cap_z, cap_h)`. Every vertex has supply 0. A unit that goes round the
+Problem (docs/design.md 2), as a circulation. Every node `v` is split into an in half `I_v` and an
+out half `O_v` joined by an internal arc of capacity `cap_v` and cost 0. Arcs `O_u -> I_v` join
+nodes of consecutive stages with the costs and capacities of the topology. The pipeline is closed
+into a ring by *return arcs* `O_z -> I_h` from every last-stage node `z` to every data holder `h`,
+of cost `-M` and capacity `min(cap_z, cap_h)`. Every vertex has supply 0. A unit that goes round the
 ring earns `M`; once `M` exceeds the cost of every augmenting path, a circulation of least cost
 carries the maximum flow and, among maximum flows, the one of least cost: the lexicographic
 objective in one linear program, with no source, sink or terminal that a node would have to

@@ -12,7 +12,7 @@ decentralized solver optimize exactly the same numbers:
     t:out -> sink             every stage S-1 node t, unbounded, cost 0
 
 `networkx.max_flow_min_cost` finds a maximum flow and, among maximum flows, one of least
-sum(flow * weight): the lexicographic objective of DESIGN.md section 2.
+sum(flow * weight): the lexicographic objective of docs/design.md 2.
 """
 
 from __future__ import annotations

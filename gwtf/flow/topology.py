@@ -5,7 +5,7 @@ links between locations. There is an arc from every node of stage `k` to every n
 `k+1` whose location is the same (the `intra_location` link applies) or joined by a link, unless
 the pair is blocked (a link failure between those two nodes only).
 
-Units and formulas (DESIGN.md section 2):
+Units and formulas (docs/design.md 2):
 
 - node capacity, microbatches/s: `capacity` if given, else `1 / compute_s`;
 - arc capacity, microbatches/s: `bandwidth_gbps * 1e9 / 8 / activation_bytes`;

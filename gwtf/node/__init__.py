@@ -1,4 +1,4 @@
-"""gwtf.node: the real node process, its control plane over gRPC (DESIGN.md 3).
+"""gwtf.node: the real node process, its control plane over gRPC (docs/design.md 3).
 
 One process holds one pipeline stage and runs one `gwtf.flow.decentralized.FlowNode`, driven by
 real messages. Modules, one idea each (pure ones first; only `server`, `transport` and `node` do
@@ -20,9 +20,6 @@ I/O):
     server      the gRPC servicers (membership, probe, flow, status, health), thin
     prober      LinkProber: when and what to measure on the arcs a node owns
     coordinator PhaseCoordinator: the waves and nudges of the phase detection, in asyncio
-    wrr         next hops: smooth weighted round-robin over the flows (pure)
-    iterations  IterationCoordinator: a job's two-phase commits, recoveries, drops, restarts
-                and joiners as its coordinator sees them (pure)
     faults      fault injection for chaos tests: SIGKILL at a chosen point, or a replica that
                 poisons its stage (--fault)
     security    the swarm's token (a server interceptor, constant-time) and mutual TLS
@@ -44,8 +41,9 @@ I/O):
                 churn: `gwtf launch --churn`, replaying a trace
 
 The import arrows: cli -> node -> server/transport/prober/coordinator/jobs -> driver/membership/
-links/phases/wan/iterations/wrr -> gwtf.flow; jobs -> jobcoord -> iterations -> gwtf.recovery;
-jobs -> worker (lazily) -> tensors/gradsync -> gwtf.train, gwtf.recovery.
+links/phases/wan -> gwtf.flow; jobs -> jobcoord -> gwtf.job (the pure job protocol: the
+coordinator's bookkeeping, next hops) -> gwtf.recovery; jobs -> worker (lazily) ->
+tensors/gradsync -> gwtf.train, gwtf.recovery.
 Importing the node imports no torch: a node that trains loads `worker` (and torch) before it
 enters its swarm, one that does not (`--no-train`) never does.
 """

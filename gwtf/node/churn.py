@@ -1,6 +1,6 @@
 """Churn replay for `gwtf launch --churn TRACE`: which process to kill or start, and when (pure).
 
-A trace (the CSV of DESIGN.md 5, or the Bamboo spot format; readers in `gwtf.sim.traces`, the
+A trace (the CSV of docs/design.md 5, or the Bamboo spot format; readers in `gwtf.sim.traces`, the
 ones the simulator uses) names its nodes in its own way. `plan_churn` binds those names to the
 processes of a local swarm, once, before anything runs, so that every mistake in the trace is one
 line at start-up rather than a surprise half-way through a replay:

@@ -2,7 +2,7 @@
 
 Every timeout and period lives in `NodeConfig`, each with the reason for its default, so that no
 call in the node waits without a bound. `SwarmSettings` is what the first node of a swarm decides
-and every joiner receives unchanged (DESIGN.md 2: all nodes must run the same FlowConfig).
+and every joiner receives unchanged (docs/design.md 2: all nodes must run the same FlowConfig).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""JobCoordinator: the coordinator's side of a running job, with I/O (DESIGN.md 1 and 4).
+"""JobCoordinator: the coordinator's side of a running job, with I/O (docs/design.md 1 and 4).
 
-The bookkeeping is pure (`gwtf.node.iterations.IterationCoordinator`); this drives it with the
+The bookkeeping is pure (`gwtf.job.iterations.IterationCoordinator`); this drives it with the
 calls between nodes:
 
 - holders report finished microbatches (`done`), replacements report replays (`replayed`);
@@ -16,7 +16,7 @@ calls between nodes:
 - joiners (`enter`): whom to fetch the stage's state from, and admission once they hold the
   state of the iteration in progress;
 - bad peers (a job with a robust aggregation): the replicas a majority of their stage names out
-  of bounds in phase one (`gwtf.node.iterations.Outliers`), and after a step those whose
+  of bounds in phase one (`gwtf.job.iterations.Outliers`), and after a step those whose
   checksum a majority of their stage outvotes, are excluded (`exclude`): dropped from the job
   exactly as a dead node is, so that their work of the iteration in progress is replayed by
   their honest peers by the same rules (nothing is lost, and nothing they computed is kept at
@@ -33,8 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gwtf.node.codec import member_to_pb
-from gwtf.node.iterations import (
+from gwtf.job.iterations import (
     CommitOrder,
     CommittedReport,
     IterationCoordinator,
@@ -44,6 +43,7 @@ from gwtf.node.iterations import (
     ReportError,
     StepOrder,
 )
+from gwtf.node.codec import member_to_pb
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import job_event
 from gwtf.node.transport import Stubs

@@ -1,5 +1,5 @@
 """JobManager: training jobs on a node: submission, spreading, the commit coordinator, progress,
-crash recovery and joins (DESIGN.md 1, 3, 4).
+crash recovery and joins (docs/design.md 1, 3, 4).
 
     submit (any node)  -> check the job, the cut into the swarm's stages, a live node per stage
                        -> Prepare at every live member (each builds its stage, loads torch then)
@@ -15,7 +15,7 @@ spreads after every iteration and on every crash, join or pause.
 
 The coordinator of a job is the live data holder with the smallest id among the participants:
 holders start iterations, so the commit order leaves from where the next iteration begins. When a
-participant dies or leaves, the coordinator recovers its work by the rules of DESIGN.md 4
+participant dies or leaves, the coordinator recovers its work by the rules of docs/design.md 4
 (`gwtf.node.jobcoord`, with `gwtf.recovery`); when the coordinator itself dies, the next holder
 takes over. A node that joins the swarm while a job runs fetches its stage's weights and
 optimizer state from a live peer (`FetchState`, streamed; another donor if one dies mid-transfer)
@@ -54,10 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 from grpc import aio
 
-from gwtf.node.codec import InvalidMessage, check_name, members_from_pb
-from gwtf.node.config import NodeConfig
-from gwtf.node.faults import Fault
-from gwtf.node.iterations import (
+from gwtf.job.iterations import (
     CommitOrder,
     CommittedReport,
     IterationCoordinator,
@@ -67,12 +64,15 @@ from gwtf.node.iterations import (
     StepOrder,
     weights_of,
 )
+from gwtf.job.nexthop import next_hop_weights
+from gwtf.node.codec import InvalidMessage, check_name, members_from_pb
+from gwtf.node.config import NodeConfig
+from gwtf.node.faults import Fault
 from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics, job_event
 from gwtf.node.server import Refusal
 from gwtf.node.transport import Stubs, is_refused
-from gwtf.node.wrr import next_hop_weights
 from gwtf.v1 import job_pb2, job_pb2_grpc
 
 if TYPE_CHECKING:
@@ -980,9 +980,6 @@ class JobManager:
         self._worker_for(request.job_id).redirect(request)
         return job_pb2.RedirectReply()
 
-    def replayed_here(self, request: job_pb2.ReplayedRequest) -> job_pb2.ReplayedReply:
-        return self.replayed(request)
-
     def restart(self, request: job_pb2.RestartRequest) -> job_pb2.RestartReply:
         active, worker = self._participating(request.job_id, request.sender)
         participants = {p.id: p.stage for p in request.participants}
@@ -1477,7 +1474,7 @@ class JobManager:
 
     def on_member_down(self, member: MemberInfo, verb: str) -> None:
         """A member died or left: if it took part in the running job, its work is recovered
-        (DESIGN.md 4), and if it coordinated the job, the next data holder takes over."""
+        (docs/design.md 4), and if it coordinated the job, the next data holder takes over."""
         active = self._active
         if active is None or member.id not in active.participants:
             return

@@ -1,7 +1,7 @@
 """Link estimates and the parameters of the arcs a node owns.
 
 Each arc `u -> v` has one owner, its tail `u`: the tail measures the link, computes capacity and
-cost with the formulas of `gwtf.flow.topology` (DESIGN.md 2) and announces them to the head, so
+cost with the formulas of `gwtf.flow.topology` (docs/design.md 2) and announces them to the head, so
 that both ends run the state machine with the very same integers. Two probes of a link never
 agree exactly, so the tail gives the arc new parameters (a new generation, updated in place:
 only the flow they no longer allow is re-routed) only when they move materially (`changed`),

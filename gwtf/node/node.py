@@ -1,4 +1,4 @@
-"""Node: one gwtf process, the asyncio orchestration of the control plane (DESIGN.md 3).
+"""Node: one gwtf process, the asyncio orchestration of the control plane (docs/design.md 3).
 
     node = Node(settings, NodeConfig())
     port = await node.start()        # bind (port 0: a free one), NodeError if it cannot

@@ -246,7 +246,7 @@ JOB_FAMILIES: dict[str, _Family] = {
     ),
     "gwtf_job_reroutes": _Family(
         "counter", "Microbatches this node resent to a replacement of a dead node, by rule of "
-        "DESIGN.md 4", "rule", ("resend", "recompute", "replay"),
+        "docs/design.md 4", "rule", ("resend", "recompute", "replay"),
     ),
     "gwtf_job_replays": _Family(
         "counter", "A dead node's stage work redone here: forwards recomputed (rule 2), "

@@ -1,4 +1,4 @@
-"""The tensor data plane: one microbatch's tensors from a node to its next hop (DESIGN.md 3).
+"""The tensor data plane: one microbatch's tensors from a node to its next hop (docs/design.md 3).
 
 The API (what the job runtime uses):
 
@@ -150,7 +150,7 @@ class MicrobatchTag:
     path: tuple[str, ...]
     attempt: int = 0
     mode: int = 0
-    """gwtf.recovery.Mode of a forward: 0 ordinary, 1 recompute, 2 replay (DESIGN.md 4)."""
+    """gwtf.recovery.Mode of a forward: 0 ordinary, 1 recompute, 2 replay (docs/design.md 4)."""
     round: int = 0
     """The iteration's round (one more each time its coordinator starts it again)."""
     downstream: str = ""

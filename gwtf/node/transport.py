@@ -7,7 +7,7 @@
 - Message sizes are explicit: `MAX_MESSAGE_BYTES` both ways (grpc answers RESOURCE_EXHAUSTED
   above it, before any handler runs).
 - `grpc.so_reuseport` is off, so a port already in use is an error, not a silent second server.
-- Emulated WAN (DESIGN.md 3): a client interceptor holds each request, and a server interceptor
+- Emulated WAN (docs/design.md 3): a client interceptor holds each request, and a server interceptor
   each reply, for `WanEmulator.delay` before it leaves; callers name themselves and their
   location in metadata, so the server knows which link a reply takes.
 """

@@ -1,4 +1,4 @@
-"""The emulated WAN (DESIGN.md 3): how long a message from this node to a peer takes.
+"""The emulated WAN (docs/design.md 3): how long a message from this node to a peer takes.
 
 There is no kernel traffic shaping where gwtf is tested, so the transport delays every outgoing
 message (requests it sends and replies it returns) by what the link between the two locations

@@ -1,11 +1,12 @@
-"""StageWorker: one node's part of a training job, the torch side of the node (DESIGN.md 1, 3, 4).
+"""StageWorker: one node's part of a training job, the torch side of the node (docs/design.md 1,
+3 and 4).
 
 A microbatch's life, seen from the nodes it visits (`path`: the node ids so far, data holder
 first, each hop appending itself):
 
 - a data holder (stage 0) builds microbatch `m` of iteration `k` (`gwtf.train.job_microbatch`:
   the same bytes on every holder), runs its stage forward and sends the activation and the labels
-  to a next-stage node picked by smooth weighted round-robin over its flows (`gwtf.node.wrr`);
+  to a next-stage node picked by smooth weighted round-robin over its flows (`gwtf.job.nexthop`);
 - a relay runs its stage forward and sends on the same way;
 - the last stage computes the loss, runs its backward at once and sends the gradient w.r.t. its
   input back to the node before it on the path;
@@ -25,7 +26,7 @@ event loop stays free for gRPC and heartbeats meanwhile. With `emulate_compute_s
 padded with sleep to the node's declared compute time (a third for a forward, two thirds for a
 backward, all of it on the last stage), as the emulated WAN pads messages.
 
-Losing nothing (DESIGN.md 4). Every node keeps, for the iteration in progress, a
+Losing nothing (docs/design.md 4). Every node keeps, for the iteration in progress, a
 `gwtf.recovery.Ledger` of what it sent where and what it accumulated, and the tensors of every send
 (`kept`), until the iteration steps. A send is recorded before it leaves, so a receiver that dies
 mid-call is still on the record. When a participant dies, the job's coordinator asks its live
@@ -78,6 +79,14 @@ import torch
 from grpc import aio
 from torch import Tensor
 
+from gwtf.job.iterations import (
+    CommitOrder,
+    CommittedReport,
+    PreparedReport,
+    StepOrder,
+    assign,
+)
+from gwtf.job.nexthop import SmoothRoundRobin
 from gwtf.node.faults import Fault
 from gwtf.node.gradsync import (
     ContributionError,
@@ -86,19 +95,11 @@ from gwtf.node.gradsync import (
     flatten,
     unflatten,
 )
-from gwtf.node.iterations import (
-    CommitOrder,
-    CommittedReport,
-    PreparedReport,
-    StepOrder,
-    assign,
-)
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics, job_event
 from gwtf.node.server import Refusal
 from gwtf.node.tensors import DataPlaneStub, MicrobatchTag, TensorError, TensorSpec, send
 from gwtf.node.transport import is_refused
-from gwtf.node.wrr import SmoothRoundRobin
 from gwtf.recovery import Ledger, Mode, NeighbourReport, Rule
 from gwtf.train import (
     ContributionError as CombineError,

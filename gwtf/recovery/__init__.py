@@ -1,6 +1,6 @@
-"""Crash recovery rules of DESIGN.md section 4, as pure sans-I/O logic.
+"""Crash recovery rules of docs/design.md 4, as pure sans-I/O logic.
 
-Used by the simulator now and by the real node later (issue 6): no time, no I/O, no randomness;
+Used by the simulator and by the real node: no time, no I/O, no randomness;
 every output is sorted, so equal inputs give equal outputs.
 
 - `Ledger`: what one node sent, received and accumulated in the current iteration.

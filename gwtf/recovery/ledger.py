@@ -1,4 +1,5 @@
-"""The per-iteration ledger of one node (DESIGN.md 4), and what it tells about a dead neighbour.
+"""The per-iteration ledger of one node (docs/design.md 4), and what it tells about a dead
+neighbour.
 
 Every node keeps, for the iteration in progress and until it commits:
 
@@ -19,7 +20,7 @@ sent a microbatch to *recompute* holds its forward state. `gwtf.recovery.rules.p
 merges the evidence of all live neighbours and applies the rules.
 
 Stage 0 (the data holders) has no upstream: its input is the microbatch's token ids, which travel
-with the activation (like the labels, DESIGN 1), so a stage-1 node can start a recovery at
+with the activation (like the labels, docs/design.md 1), so a stage-1 node can start a recovery at
 another data holder; it records that with `gradient_target(mb, holder, mode)`.
 
 A replacement that recomputes or replays a stage becomes the keeper of the activation the

@@ -1,4 +1,4 @@
-"""The crash rules of DESIGN.md 4 as pure functions: what to do when a node dies, and when an
+"""The crash rules of docs/design.md 4 as pure functions: what to do when a node dies, and when an
 iteration may commit.
 
 A node X of stage s dies during an iteration. Its live neighbours (stage s-1 and s+1) each turn
@@ -54,7 +54,7 @@ __all__ = [
 
 
 class Rule(IntEnum):
-    """The rule of DESIGN.md 4 that applies to one microbatch at a dead node."""
+    """The rule of docs/design.md 4 that applies to one microbatch at a dead node."""
 
     RESEND = 1
     RECOMPUTE = 2

@@ -3,5 +3,5 @@
 - `engine`: the heapq event loop; `scenario`: TOML scenario files; `traces`: churn traces;
 - `simulator`: compute, links, iterations, churn and recovery for one policy;
 - `policies` and `baselines`: gwtf, oracle, swarm, swarm-rebalance, dtfm;
-- `runner`: runs a scenario's policies; `report`: JSON, CSV and PNG outputs; `cli`: the command.
+- `report`: JSON, CSV and PNG outputs; `cli`: the command (runs a scenario's policies).
 """

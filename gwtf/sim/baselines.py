@@ -2,7 +2,7 @@
 estimate and peer choice, and DT-FM's schedule search.
 
 - `smooth_wrr`: nginx's smooth weighted round-robin, deterministic; over any window the picks
-  match the weights (DESIGN.md 2: how a node turns rates into next hops).
+  match the weights (docs/design.md 2: how a node turns rates into next hops).
 - `PerformanceEMA`: hivemind's `utils/performance_ema.py`: an exponential moving average of
   seconds per sample with the bias correction `1 - (1 - alpha)^n`, fed with simulated times.
   Concurrent calls count time from `max(call start, last update)`, as hivemind's

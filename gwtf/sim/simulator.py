@@ -1,6 +1,6 @@
 """The discrete-event simulation of one policy on one scenario.
 
-What is simulated (DESIGN.md 5):
+What is simulated (docs/design.md 5):
 
 - Compute: each node runs one job at a time; backward jobs go first (they free memory), then
   forward jobs while a memory slot is free. A slot is held from a microbatch's forward at the node
@@ -19,7 +19,8 @@ What is simulated (DESIGN.md 5):
   starts again), then enter at once (dtfm: at its next restart).
 - Churn: joins, graceful leaves (noticed at once), crashes (noticed `detection_timeout_s` later;
   the `oracle` notices at once), link changes.
-- Crash recovery: the rules of DESIGN.md 4 from `gwtf.recovery`, driven by each node's `Ledger`.
+- Crash recovery: the rules of docs/design.md 4 from `gwtf.recovery`, driven by each node's
+  `Ledger`.
   `swarm` retries in-flight work elsewhere like rules 1-2, but a dead peer's accumulated
   gradients and a dead trainer's microbatches are lost (counted in `lost`, and not in the
   throughput: only microbatches whose gradient reached every stage's optimizer count as

@@ -1,6 +1,6 @@
 """Churn traces: readers for the two file formats, and a seeded generator.
 
-CSV format (DESIGN.md 5), one event per line, an optional header line starting with `time_s`::
+CSV format (docs/design.md 5), one event per line, an optional header line starting with `time_s`::
 
     time_s,event,node[,stage][,location]      event: join | leave | crash
     time_s,link,LOC_A:LOC_B,rtt_ms,bandwidth_gbps

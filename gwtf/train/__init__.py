@@ -14,7 +14,7 @@ What a node calls, in order (every name is importable from `gwtf.train`):
     key = MicrobatchKey(job.job_id, k, m)
     executor.forward(key, inputs, labels)   # -> ForwardResult(output | grad_input + loss)
     executor.backward(key, grad_output)     # -> grad w.r.t. the input, None on stage 0
-    executor.recompute(key, inputs, labels) # replacement node, DESIGN.md 4 rules 2 and 3
+    executor.recompute(key, inputs, labels) # replacement node, docs/design.md 4 rules 2 and 3
     executor.drop(key)
 
     # commit, with every live replica's contribution of the stage:

@@ -11,7 +11,7 @@ the replicas. The sum runs over the replicas sorted by node id, in the sums' dty
 Every replica that combines the same contributions gets the same bits, steps AdamW the same way,
 and stays identical to the others.
 
-`combine_contributions` also checks DESIGN.md 4 rule 6: no microbatch counted twice, and, given
+`combine_contributions` also checks docs/design.md 4 rule 6: no microbatch counted twice, and, given
 the ids the iteration finished, every one of them counted once.
 """
 

@@ -1,6 +1,6 @@
 """What a node tells the router about its stage: compute time per microbatch, activation size.
 
-DESIGN.md 1 and 2: node capacity is `1 / c_i`, with `c_i` the seconds of forward + backward of
+docs/design.md 1 and 2: node capacity is `1 / c_i`, with `c_i` the seconds of forward + backward of
 one microbatch through the node's stage, "measured by a short warm-up on real hardware"; arc
 costs and capacities need the bytes of one activation. Both come from here.
 """

@@ -10,7 +10,7 @@ Life of a microbatch `key = (job_id, iteration, microbatch)` at stage s:
   the iteration; returns the gradient w.r.t. the stage input (None on stage 0). A microbatch is
   accumulated at most once per iteration: a second backward is refused, never double-counted.
 - `recompute(key, inputs, labels)`: the same computation as `forward`, for a replacement node
-  (DESIGN.md 4 rules 2 and 3); counted apart, as replayed work.
+  (docs/design.md 4 rules 2 and 3); counted apart, as replayed work.
 - `drop(key)`: forget a microbatch in flight (its sender chose another route, or it was dropped).
 - `abandon()`: forget the whole iteration's work, no step (the iteration starts again).
 - `contribution(node_id)` -> the sums and the ids accumulated, for the stage's commit;

@@ -224,7 +224,7 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Prepared(self, request, context):
-        """Crash recovery, joins (DESIGN.md 4).
+        """Crash recovery, joins (docs/design.md 4).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

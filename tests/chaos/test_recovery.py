@@ -1,4 +1,4 @@
-"""Losing nothing when nodes die (DESIGN.md 4), with real node processes killed by SIGKILL.
+"""Losing nothing when nodes die (docs/design.md 4), with real node processes killed by SIGKILL.
 
 One swarm of 6 nodes in 3 stages (2 data holders, 2 nodes in each other stage) trains one short
 tiny-gpt job per case. Each case adds a node armed with a fault (`gwtf node --fault`, the node

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gwtf.job.iterations import CommitOrder
 from gwtf.node.codec import InvalidMessage, member_to_pb
 from gwtf.node.config import NodeConfig
-from gwtf.node.iterations import CommitOrder
 from gwtf.node.jobs import JobManager, _Active
 from gwtf.node.membership import MemberInfo, Membership, State
 from gwtf.v1 import job_pb2

@@ -1,4 +1,4 @@
-"""The crash rules of DESIGN.md 4 on hand-made cases, driven through real ledgers.
+"""The crash rules of docs/design.md 4 on hand-made cases, driven through real ledgers.
 
 A 3-stage pipeline: data holder h (stage 0) -> x (stage 1) -> z (stage 2, last), plus spares.
 Each case records what the nodes did, kills one, and checks the plan the survivors' ledgers give.

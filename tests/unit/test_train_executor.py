@@ -1,5 +1,5 @@
 """The stage executor: forward/backward bookkeeping, refusals, recompute on a replacement node
-(DESIGN.md 4 rules 2 and 3), the commit and state transfer."""
+(docs/design.md 4 rules 2 and 3), the commit and state transfer."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Next hops by smooth weighted round-robin over the flows (gwtf.node.wrr)."""
+"""Next hops by smooth weighted round-robin over the flows (gwtf.job.nexthop)."""
 
 from collections import Counter
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gwtf.node.wrr import SmoothRoundRobin, next_hop_weights
+from gwtf.job.nexthop import SmoothRoundRobin, next_hop_weights
 
 
 def picks(weights: dict[str, int], n: int, rr: SmoothRoundRobin | None = None) -> list[str]:

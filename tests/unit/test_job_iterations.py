@@ -1,8 +1,8 @@
-"""The coordinator's commit and recovery bookkeeping (gwtf.node.iterations), with no I/O."""
+"""The coordinator's commit and recovery bookkeeping (gwtf.job.iterations), with no I/O."""
 
 import pytest
 
-from gwtf.node.iterations import (
+from gwtf.job.iterations import (
     CommittedReport,
     IterationCoordinator,
     Outliers,

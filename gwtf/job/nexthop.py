@@ -1,4 +1,4 @@
-"""Next hops: the node's outgoing flows turned into a sequence of peers (DESIGN.md 2), pure.
+"""Next hops: the node's outgoing flows turned into a sequence of peers (docs/design.md 2), pure.
 
 The flow says how many microbatches per second go from this node to each next-stage peer
 (`FlowDriver.routes()`, in integer flow units). A node turns those rates into next hops by smooth

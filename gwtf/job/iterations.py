@@ -1,5 +1,5 @@
 """The commit of a job's iterations and the bookkeeping of its recoveries, as its coordinator sees
-them (DESIGN.md 1 and 4), pure: no I/O, no clock.
+them (docs/design.md 1 and 4), pure: no I/O, no clock.
 
 One member coordinates a job: the live data holder with the smallest id among those that take
 part (it owns data and injects microbatches, so it is where an iteration starts; when it dies the
@@ -57,7 +57,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gwtf.node.wrr import SmoothRoundRobin
+from gwtf.job.nexthop import SmoothRoundRobin
 from gwtf.recovery import CrashPlan, Rule, check_commit
 
 __all__ = [
@@ -82,7 +82,7 @@ def assign(
     microbatches: int, holders: Sequence[str], weights: Mapping[str, int] | None = None
 ) -> dict[str, tuple[int, ...]]:
     """Microbatch ids `0..microbatches-1` dealt over the holders by smooth weighted round-robin
-    (`gwtf.node.wrr`): each holder gets ids in the proportion of its weight, interleaved. Equal
+    (`gwtf.job.nexthop`): each holder gets ids in the proportion of its weight, interleaved. Equal
     weights (or none) deal them round-robin over the holders sorted by id, which is
     `gwtf.train.assign_microbatches` (a test checks both agree). A holder with weight 0 gets
     none; if every weight is 0 they count as equal."""
@@ -351,9 +351,6 @@ class IterationCoordinator:
         for recovery in plan.recoveries:
             if recovery.rule == Rule.REPLAY:
                 self.replays.add((recovery.mb, recovery.stage))
-
-    def replay_failed(self, mb: int, stage: int) -> None:
-        self.replays.discard((mb, stage))
 
     def commit_order(self) -> CommitOrder | None:
         """Phase one of a new attempt, once the iteration may commit; None while it may not."""

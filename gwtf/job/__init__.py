@@ -1,0 +1,13 @@
+"""gwtf.job: the job protocol, pure (no I/O, no clock, no asyncio, grpc or torch).
+
+What a training job's nodes decide, written once so that every driver decides it the same way:
+
+    iterations  IterationCoordinator: an iteration's plan (the holders' shares, `assign`), its
+                two-phase commit, the recoveries and drops it waits for, restarts of a round,
+                joiners and the exclusion of bad replicas, as the job's coordinator sees them
+    nexthop     next hops: the weights of the next-stage candidates (from the flows once they
+                are settled, else from capacities) and smooth weighted round-robin over them
+
+The node (gwtf.node) drives these over gRPC and wall time. Nothing here imports gwtf.node,
+gwtf.sim or gwtf.train; the arrows point job -> recovery, flow.
+"""
