@@ -144,6 +144,12 @@ def _submit(args: argparse.Namespace) -> int:
     return run_submit(args)
 
 
+def _cancel(args: argparse.Namespace) -> int:
+    from gwtf.client import run_cancel
+
+    return run_cancel(args)
+
+
 def _launch(args: argparse.Namespace) -> int:
     from gwtf.node.launch import run_launch
 
@@ -171,6 +177,10 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "one, measure its links, route with its neighbours, until SIGTERM or Ctrl-C, then "
         "leave gracefully. Prints 'gwtf node ID listening on HOST:PORT ...' once in the swarm.",
     )
+    node.add_argument("--config", metavar="FILE",
+                      help="a TOML file of settings, named as these flags are (stage = 1, "
+                      "bootstrap = [\"HOST:PORT\"], log-json = true, ...): the flags given "
+                      "here as well win over it")
     node.add_argument("--stage", type=_stage, required=True, metavar="K",
                       help="the pipeline stage this node holds (0 = a data holder)")
     node.add_argument("--port", type=_port, default=0, metavar="P",
@@ -298,6 +308,23 @@ def _add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     _add_security_flags(submit)
     submit.set_defaults(handler=_submit)
 
+    cancel = commands.add_parser(
+        "cancel",
+        help="stop a running training job",
+        description="Stop JOB_ID on every node of the swarm of the node at --to: the job fails "
+        "with the reason given. A job that ended already is left as it is. Prints the job's "
+        "state after the call.",
+    )
+    cancel.add_argument("job_id", metavar="JOB_ID", help="the id gwtf submit printed")
+    cancel.add_argument("--to", type=_address, required=True, metavar="HOST:PORT",
+                        help="any node of the swarm")
+    cancel.add_argument("--reason", default="", metavar="TEXT",
+                        help="why (shown as the job's error everywhere)")
+    cancel.add_argument("--timeout", type=_positive_float, default=10.0, metavar="S",
+                        help="deadline of the call (default 10)")
+    _add_security_flags(cancel)
+    cancel.set_defaults(handler=_cancel)
+
 
 def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     launch = commands.add_parser(
@@ -335,6 +362,13 @@ def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     launch.add_argument("--json", action="store_true",
                         help="print the nodes as one JSON line once the swarm is formed (and "
                         "with --churn, one JSON line per event)")
+    launch.add_argument("--metrics-port", type=_port, metavar="P",
+                        help="each node serves Prometheus metrics, node i on port P+i (0: free "
+                        "ports); the URLs are listed with the nodes")
+    launch.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                        help="the nodes' log level (default: theirs, info)")
+    launch.add_argument("--log-json", action="store_true",
+                        help="the nodes log JSON lines into their log files")
     launch.add_argument("--churn", metavar="TRACE",
                         help="replay this churn trace on the swarm: SIGKILL on crash, SIGTERM on "
                         "leave, a new node process on join (CSV time_s,event,node[,stage]"
@@ -488,9 +522,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    raise KeyError(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
+        argv = sys.argv[1:] if argv is None else list(argv)
+        if argv[:1] == ["node"]:
+            from gwtf.node.cli import ConfigError, with_config
+
+            try:
+                argv = ["node", *with_config(argv[1:], _subcommand(parser, "node"))]
+            except ConfigError as err:
+                print(f"gwtf node: {err}", file=sys.stderr)
+                return EXIT_USAGE
         try:
             args = parser.parse_args(argv)
         except SystemExit as exit_:  # --help, --version and usage errors end here

@@ -5,6 +5,10 @@
     result = client.wait(job_id, on_progress=lambda r: print(r.iterations_completed, r.loss))
     result.to_json()    # {"job_id", "iterations_completed", "loss", "param_checksum", ...}
     client.jobs()       # every job the node knows, as JobResult
+    client.cancel(job_id, "wrong learning rate")  # it fails on every node, with that reason
+
+    async with AsyncGwtfClient("127.0.0.1:50051") as client:   # inside an event loop
+        result = await client.wait(await client.submit("tiny-gpt"))
 
     reply = fetch_status("127.0.0.1:50051", timeout_s=5)   # StatusError if it cannot
     view = status_json(reply)   # {"members", "arcs", "flow_value", "jobs", ...}
@@ -21,20 +25,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gwtf.flow.topology import CAP_SCALE
 from gwtf.node.security import Credentials
 
 __all__ = [
+    "AsyncGwtfClient",
     "ClientError",
     "Excluded",
     "GwtfClient",
@@ -44,6 +50,7 @@ __all__ = [
     "fetch_status",
     "format_status",
     "job_result",
+    "run_cancel",
     "run_status",
     "run_submit",
     "status_json",
@@ -51,6 +58,7 @@ __all__ = [
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+T = TypeVar("T")
 WATCH_CALL_S = 60.0
 """Deadline of one Watch call; `wait` makes another until the job ends."""
 
@@ -254,10 +262,16 @@ def _rpc_error(address: str, err: Any, timeout_s: float | None) -> ClientError:
     return ClientError(f"{address} refused: {said}")
 
 
-class GwtfClient:
-    """Submit jobs to, and follow them at, the node at `address` (HOST:PORT).
+class AsyncGwtfClient:
+    """Submit jobs to, follow and cancel them at the node at `address` (HOST:PORT), from code
+    that runs an event loop (an async service, a notebook):
 
-    Every call opens a channel, has a deadline and closes the channel; errors are ClientError.
+        async with AsyncGwtfClient("127.0.0.1:50051") as client:
+            job_id = await client.submit("tiny-gpt")
+            result = await client.wait(job_id)
+
+    One channel, opened at the first call and closed by `close()` (or the `async with`); every
+    call has a deadline; errors are ClientError.
     """
 
     def __init__(
@@ -266,30 +280,41 @@ class GwtfClient:
         self.address = address
         self.timeout_s = timeout_s
         self.credentials = credentials or Credentials()
+        self._channel: Any = None
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
-    def _run(self, call: Callable[[Any], Any], timeout_s: float | None) -> Any:
+    async def __aenter__(self) -> AsyncGwtfClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
+
+    async def _call(self, call: Callable[[Any], Any], timeout_s: float | None) -> Any:
         from grpc import aio
 
         from gwtf.node.security import open_channel
         from gwtf.node.transport import channel_options
         from gwtf.v1 import job_pb2_grpc
 
-        async def main() -> Any:
-            async with open_channel(
-                self.address, self.credentials, options=channel_options()
-            ) as channel:
-                return await call(job_pb2_grpc.JobServiceStub(channel))
-
+        if self._channel is None:
+            self._channel = open_channel(self.address, self.credentials,
+                                         options=channel_options())  # fmt: skip
         try:
-            return asyncio.run(main())
+            return await call(job_pb2_grpc.JobServiceStub(self._channel))
         except aio.AioRpcError as err:
             raise _rpc_error(self.address, err, timeout_s) from None
 
-    def submit(self, job: Any, *, timeout_s: float = 300.0) -> str:
+    async def submit(self, job: Any, *, timeout_s: float = 300.0) -> str:
         """Submit `job` (a JobConfig, a preset name or a TOML file path); its id once every
         member has prepared its stage and the job has started (this loads torch on every
-        node, which takes a while on a busy machine: hence the long deadline)."""
+        node, which takes a while on a busy machine: hence the long deadline). The same job
+        again (its id is its content) is the same job: running or completed, it is not trained
+        a second time."""
         from gwtf.train.job import JobConfig, JobError, resolve_job
         from gwtf.v1 import job_pb2
 
@@ -303,26 +328,38 @@ class GwtfClient:
         async def call(stub: Any) -> Any:
             return await stub.Submit(request, timeout=timeout_s)
 
-        reply = self._run(call, timeout_s)
+        reply = await self._call(call, timeout_s)
         return str(reply.job_id)
 
-    def jobs(self) -> list[JobResult]:
+    async def jobs(self) -> list[JobResult]:
         """Every job the node knows."""
         from gwtf.v1 import job_pb2
 
         async def call(stub: Any) -> Any:
             return await stub.List(job_pb2.ListRequest(), timeout=self.timeout_s)
 
-        return [job_result(p) for p in self._run(call, self.timeout_s).jobs]
+        return [job_result(p) for p in (await self._call(call, self.timeout_s)).jobs]
 
-    def progress(self, job_id: str) -> JobResult:
+    async def progress(self, job_id: str) -> JobResult:
         """The job's progress now."""
-        for result in self.jobs():
+        for result in await self.jobs():
             if result.job_id == job_id:
                 return result
         raise ClientError(f"{self.address} knows no job {job_id}")
 
-    def wait(
+    async def cancel(self, job_id: str, reason: str = "") -> str:
+        """Stop the job on every node of its swarm (it fails, with `reason`); the state it is
+        in after the call ("failed", or "completed" if it had ended already)."""
+        from gwtf.v1 import job_pb2
+
+        async def call(stub: Any) -> Any:
+            return await stub.Cancel(job_pb2.CancelRequest(job_id=job_id, reason=reason),
+                                     timeout=self.timeout_s)  # fmt: skip
+
+        reply = await self._call(call, self.timeout_s)
+        return job_pb2.JobState.Name(reply.state).removeprefix("JOB_STATE_").lower()
+
+    async def wait(
         self,
         job_id: str,
         *,
@@ -367,8 +404,73 @@ class GwtfClient:
                     f"{self.address} stopped answering about job {job_id} before it ended"
                 )
 
-        result: JobResult = self._run(call, timeout_s)
+        result: JobResult = await self._call(call, timeout_s)
         return result
+
+
+class GwtfClient:
+    """The same calls as `AsyncGwtfClient`, for code without an event loop of its own:
+
+        with GwtfClient("127.0.0.1:50051") as client:
+            result = client.wait(client.submit("tiny-gpt"))
+
+    Every call opens a channel, has a deadline and closes the channel; errors are ClientError.
+    Called where an event loop already runs (a notebook cell), a call runs on a thread of its
+    own rather than failing: `AsyncGwtfClient` is the better fit there.
+    """
+
+    def __init__(
+        self, address: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.credentials = credentials or Credentials()
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+    def __enter__(self) -> GwtfClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Nothing stays open between calls."""
+
+    def _run(self, use: Callable[[AsyncGwtfClient], Coroutine[Any, Any, T]]) -> T:
+        async def main() -> T:
+            async with AsyncGwtfClient(self.address, timeout_s=self.timeout_s,
+                                       credentials=self.credentials) as client:  # fmt: skip
+                return await use(client)
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(main())
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, main()).result()
+
+    def submit(self, job: Any, *, timeout_s: float = 300.0) -> str:
+        """See `AsyncGwtfClient.submit`."""
+        return self._run(lambda c: c.submit(job, timeout_s=timeout_s))
+
+    def jobs(self) -> list[JobResult]:
+        """Every job the node knows."""
+        return self._run(lambda c: c.jobs())
+
+    def progress(self, job_id: str) -> JobResult:
+        """The job's progress now."""
+        return self._run(lambda c: c.progress(job_id))
+
+    def cancel(self, job_id: str, reason: str = "") -> str:
+        """See `AsyncGwtfClient.cancel`."""
+        return self._run(lambda c: c.cancel(job_id, reason))
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        on_progress: Callable[[JobResult], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> JobResult:
+        """See `AsyncGwtfClient.wait`."""
+        return self._run(lambda c: c.wait(job_id, on_progress=on_progress, timeout_s=timeout_s))
 
 
 def fetch_jobs(
@@ -431,6 +533,21 @@ def run_submit(args: argparse.Namespace) -> int:
     else:
         print(format_result(result), flush=True)
     return EXIT_FAILED if result.state == "failed" else 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    """`gwtf cancel JOB_ID --to HOST:PORT [--reason TEXT]`."""
+    from gwtf.node.security import SecurityError, credentials_from_args
+
+    try:
+        credentials = credentials_from_args(args)
+        state = GwtfClient(args.to, timeout_s=args.timeout,
+                           credentials=credentials).cancel(args.job_id, args.reason)  # fmt: skip
+    except (SecurityError, ClientError) as err:
+        print(f"gwtf cancel: {err}", file=sys.stderr)
+        return err.exit_code if isinstance(err, ClientError) else EXIT_USAGE
+    print(f"job {args.job_id}: {state}", flush=True)
+    return 0
 
 
 def _follow(client: GwtfClient, job_id: str, iterations: int) -> JobResult:

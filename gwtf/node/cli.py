@@ -14,8 +14,8 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
 
@@ -54,12 +54,66 @@ def load_matrix(
     return links, location
 
 
+class ConfigError(ValueError):
+    """A node config file that cannot be used (one sentence)."""
+
+
+def with_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`gwtf node`'s arguments with the settings of its `--config FILE` (TOML) put before them,
+    as the flags they name: the command line, later, wins. The file holds flag names (with - or
+    _) and values: a string or number for a flag's value, true for a switch, a list for a flag
+    that takes several (bootstrap); a [node] table may hold them instead of the top level."""
+    import tomllib
+
+    path = None
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+    if path is None:
+        return argv
+    try:
+        with open(path, "rb") as handle:
+            table = tomllib.load(handle)
+    except OSError as err:
+        raise ConfigError(f"cannot read the config file {path}: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"the config file {path} is not valid TOML: {err}") from None
+    if isinstance(table.get("node"), dict):
+        table = table["node"]
+    flags = {
+        option[2:]: action
+        for action in parser._actions
+        for option in action.option_strings
+        if option.startswith("--") and option not in ("--help", "--config")
+    }
+    tokens: list[str] = []
+    for key, value in table.items():
+        name = key.replace("_", "-")
+        action = flags.get(name)
+        if action is None:
+            raise ConfigError(f"{path}: {key!r} is not a setting of gwtf node (the settings are "
+                              "its flags, e.g. stage, port, bootstrap, metrics-port)")
+        flag = f"--{name}"
+        if isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{path}: {key} is a switch: true or false, not {value!r}")
+            tokens += [flag] if value else []
+        elif isinstance(value, list) and action.nargs in ("+", "*"):
+            tokens += [flag, *map(str, value)]
+        elif isinstance(value, str | int | float) and not isinstance(value, bool):
+            tokens += [flag, str(value)]
+        else:
+            raise ConfigError(f"{path}: {key} takes one value, not {value!r}")
+    return tokens + argv
+
+
 def run_node(args: argparse.Namespace) -> int:
     from gwtf.node.launch import die_with_launcher
 
     die_with_launcher()
     quiet_grpc_core()
-    import uvloop
 
     from gwtf.node.codec import InvalidMessage, check_name
     from gwtf.node.config import NodeConfig
@@ -115,7 +169,17 @@ def run_node(args: argparse.Namespace) -> int:
         rate_limit=RateLimit(args.rate_limit),
     )
     configure_logging(args.log_level, json_lines=args.log_json)
-    return uvloop.run(_serve(settings, config))
+    return run_loop(_serve(settings, config))
+
+
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run `main` on uvloop where it is installed (Linux, macOS), else on plain asyncio
+    (Windows has no uvloop): the node works the same on either, uvloop only serves it faster."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 async def _serve(settings: NodeSettings, config: NodeConfig) -> int:
@@ -125,7 +189,10 @@ async def _serve(settings: NodeSettings, config: NodeConfig) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except NotImplementedError:  # Windows' event loops: a plain handler that wakes the loop
+            signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
     try:
         await node.start()
         entering = asyncio.ensure_future(node.enter_swarm())

@@ -24,10 +24,12 @@ at another node, so that a stage that loses every node resumes when one joins it
 leaves gracefully first lets the iteration in progress step (`drain`).
 
 One job runs at a time; a submission while one runs is refused (the same job again returns its
-id). torch and the worker are imported once (`_load`): by a node that trains, before it enters
-its swarm (`preload`: importing torch holds the interpreter for seconds, in which a member would
-miss its heartbeats and be declared dead; measured, six nodes loading it at once on two cores
-declared each other dead), and otherwise only when a job description must be read.
+id, and so does the same job once it completed: a job is never trained twice; a failed or
+cancelled one may be submitted again). torch and the worker are imported once (`_load`): by a
+node that trains, before it enters its swarm (`preload`: importing torch holds the interpreter
+for seconds, in which a member would miss its heartbeats and be declared dead; measured, six
+nodes loading it at once on two cores declared each other dead), and otherwise only when a job
+description must be read.
 """
 
 from __future__ import annotations
@@ -351,6 +353,13 @@ class JobManager:
 
         host = self.host
         job_id: str = job.job_id
+        done = self._records.get(job_id)
+        if done is not None and done.state == job_pb2.JOB_STATE_COMPLETED:
+            # The same job (its id is its content) trained already: it is not trained twice.
+            # A failed one may be submitted again.
+            host.log.info("job %s submitted again: it completed already; its result stands",
+                          job_id)
+            return job_pb2.SubmitReply(job_id=job_id)
         active = self._active
         if active is not None and self._records[active.job_id].state == job_pb2.JOB_STATE_RUNNING:
             if active.job_id == job_id:
@@ -1465,6 +1474,17 @@ class JobManager:
                 self.host.config.rpc_timeout_s, attempts=1,
             ))
         await asyncio.gather(*calls, return_exceptions=True)
+
+    def cancel(self, request: job_pb2.CancelRequest) -> job_pb2.CancelReply:
+        """A user stops the job: it fails on every member, with the user's reason."""
+        check_name("job id", request.job_id)
+        progress = self._records.get(request.job_id)
+        if progress is None:
+            raise Refusal(grpc.StatusCode.NOT_FOUND,
+                          f"{self.host.node_id} knows no job {request.job_id[:40]!r}")
+        reason = request.reason[:500].strip() or "no reason given"
+        self.fail(request.job_id, f"cancelled by the user: {reason}")
+        return job_pb2.CancelReply(state=progress.state)
 
     def on_fail(self, request: job_pb2.FailRequest) -> job_pb2.FailReply:
         check_name("job id", request.job_id)

@@ -50,6 +50,7 @@ STOP_GRACE_S = 10.0
 """How long nodes get to leave gracefully after SIGTERM before SIGKILL."""
 
 _LISTENING = re.compile(r"listening on (\S+)")
+_METRICS = re.compile(r"metrics on (\S+)")
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,12 @@ def die_with_launcher() -> None:
 
 
 class _Cluster:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, metrics: bool = False) -> None:
         self.log_dir = log_dir
+        self.want_metrics = metrics
+        """The nodes serve metrics: wait for each one's URL too (printed right after its
+        address)."""
+        self.metrics: dict[int, str] = {}
         self.procs: list[tuple[NodePlan, subprocess.Popen[str]]] = []
         self._logs: list[IO[Any]] = []
         self._lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
@@ -160,9 +165,16 @@ class _Cluster:
         self._lines.put((index, None))
 
     def wait_addresses(self, indices: set[int], deadline: float) -> dict[int, str]:
-        """The address each node prints; RuntimeError naming the first that fails."""
+        """The address each node prints (and its metrics URL, into `metrics`, when it serves
+        them); RuntimeError naming the first that fails."""
         found: dict[int, str] = {}
-        while len(found) < len(indices):
+
+        def pending() -> bool:
+            return len(found) < len(indices) or (
+                self.want_metrics and not indices <= set(self.metrics)
+            )
+
+        while pending():
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = [self.procs[i][0].id for i in sorted(indices - set(found))]
@@ -180,10 +192,16 @@ class _Cluster:
                 raise RuntimeError(
                     f"node {plan.id} exited with code {proc.returncode}: {self.last_log(index)}"
                 )
-            match = _LISTENING.search(line)
-            if match:
-                found[index] = match.group(1)
+            self._note(index, line, found)
         return found
+
+    def _note(self, index: int, line: str, found: dict[int, str]) -> None:
+        match = _LISTENING.search(line)
+        if match:
+            found[index] = match.group(1)
+        match = _METRICS.search(line)
+        if match:
+            self.metrics[index] = match.group(1)
 
     def poll_addresses(self) -> tuple[dict[int, str], list[int]]:
         """Without waiting: the addresses printed since the last call, and the nodes whose
@@ -198,9 +216,7 @@ class _Cluster:
             if line is None:
                 ended.append(index)
                 continue
-            match = _LISTENING.search(line)
-            if match:
-                found[index] = match.group(1)
+            self._note(index, line, found)
 
     def signal(self, index: int, signum: int) -> None:
         proc = self.procs[index][1]
@@ -235,7 +251,8 @@ class _Cluster:
             log.close()
 
 
-def _node_argv(plan: NodePlan, args: argparse.Namespace, port: int) -> list[str]:
+def _node_argv(plan: NodePlan, args: argparse.Namespace, port: int, index: int = 0) -> list[str]:
+    """The command line of node `plan`, the `index`-th process of the cluster."""
     argv = [
         sys.executable, "-m", "gwtf", "node",
         "--stage", str(plan.stage),
@@ -257,6 +274,15 @@ def _node_argv(plan: NodePlan, args: argparse.Namespace, port: int) -> list[str]
         argv.append("--emulate-compute")
     if args.no_train:
         argv.append("--no-train")
+    # Observability, as the user asked for it of the launch: node i serves metrics on P + i.
+    metrics_port = getattr(args, "metrics_port", None)
+    if metrics_port is not None:
+        argv += ["--metrics-port", str(metrics_port + index if metrics_port else 0)]
+    if getattr(args, "log_json", False):
+        argv.append("--log-json")
+    log_level = getattr(args, "log_level", None)
+    if log_level is not None:
+        argv += ["--log-level", log_level]
     return argv
 
 
@@ -289,7 +315,7 @@ def run_launch(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = _Cluster(log_dir)
+    cluster = _Cluster(log_dir, metrics=args.metrics_port is not None)
     try:
         return _run(cluster, plans, args, stop, churn)
     except RuntimeError as err:
@@ -332,13 +358,13 @@ def _run(
     def port(i: int) -> int:
         return args.base_port + i if args.base_port else 0
 
-    first = _node_argv(plans[0], args, port(0)) + ["--stages", str(args.stages)]
+    first = _node_argv(plans[0], args, port(0), 0) + ["--stages", str(args.stages)]
     if args.activation_bytes is not None:
         first += ["--activation-bytes", str(args.activation_bytes)]
     cluster.start(plans[0], first)
     bootstrap = cluster.wait_addresses({0}, time.monotonic() + START_TIMEOUT_S)[0]
     rest = {
-        cluster.start(plan, _node_argv(plan, args, port(i)) + ["--bootstrap", bootstrap])
+        cluster.start(plan, _node_argv(plan, args, port(i), i) + ["--bootstrap", bootstrap])
         for i, plan in enumerate(plans[1:], start=1)
     }
     addresses = {0: bootstrap, **cluster.wait_addresses(rest, time.monotonic() + START_TIMEOUT_S)}
@@ -350,6 +376,7 @@ def _run(
             "location": plan.location,
             "compute_s": plan.compute_s,
             "pid": cluster.procs[i][1].pid,
+            **({"metrics": cluster.metrics[i]} if i in cluster.metrics else {}),
         }
         for i, plan in enumerate(plans)
     ]
@@ -360,7 +387,8 @@ def _run(
               f"{cluster.log_dir}; Ctrl-C stops them all")
         for n in nodes:
             print(f"  {n['id']:<8} {n['address']:<22} stage {n['stage']:<3} "
-                  f"{n['location'] or '-':<12} compute {n['compute_s']:.4f} s  pid {n['pid']}")
+                  f"{n['location'] or '-':<12} compute {n['compute_s']:.4f} s  pid {n['pid']}"
+                  + (f"  metrics {n['metrics']}" if "metrics" in n else ""))
         print(f"  gwtf status --to {bootstrap}", flush=True)
     replay = _Replay(cluster, addresses, churn, args)
     reported: set[int] = set()
@@ -426,7 +454,9 @@ class _Replay:
             if not live:
                 self._say("skipped", action.node, reason="no live node to join through")
                 return
-            argv = _node_argv(action.plan, self.args, 0) + ["--bootstrap", *live[:3]]
+            argv = _node_argv(action.plan, self.args, 0, len(self.cluster.procs)) + [
+                "--bootstrap", *live[:3]
+            ]
             i = self.cluster.start(action.plan, argv)
             self.index[action.node] = i
             self._say("join", action.node, stage=action.plan.stage, trace_s=action.trace_s)

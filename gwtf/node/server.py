@@ -171,6 +171,14 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     ) -> job_pb2.ListReply:
         return self._node.jobs.list_jobs()
 
+    async def Cancel(
+        self, request: job_pb2.CancelRequest, context: aio.ServicerContext
+    ) -> job_pb2.CancelReply:
+        try:
+            return self._node.jobs.cancel(request)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
     async def Prepare(
         self, request: job_pb2.PrepareRequest, context: aio.ServicerContext
     ) -> job_pb2.PrepareReply:
@@ -417,3 +425,12 @@ def add_servicers(server: aio.Server, node: Node, health: HealthServicer) -> Non
     job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node), server)
     add_data_plane(server, node)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    # Server reflection, so that generic tools (grpcurl, grpcui) list and call the services.
+    from grpc_reflection.v1alpha import reflection
+
+    names = [
+        service.full_name
+        for module in (node_pb2, flow_pb2, job_pb2, data_pb2, health_pb2)
+        for service in module.DESCRIPTOR.services_by_name.values()
+    ]
+    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)

@@ -49,6 +49,11 @@ class JobServiceStub:
                 request_serializer=gwtf_dot_v1_dot_job__pb2.ListRequest.SerializeToString,
                 response_deserializer=gwtf_dot_v1_dot_job__pb2.ListReply.FromString,
                 _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/gwtf.v1.JobService/Cancel',
+                request_serializer=gwtf_dot_v1_dot_job__pb2.CancelRequest.SerializeToString,
+                response_deserializer=gwtf_dot_v1_dot_job__pb2.CancelReply.FromString,
+                _registered_method=True)
         self.Prepare = channel.unary_unary(
                 '/gwtf.v1.JobService/Prepare',
                 request_serializer=gwtf_dot_v1_dot_job__pb2.PrepareRequest.SerializeToString,
@@ -169,6 +174,12 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -313,6 +324,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=gwtf_dot_v1_dot_job__pb2.ListRequest.FromString,
                     response_serializer=gwtf_dot_v1_dot_job__pb2.ListReply.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=gwtf_dot_v1_dot_job__pb2.CancelRequest.FromString,
+                    response_serializer=gwtf_dot_v1_dot_job__pb2.CancelReply.SerializeToString,
             ),
             'Prepare': grpc.unary_unary_rpc_method_handler(
                     servicer.Prepare,
@@ -496,6 +512,33 @@ class JobService:
             '/gwtf.v1.JobService/List',
             gwtf_dot_v1_dot_job__pb2.ListRequest.SerializeToString,
             gwtf_dot_v1_dot_job__pb2.ListReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gwtf.v1.JobService/Cancel',
+            gwtf_dot_v1_dot_job__pb2.CancelRequest.SerializeToString,
+            gwtf_dot_v1_dot_job__pb2.CancelReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,8 +71,14 @@ class LocalSwarm:
         failure_timeout_s: float = 3.0,
         extra: tuple[str, ...] = (),
         train: bool = False,
+        python: str = sys.executable,
+        cwd: Path = REPO,
     ) -> None:
+        """`python` and `cwd`: the interpreter that runs the nodes and where (by default this
+        one, in the repository: the gwtf under test)."""
         self.log_dir = log_dir
+        self.python = python
+        self.cwd = cwd
         self.heartbeat_s = heartbeat_s
         self.failure_timeout_s = failure_timeout_s
         # Nodes that train load torch at start (seconds each); the control-plane tests do not.
@@ -84,7 +90,7 @@ class LocalSwarm:
 
     def spawn(self, node_id: str, stage: int, compute_s: float, *args: str) -> Proc:
         argv = [
-            sys.executable, "-m", "gwtf", "node",
+            self.python, "-m", "gwtf", "node",
             "--id", node_id,
             "--stage", str(stage),
             "--port", "0",
@@ -104,7 +110,7 @@ class LocalSwarm:
         handle = open(log, "w", encoding="utf-8")  # noqa: SIM115
         popen = subprocess.Popen(
             argv,
-            cwd=REPO,
+            cwd=self.cwd,
             stdout=subprocess.PIPE,
             stderr=handle,
             text=True,

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -265,3 +266,97 @@ def test_advertise_must_be_a_bare_host() -> None:
     for bad in ("host:7000", "a b", ""):
         result = gwtf("node", "--stage", "0", "--stages", "2", "--advertise", bad)
         one_line_error(result, 2, "--advertise")
+
+
+def test_a_node_runs_on_plain_asyncio_where_uvloop_is_missing(tmp_path: Path) -> None:
+    # As on Windows, where uvloop does not exist: the import fails, the node serves all the same
+    # and a SIGTERM still makes it leave cleanly.
+    code = ("import sys; sys.modules['uvloop'] = None; from gwtf.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")  # fmt: skip
+    node = subprocess.Popen(
+        [sys.executable, "-c", code, "node", "--stage", "0", "--stages", "2", "--port", "0",
+         "--compute-s", "0.1", "--no-train"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(node.stdout.readline()))  # type: ignore[union-attr]
+        reader.start()
+        reader.join(TIMEOUT_S)
+        assert lines and "listening on" in lines[0], (lines, node.poll())
+        address = lines[0].split("listening on ")[1].split()[0]
+        status = gwtf("status", "--to", address, "--json")
+        assert status.returncode == 0, status.stderr
+        assert len(json.loads(status.stdout)["members"]) == 1
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=TIMEOUT_S) == 0, node.stderr.read()  # type: ignore[union-attr]
+        assert "uvloop" not in node.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+
+
+def test_launch_passes_the_observability_flags_to_its_nodes(tmp_path: Path) -> None:
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "gwtf", "launch", "--nodes", "2", "--stages", "2", "--json",
+         "--no-train", "--log-dir", str(tmp_path), "--metrics-port", "0", "--log-json",
+         "--log-level", "debug"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(launch.stdout.readline()))  # type: ignore[union-attr]
+        reader.start()
+        reader.join(TIMEOUT_S)
+        assert line and line[0], "gwtf launch printed nothing"
+        nodes = json.loads(line[0])["nodes"]
+        for node in nodes:
+            text = urllib.request.urlopen(node["metrics"], timeout=10).read()
+            assert f'node="{node["id"]}"'.encode() in text
+        launch.send_signal(signal.SIGTERM)
+        assert launch.wait(timeout=TIMEOUT_S) == 0, launch.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+    for node in nodes:
+        records = [json.loads(x) for x in (tmp_path / f"{node['id']}.log").read_text().splitlines()
+                   if x.startswith("{")]  # fmt: skip
+        # The node's own records name it; at debug level, grpc's own debug records are there too.
+        assert {r["node"] for r in records if "node" in r} == {node["id"]}
+        assert any(r["level"] == "debug" for r in records), node["id"]
+
+
+def test_a_node_takes_its_settings_from_a_config_file_and_the_flags_win(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text('[node]\nid = "from-file"\nstage = 1\nstages = 3\nport = 0\n'
+                      'compute_s = 0.1\nno-train = true\nlog-level = "warning"\n')  # fmt: skip
+    node = subprocess.Popen(
+        [sys.executable, "-m", "gwtf", "node", "--config", str(config), "--stage", "0"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(node.stdout.readline()))  # type: ignore[union-attr]
+        reader.start()
+        reader.join(TIMEOUT_S)
+        assert lines and "listening on" in lines[0], (lines, node.poll())
+        # The file's id and stage count; the command line's stage (0, not the file's 1).
+        assert lines[0].startswith("gwtf node from-file listening on"), lines[0]
+        assert "(stage 0 of 3," in lines[0], lines[0]
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=TIMEOUT_S) == 0
+        # log-level warning from the file: nothing at info level was logged.
+        assert " INFO " not in node.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+    bad = tmp_path / "bad.toml"
+    bad.write_text("stage = 0\nstagez = 3\n")
+    one_line_error(gwtf("node", "--config", str(bad)), 2, str(bad), "'stagez'",
+                   "not a setting")  # fmt: skip
+    bad.write_text("stage = [0\n")
+    one_line_error(gwtf("node", "--config", str(bad)), 2, "not valid TOML")
+    one_line_error(gwtf("node", "--config", str(tmp_path / "none.toml")), 2, "cannot read")

@@ -33,7 +33,7 @@ import torch
 from cluster import REPO, LocalSwarm, wait_for
 from grpc import aio
 
-from gwtf.client import ClientError, GwtfClient, fetch_jobs
+from gwtf.client import AsyncGwtfClient, ClientError, GwtfClient, fetch_jobs
 from gwtf.train import PRESETS, JobConfig, ReferenceResult, train_reference
 
 pytestmark = pytest.mark.integration
@@ -168,6 +168,11 @@ def test_a_gpt_job_equals_the_reference_bit_for_bit_whatever_the_routes(
 
     elsewhere = wait_for(heard, 30, "z1 to hear that the job completed")
     assert elsewhere.param_checksum == ref.param_checksum
+    # The same job submitted again, anywhere, is the job that completed: not trained twice.
+    assert GwtfClient(swarm.procs["z1"].address).submit(job) == job_id
+    again = client.progress(job_id)
+    assert again.state == "completed" and again.param_checksum == ref.param_checksum
+    assert again.iterations_completed == GPT_ITERATIONS
 
 
 def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
@@ -206,6 +211,40 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
         return bool(jobs[ref.job_id]["state"] == "completed")
 
     wait_for(z0_heard, 60, "gwtf status at z0 to show the job completed", interval_s=0.5)
+
+
+def test_the_async_client_in_a_running_event_loop_submits_follows_and_cancels(
+    swarm: LocalSwarm,
+) -> None:
+    job = job_of("tiny-gpt", 500)  # far more than it will be let train
+
+    async def main() -> None:
+        async with AsyncGwtfClient(swarm.procs["h1"].address) as client:
+            job_id = await client.submit(job)
+            while (await client.progress(job_id)).iterations_completed < 1:
+                await asyncio.sleep(0.2)
+            # The blocking client works inside the loop too (a notebook cell): on a thread.
+            assert job_id in {r.job_id for r in GwtfClient(swarm.procs["z0"].address).jobs()}
+            assert await client.cancel(job_id, "wrong learning rate") == "failed"
+            result = await client.wait(job_id, timeout_s=60)
+            assert result.state == "failed"
+            assert result.error.startswith("cancelled by the user: wrong learning rate")
+            assert result.iterations_completed < job.iterations
+            # Cancelling an ended job changes nothing; an unknown one is an error.
+            assert await client.cancel(job_id) == "failed"
+            with pytest.raises(ClientError, match="knows no job"):
+                await client.cancel("job-0000")
+
+    asyncio.run(main())
+    done = subprocess.run(
+        [sys.executable, "-m", "gwtf", "cancel", job.job_id, "--to", swarm.procs["z0"].address],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (0, f"job {job.job_id}: failed"), done.stderr
+    # Every member stopped it: a later job is not refused as "running".
+    for proc in swarm.live():
+        wait_for(lambda p=proc: any(r.state == "failed" for r in fetch_jobs(p.address)
+                                    if r.job_id == job.job_id), 30, f"{proc.id} to stop the job")
 
 
 def test_a_model_that_does_not_cut_into_the_stages_is_refused(swarm: LocalSwarm) -> None:

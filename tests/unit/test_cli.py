@@ -116,3 +116,21 @@ def test_main_returns_exit_codes_in_process() -> None:
     assert main(["simulate"]) == 2
     assert main(["no-such-command"]) == 2
     assert main(["status", "--help"]) == 0
+
+
+def test_the_deployment_example_config_is_what_gwtf_node_accepts() -> None:
+    # docs/deploy: the example node.toml, and the systemd unit and Dockerfile that start a node
+    # with it, say what `gwtf node` really takes.
+    from gwtf.cli import _subcommand, build_parser
+    from gwtf.node.cli import with_config
+
+    deploy = REPO / "docs" / "deploy"
+    parser = build_parser()
+    argv = with_config(["--config", str(deploy / "node.toml")], _subcommand(parser, "node"))
+    args = parser.parse_args(["node", *argv])
+    assert (args.stage, args.host, args.port, args.metrics_port) == (1, "0.0.0.0", 7000, 9100)
+    assert args.bootstrap == ["seed1.example.org:7000", "seed2.example.org:7000"]
+    assert args.log_json and args.token_file == "/etc/gwtf/token" and args.id == "node7"
+    assert "gwtf node --config /etc/gwtf/node.toml" in (deploy / "gwtf-node.service").read_text()
+    dockerfile = (deploy / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["gwtf", "node"]' in dockerfile and "/etc/gwtf/node.toml" in dockerfile

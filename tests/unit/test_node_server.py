@@ -69,6 +69,33 @@ def test_health_checking_is_the_standard_service() -> None:
     run(check)
 
 
+def test_server_reflection_lists_every_service_and_describes_them() -> None:
+    # What grpcurl does: list the services, then fetch the file that defines one.
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async def reflect(node: Node, channel: aio.Channel) -> None:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+
+        async def ask(**kw: str) -> Any:
+            call = stub.ServerReflectionInfo(timeout=5)
+            await call.write(reflection_pb2.ServerReflectionRequest(**kw))
+            await call.done_writing()
+            reply = await call.read()
+            call.cancel()
+            return reply
+
+        listed = await ask(list_services="")
+        names = {s.name for s in listed.list_services_response.service}
+        assert {"gwtf.v1.Membership", "gwtf.v1.Flow", "gwtf.v1.JobService", "gwtf.v1.Status",
+                "gwtf.v1.Probe", "grpc.health.v1.Health",
+                "grpc.reflection.v1alpha.ServerReflection"} <= names, names
+        described = await ask(file_containing_symbol="gwtf.v1.JobService")
+        files = described.file_descriptor_response.file_descriptor_proto
+        assert files and any(b"JobService" in f for f in files)
+
+    run(reflect)
+
+
 def test_malformed_and_oversized_messages_fail_alone() -> None:
     async def check(node: Node, channel: aio.Channel) -> None:
         raw = channel.unary_unary("/gwtf.v1.Flow/Exchange")
