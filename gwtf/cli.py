@@ -300,6 +300,13 @@ def _add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         "peers; a different job id)")
     submit.add_argument("--wait", action="store_true",
                         help="follow the job until it completes or fails")
+    submit.add_argument("--checkpoint-dir", metavar="DIR",
+                        help="with --wait: write the trained model there at the end, as "
+                        "DIR/model.safetensors (the names gwtf reference --checkpoint-dir "
+                        "writes) and DIR/job.toml")
+    submit.add_argument("--checkpoint-every", type=_positive_int, metavar="K",
+                        help="also write the latest weights to --checkpoint-dir every K "
+                        "iterations while the job trains")
     submit.add_argument("--json", action="store_true",
                         help="print job_id, iterations_completed, loss, param_checksum, "
                         "throughput_mb_s, dropped_microbatches as JSON (at the end with --wait)")
@@ -455,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: torch's)",
     )
     reference.add_argument("--json", action="store_true", help="print the result as JSON")
+    reference.add_argument("--checkpoint-dir", metavar="DIR",
+                           help="write the trained model there: DIR/model.safetensors (the "
+                           "names a swarm's checkpoint has) and DIR/job.toml")
     reference.set_defaults(handler=_reference)
 
     simulate = commands.add_parser(

@@ -59,6 +59,8 @@ __all__ = [
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 T = TypeVar("T")
+WEIGHTS_CALL_S = 600.0
+"""Deadline of one stage's weights download (a large stage over a slow link takes minutes)."""
 WATCH_CALL_S = 60.0
 """Deadline of one Watch call; `wait` makes another until the job ends."""
 
@@ -359,6 +361,93 @@ class AsyncGwtfClient:
         reply = await self._call(call, self.timeout_s)
         return job_pb2.JobState.Name(reply.state).removeprefix("JOB_STATE_").lower()
 
+    async def download(self, job_id: str, directory: str | Path) -> Path:
+        """Write the job's latest weights into `directory` as one model: `model.safetensors`
+        (the parameter names of the whole model, the same file `gwtf reference
+        --checkpoint-dir` writes for the same training) and `job.toml`. Each stage's weights
+        come from one of its replicas (the next one if a replica cannot serve them), streamed in
+        chunks; every stage must be at the same iteration (a running job's stages step together:
+        a download that straddles a step is done again). Once the job completed, the weights
+        must have the checksum the swarm reported. The path of the model file."""
+        from gwtf.train.checkpoint import CheckpointError, merge_stages, save_model
+        from gwtf.train.job import JobError, job_from_dict
+        from gwtf.v1 import job_pb2, node_pb2, node_pb2_grpc
+
+        async def listing(stub: Any) -> Any:
+            return await stub.List(job_pb2.ListRequest(), timeout=self.timeout_s)
+
+        record = next((p for p in (await self._call(listing, self.timeout_s)).jobs
+                       if p.job_id == job_id), None)  # fmt: skip
+        if record is None:
+            raise ClientError(f"{self.address} knows no job {job_id}")
+        try:
+            job = job_from_dict(json.loads(record.job_json))
+        except (JobError, ValueError, TypeError) as err:
+            raise ClientError(f"{self.address} sent job {job_id} unreadable: {err}") from None
+
+        async def members(stub: Any) -> Any:
+            status = node_pb2_grpc.StatusStub(self._channel)
+            return await status.Get(node_pb2.StatusRequest(swarm=False), timeout=self.timeout_s)
+
+        view = await self._call(members, self.timeout_s)
+        stages = view.swarm.num_stages
+        replicas: dict[int, list[str]] = {s: [] for s in range(stages)}
+        for member in sorted(view.members, key=lambda m: m.id):
+            if member.state == node_pb2.MEMBER_STATE_ALIVE and member.stage < stages:
+                replicas[member.stage].append(member.address)
+        for _ in range(3):
+            parts = [await self._stage_weights(job_id, s, replicas[s]) for s in range(stages)]
+            iterations = {iteration for iteration, _ in parts}
+            if len(iterations) == 1:
+                break
+        else:
+            raise ClientError(f"the stages of job {job_id} kept stepping while they were "
+                              f"read ({sorted(iterations)}); download it again")
+        (iteration,) = iterations
+        done = record.state == job_pb2.JOB_STATE_COMPLETED and iteration == job.iterations
+        try:
+            return save_model(directory, merge_stages([p for _, p in parts]), job, iteration,
+                              expect_checksum=record.param_checksum if done else None)
+        except CheckpointError as err:
+            raise ClientError(str(err)) from None
+
+    async def _stage_weights(
+        self, job_id: str, stage: int, addresses: list[str]
+    ) -> tuple[int, dict[str, Any]]:
+        """(iteration, parameters) of one stage, from the first of its replicas that has them."""
+        from grpc import aio
+
+        from gwtf.node.security import open_channel
+        from gwtf.node.transport import channel_options
+        from gwtf.train.checkpoint import CheckpointError, weights_from_bytes
+        from gwtf.v1 import job_pb2, job_pb2_grpc
+
+        said: list[str] = []
+        for address in addresses:
+            try:
+                async with open_channel(address, self.credentials,
+                                        options=channel_options()) as channel:  # fmt: skip
+                    stream = job_pb2_grpc.JobServiceStub(channel).FetchWeights(
+                        job_pb2.WeightsRequest(job_id=job_id, stage=stage),
+                        timeout=WEIGHTS_CALL_S,
+                    )
+                    chunks = [chunk async for chunk in stream]
+            except aio.AioRpcError as err:
+                said.append(f"{address}: {(err.details() or err.code().name).splitlines()[0]}")
+                continue
+            data = b"".join(c.payload for c in chunks)
+            if not chunks or len(data) != chunks[0].total_bytes or any(
+                c.seq != i for i, c in enumerate(chunks)
+            ):
+                said.append(f"{address}: the stream was cut short")
+                continue
+            try:
+                return int(chunks[0].iteration), weights_from_bytes(data)
+            except CheckpointError as err:
+                said.append(f"{address}: {err}")
+        raise ClientError(f"no replica of stage {stage} could send its weights of job {job_id}"
+                          + (f" ({'; '.join(said)})" if said else " (it has no live node)"))
+
     async def wait(
         self,
         job_id: str,
@@ -462,6 +551,10 @@ class GwtfClient:
         """See `AsyncGwtfClient.cancel`."""
         return self._run(lambda c: c.cancel(job_id, reason))
 
+    def download(self, job_id: str, directory: str | Path) -> Path:
+        """See `AsyncGwtfClient.download`."""
+        return self._run(lambda c: c.download(job_id, directory))
+
     def wait(
         self,
         job_id: str,
@@ -512,6 +605,25 @@ def run_submit(args: argparse.Namespace) -> int:
         print(f"gwtf submit: {err}", file=sys.stderr)
         return EXIT_USAGE
     client = GwtfClient(args.to, timeout_s=args.timeout, credentials=credentials)
+    checkpoint = args.checkpoint_dir
+    if (checkpoint is not None or args.checkpoint_every) and not args.wait:
+        print("gwtf submit: --checkpoint-dir and --checkpoint-every need --wait",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    if args.checkpoint_every and checkpoint is None:
+        print("gwtf submit: --checkpoint-every needs --checkpoint-dir", file=sys.stderr)
+        return EXIT_USAGE
+    saved: set[int] = set()
+
+    def keep(result: JobResult) -> None:
+        """Every --checkpoint-every iterations while it trains: the latest weights to DIR."""
+        k = result.iterations_completed
+        if args.checkpoint_every and k and k % args.checkpoint_every == 0 and k not in saved and (
+            result.state == "running"
+        ):
+            saved.add(k)
+            client.download(job_id, checkpoint)
+
     try:
         job = _submitted_job(args)
         job_id = client.submit(job)
@@ -522,9 +634,13 @@ def run_submit(args: argparse.Namespace) -> int:
         if not args.wait:
             result = client.progress(job_id)
         elif args.json:
-            result = client.wait(job_id)
+            result = client.wait(job_id, on_progress=keep)
         else:
-            result = _follow(client, job_id, job.iterations)
+            result = _follow(client, job_id, job.iterations, also=keep)
+        if checkpoint is not None and result.state == "completed":
+            model = client.download(job_id, checkpoint)
+            if not args.json:
+                print(f"model written to {model}", file=sys.stderr, flush=True)
     except ClientError as err:
         print(f"gwtf submit: {err}", file=sys.stderr)
         return err.exit_code
@@ -550,8 +666,12 @@ def run_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow(client: GwtfClient, job_id: str, iterations: int) -> JobResult:
-    """`wait` with a progress bar and a line per iteration, on stderr."""
+def _follow(
+    client: GwtfClient, job_id: str, iterations: int,
+    also: Callable[[JobResult], None] | None = None,
+) -> JobResult:
+    """`wait` with a progress bar and a line per iteration, on stderr (and `also` at every
+    change)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -570,6 +690,8 @@ def _follow(client: GwtfClient, job_id: str, iterations: int) -> JobResult:
             shown = len(result.loss)
             loss = f"loss {result.loss[-1]:.4f}" if result.loss else result.state
             bar.update(task, completed=result.iterations_completed, loss=loss)
+            if also is not None:
+                also(result)
 
         return client.wait(job_id, on_progress=update)
 

@@ -140,6 +140,7 @@ def run_demo(args: argparse.Namespace) -> int:
         result = _follow(client, job_id, cluster, plans, addresses, node_args, plan, timeline,
                          watch, stop, fetch_status, status_json, StatusError,
                          live=not args.no_live)  # fmt: skip
+        model = _download(job_id, result, cluster, addresses, out) if result is not None else ""
     except (ClientError, RuntimeError, TimeoutError) as err:
         print(f"gwtf demo: {err} (logs in {out / 'logs'})", file=sys.stderr)
         return EXIT_FAILED
@@ -151,6 +152,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print("gwtf demo: interrupted; every node stopped", file=sys.stderr)
         return 130
     summary = _summarize(job, result, timeline)
+    summary["model"] = model
     _plots(out, summary, timeline)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(_format_summary(summary, out), flush=True)
@@ -189,6 +191,26 @@ def _wait(check: Callable[[], bool], timeout_s: float, stop: threading.Event, wh
             raise RuntimeError("interrupted")
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def _download(
+    job_id: str, result: Any, cluster: Any, addresses: dict[int, str], out: Path
+) -> str:
+    """The trained model into `out` (model.safetensors, job.toml) through a node still alive;
+    its path, or "" when the job did not complete or no node could send it."""
+    from gwtf.client import ClientError, GwtfClient
+
+    if result.state != "completed":
+        return ""
+    live = [addresses[i] for i, (_, proc) in enumerate(cluster.procs)
+            if i in addresses and proc.poll() is None]  # fmt: skip
+    for address in live:
+        try:
+            return str(GwtfClient(address).download(job_id, out))
+        except ClientError as err:
+            print(f"gwtf demo: the model could not be fetched through {address}: {err}",
+                  file=sys.stderr)  # fmt: skip
+    return ""
 
 
 def _follow(
@@ -430,5 +452,6 @@ def _format_summary(summary: dict[str, Any], out: Path) -> str:
         f"  equal to reference    {'yes' if summary['equal_to_reference'] else 'NO'} "
         f"(checksum {summary['param_checksum'][:16]})",
         f"  plots and summary     {out / 'demo.png'}, {out / 'summary.json'}",
+        f"  trained model         {summary['model'] or 'not written'}",
     ]
     return "\n".join(lines)

@@ -216,6 +216,9 @@ class JobManager:
         self._submitting = asyncio.Lock()
         self._backups: dict[tuple[str, int], tuple[int, bytes]] = {}
         """(job, stage) -> (iteration, state) of a lone replica, kept for a joiner."""
+        self._final_weights: tuple[str, int, asyncio.Future[tuple[int, bytes]]] | None = None
+        """(job, stage, its final weights): what this node serves of the latest job it
+        completed, once the worker that trained them is gone."""
         self._spread_pending = False
         self._joining = False
         self.metrics = JobMetrics()
@@ -1054,6 +1057,35 @@ class JobManager:
             if seq == 0 and fault is not None:
                 fault.hit("state-transfer", iteration)  # the first chunk is on its way
 
+    async def fetch_weights(
+        self, request: job_pb2.WeightsRequest
+    ) -> AsyncIterator[job_pb2.StateChunk]:
+        """Stream this node's weights of the job's stage: the live ones of a running job, or the
+        final ones of the latest job it completed."""
+        check_name("job id", request.job_id)
+        active = self._active
+        final = self._final_weights
+        if (active is not None and active.job_id == request.job_id and active.worker is not None
+                and active.worker.stage == request.stage):
+            iteration, data = await active.worker.weights()
+        elif final is not None and final[:2] == (request.job_id, request.stage):
+            try:
+                iteration, data = await final[2]
+            except Exception as err:  # the worker failed to read them
+                raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                              f"{self.host.node_id} could not keep its weights: {err}") from None
+        else:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.host.node_id} holds no weights of stage {request.stage} of job "
+                f"{request.job_id[:40]!r}",
+            )
+        for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
+            yield job_pb2.StateChunk(
+                seq=seq, stage=request.stage, iteration=iteration, total_bytes=len(data),
+                payload=data[offset: offset + STATE_CHUNK_BYTES],
+            )
+
     async def backup(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
         """A lone replica's state, kept here so that a node joining its empty stage finds it."""
         parts: list[bytes] = []
@@ -1424,7 +1456,18 @@ class JobManager:
         )
         if report.iteration == active.job.iterations - 1 and active.worker is not None:
             worker, active.worker = active.worker, None
-            self.host.spawn(worker.stop(), "stop worker")
+            final: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+            self._final_weights = (job_id, worker.stage, final)
+
+            async def finish() -> None:
+                try:
+                    final.set_result(await worker.weights())
+                except Exception as err:  # a download then says why it cannot
+                    final.set_exception(err)
+                finally:
+                    await worker.stop()
+
+            self.host.spawn(finish(), "keep the final weights, stop the worker")
 
     # ================================================================== failure
 

@@ -317,6 +317,15 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         except (InvalidMessage, Refusal) as err:
             await _fail(context, err)
 
+    async def FetchWeights(
+        self, request: job_pb2.WeightsRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[job_pb2.StateChunk]:
+        try:
+            async for chunk in self._node.jobs.fetch_weights(request):
+                yield chunk
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
     async def FetchState(
         self, request: job_pb2.StateRequest, context: aio.ServicerContext
     ) -> AsyncIterator[job_pb2.StateChunk]:

@@ -1532,6 +1532,11 @@ class StageWorker:
         data = await self._compute(_COMMIT, self.executor.state_bytes)
         return it.number, data
 
+    async def weights(self) -> tuple[int, bytes]:
+        """(iterations trained into them, this stage's parameters as safetensors bytes), read on
+        the compute thread between two of its steps."""
+        return await self._compute(_COMMIT, self.executor.weights)
+
     def sync(self) -> job_pb2.SyncReply:
         it = self._it
         reply = job_pb2.SyncReply(

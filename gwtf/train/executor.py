@@ -335,6 +335,13 @@ class StageExecutor:
 
     # -- state transfer ----------------------------------------------------------------------
 
+    def weights(self) -> tuple[int, bytes]:
+        """(iterations trained into them, this stage's parameters as safetensors bytes): what a
+        user downloads (`gwtf.train.checkpoint`). Read together, so they always match."""
+        from gwtf.train.checkpoint import weights_bytes
+
+        return self.iteration, weights_bytes(self.parameters())
+
     def state_bytes(self) -> bytes:
         """Weights and AdamW state at the start of `self.iteration`, for a joiner of this stage.
 

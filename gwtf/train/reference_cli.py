@@ -1,4 +1,5 @@
-"""`gwtf reference --job JOB.toml|PRESET [--iterations N] [--data PATH] [--threads N] [--json]`.
+"""`gwtf reference --job JOB.toml|PRESET [--iterations N] [--data PATH] [--threads N] [--json]
+[--checkpoint-dir DIR]`.
 
 `--threads` matters for comparing bits: float reductions on the CPU split their work by thread
 count, so a reference run equals a swarm bit for bit only with the nodes' thread count.
@@ -11,6 +12,7 @@ import dataclasses
 import json
 import sys
 
+from gwtf.train.checkpoint import CheckpointError, save_model
 from gwtf.train.data import DataError, load_corpus
 from gwtf.train.job import JobError, resolve_job
 from gwtf.train.reference import train_reference
@@ -47,7 +49,12 @@ def run_reference(args: argparse.Namespace) -> int:
                 print(f"iteration {k + 1:>4}/{job.iterations}  loss {loss:.4f}", flush=True)
 
             result = train_reference(job, corpus, on_iteration=show)
-    except (JobError, DataError) as exc:
+        if args.checkpoint_dir is not None:
+            saved = save_model(args.checkpoint_dir, result.parameters, job,
+                               result.iterations_completed)  # fmt: skip
+            if not args.json:
+                print(f"model           {saved}")
+    except (JobError, DataError, CheckpointError) as exc:
         print(f"gwtf reference: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -145,6 +145,14 @@ class CancelReply(_message.Message):
     state: JobState
     def __init__(self, state: _Optional[_Union[JobState, str]] = ...) -> None: ...
 
+class WeightsRequest(_message.Message):
+    __slots__ = ("job_id", "stage")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    stage: int
+    def __init__(self, job_id: _Optional[str] = ..., stage: _Optional[int] = ...) -> None: ...
+
 class ListRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

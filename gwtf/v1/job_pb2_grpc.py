@@ -54,6 +54,11 @@ class JobServiceStub:
                 request_serializer=gwtf_dot_v1_dot_job__pb2.CancelRequest.SerializeToString,
                 response_deserializer=gwtf_dot_v1_dot_job__pb2.CancelReply.FromString,
                 _registered_method=True)
+        self.FetchWeights = channel.unary_stream(
+                '/gwtf.v1.JobService/FetchWeights',
+                request_serializer=gwtf_dot_v1_dot_job__pb2.WeightsRequest.SerializeToString,
+                response_deserializer=gwtf_dot_v1_dot_job__pb2.StateChunk.FromString,
+                _registered_method=True)
         self.Prepare = channel.unary_unary(
                 '/gwtf.v1.JobService/Prepare',
                 request_serializer=gwtf_dot_v1_dot_job__pb2.PrepareRequest.SerializeToString,
@@ -180,6 +185,12 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Cancel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchWeights(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -329,6 +340,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=gwtf_dot_v1_dot_job__pb2.CancelRequest.FromString,
                     response_serializer=gwtf_dot_v1_dot_job__pb2.CancelReply.SerializeToString,
+            ),
+            'FetchWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchWeights,
+                    request_deserializer=gwtf_dot_v1_dot_job__pb2.WeightsRequest.FromString,
+                    response_serializer=gwtf_dot_v1_dot_job__pb2.StateChunk.SerializeToString,
             ),
             'Prepare': grpc.unary_unary_rpc_method_handler(
                     servicer.Prepare,
@@ -539,6 +555,33 @@ class JobService:
             '/gwtf.v1.JobService/Cancel',
             gwtf_dot_v1_dot_job__pb2.CancelRequest.SerializeToString,
             gwtf_dot_v1_dot_job__pb2.CancelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gwtf.v1.JobService/FetchWeights',
+            gwtf_dot_v1_dot_job__pb2.WeightsRequest.SerializeToString,
+            gwtf_dot_v1_dot_job__pb2.StateChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,6 +1,6 @@
 """`gwtf demo --quick` end to end, as CI runs it: a swarm on the emulated geo10 WAN trains while
 nodes are SIGKILLed and new ones join; the summary says nothing was lost and the result equals
-the one-process reference."""
+the one-process reference, and the trained model is written beside the summary."""
 
 from __future__ import annotations
 
@@ -34,4 +34,10 @@ def test_the_quick_demo_loses_nothing_and_equals_the_reference(tmp_path: Path) -
     assert summary["equal_to_reference"] is True
     assert summary["loss"] == summary["reference_loss"]
     assert (out / "demo.png").stat().st_size > 10_000
+    # The trained model is handed back, and it is the reference's model.
+    from gwtf.train.checkpoint import load_model
+
+    assert summary["model"] == str(out / "model.safetensors")
+    saved = load_model(out)
+    assert saved.checksum == summary["reference_checksum"] and saved.iteration == 10
     assert "Traceback" not in result.stderr

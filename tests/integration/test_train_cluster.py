@@ -35,6 +35,8 @@ from grpc import aio
 
 from gwtf.client import AsyncGwtfClient, ClientError, GwtfClient, fetch_jobs
 from gwtf.train import PRESETS, JobConfig, ReferenceResult, train_reference
+from gwtf.train.checkpoint import load_model
+from gwtf.train.stage import build_model
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +126,7 @@ def send_bad_tensors(address: str, job_id: str) -> list[tuple[grpc.StatusCode, s
 
 
 def test_a_gpt_job_equals_the_reference_bit_for_bit_whatever_the_routes(
-    swarm: LocalSwarm, one_thread: None, monkeypatch: pytest.MonkeyPatch
+    swarm: LocalSwarm, one_thread: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # Every Watch call has a deadline: following the job takes several calls here.
     monkeypatch.setattr("gwtf.client.WATCH_CALL_S", 2.0)
@@ -168,6 +170,11 @@ def test_a_gpt_job_equals_the_reference_bit_for_bit_whatever_the_routes(
 
     elsewhere = wait_for(heard, 30, "z1 to hear that the job completed")
     assert elsewhere.param_checksum == ref.param_checksum
+    # The trained model out, from the stages' replicas: the reference's tensors, same names.
+    saved = load_model(client.download(job_id, tmp_path / "swarm").parent)
+    assert saved.iteration == GPT_ITERATIONS and saved.checksum == ref.param_checksum
+    assert sorted(saved.parameters) == sorted(ref.parameters)
+    assert all(torch.equal(saved.parameters[n], ref.parameters[n]) for n in ref.parameters)
     # The same job submitted again, anywhere, is the job that completed: not trained twice.
     assert GwtfClient(swarm.procs["z1"].address).submit(job) == job_id
     again = client.progress(job_id)
@@ -176,11 +183,12 @@ def test_a_gpt_job_equals_the_reference_bit_for_bit_whatever_the_routes(
 
 
 def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
-    swarm: LocalSwarm, one_thread: None
+    swarm: LocalSwarm, one_thread: None, tmp_path: Path
 ) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gwtf", "submit", "--to", swarm.procs["h1"].address,
-         "--job", "tiny-llama", "--iterations", str(LLAMA_ITERATIONS), "--wait", "--json"],
+         "--job", "tiny-llama", "--iterations", str(LLAMA_ITERATIONS), "--wait", "--json",
+         "--checkpoint-dir", str(tmp_path / "model")],
         cwd=REPO, capture_output=True, text=True, timeout=WAIT_S, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -201,6 +209,26 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
     assert summary["lost_microbatches"] == 0 and summary["restarts"] == 0
     assert summary["replayed_s"] == 0 and summary["compute_s"] > 0
     assert summary["excluded"] == []
+    # --checkpoint-dir wrote the model gwtf reference --checkpoint-dir writes: the same job
+    # file, the same tensors under the same names, the same metadata (safetensors writes its
+    # header's metadata in no fixed order, so the files are compared by content).
+    reference_cli = subprocess.run(
+        [sys.executable, "-m", "gwtf", "reference", "--job", "tiny-llama", "--iterations",
+         str(LLAMA_ITERATIONS), "--threads", "1", "--json", "--checkpoint-dir",
+         str(tmp_path / "reference")],
+        cwd=REPO, capture_output=True, text=True, timeout=WAIT_S, check=False,
+    )  # fmt: skip
+    assert reference_cli.returncode == 0, reference_cli.stderr
+    swarm_model, reference_model = (load_model(tmp_path / d) for d in ("model", "reference"))
+    assert (tmp_path / "model" / "job.toml").read_text() == (
+        tmp_path / "reference" / "job.toml"
+    ).read_text()
+    assert list(swarm_model.parameters) == list(reference_model.parameters)
+    assert all(torch.equal(t, reference_model.parameters[n])
+               for n, t in swarm_model.parameters.items())  # fmt: skip
+    assert (swarm_model.iteration, swarm_model.checksum) == (
+        LLAMA_ITERATIONS, reference_model.checksum
+    )
 
     def z0_heard() -> bool:
         status = subprocess.run(
@@ -214,7 +242,7 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
 
 
 def test_the_async_client_in_a_running_event_loop_submits_follows_and_cancels(
-    swarm: LocalSwarm,
+    swarm: LocalSwarm, tmp_path: Path
 ) -> None:
     job = job_of("tiny-gpt", 500)  # far more than it will be let train
 
@@ -223,6 +251,11 @@ def test_the_async_client_in_a_running_event_loop_submits_follows_and_cancels(
             job_id = await client.submit(job)
             while (await client.progress(job_id)).iterations_completed < 1:
                 await asyncio.sleep(0.2)
+            # The weights of a job still training: every stage at the same iteration.
+            saved = load_model((await client.download(job_id, tmp_path)).parent)
+            assert 1 <= saved.iteration < job.iterations and saved.job.job_id == job_id
+            whole = dict(build_model(job.model, job.seed).named_parameters())
+            assert sorted(saved.parameters) == sorted(whole)
             # The blocking client works inside the loop too (a notebook cell): on a thread.
             assert job_id in {r.job_id for r in GwtfClient(swarm.procs["z0"].address).jobs()}
             assert await client.cancel(job_id, "wrong learning rate") == "failed"
