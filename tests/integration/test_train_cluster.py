@@ -188,7 +188,7 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
     result = subprocess.run(
         [sys.executable, "-m", "gwtf", "submit", "--to", swarm.procs["h1"].address,
          "--job", "tiny-llama", "--iterations", str(LLAMA_ITERATIONS), "--wait", "--json",
-         "--checkpoint-dir", str(tmp_path / "model")],
+         "--checkpoint-dir", str(tmp_path / "model"), "--checkpoint-every", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=WAIT_S, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
