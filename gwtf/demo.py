@@ -237,7 +237,8 @@ def _follow(
     from rich.panel import Panel
 
     from gwtf.client import ClientError
-    from gwtf.node.launch import NodePlan, _node_argv
+    from gwtf.node.launch import _node_argv
+    from gwtf.node.plan import NodePlan
 
     rng = random.Random(7)
     index = {p.id: i for i, p in enumerate(plans)}

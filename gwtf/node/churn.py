@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gwtf.node.codec import InvalidMessage, check_name
-from gwtf.node.launch import NodePlan
+from gwtf.node.plan import NodePlan
 from gwtf.sim.traces import TraceError, TraceEvent, read_bamboo_trace, read_csv_trace
 
 __all__ = ["ChurnAction", "ChurnError", "load_churn", "plan_churn", "trace_format"]

@@ -69,11 +69,11 @@ from gwtf.job.iterations import (
 from gwtf.job.nexthop import next_hop_weights
 from gwtf.node.codec import InvalidMessage, check_name, members_from_pb
 from gwtf.node.config import NodeConfig
+from gwtf.node.errors import Refusal
 from gwtf.node.faults import Fault
 from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics, job_event
-from gwtf.node.server import Refusal
 from gwtf.node.transport import Stubs, is_refused
 from gwtf.v1 import job_pb2, job_pb2_grpc
 

@@ -31,13 +31,13 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from gwtf.flow.topology import TopologyError, load_link_matrix
+from gwtf.node.plan import NodePlan
 
 if TYPE_CHECKING:
     from gwtf.node.churn import ChurnAction
@@ -51,14 +51,6 @@ STOP_GRACE_S = 10.0
 
 _LISTENING = re.compile(r"listening on (\S+)")
 _METRICS = re.compile(r"metrics on (\S+)")
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    id: str
-    stage: int
-    location: str
-    compute_s: float
 
 
 def _locations(path: str) -> list[str]:

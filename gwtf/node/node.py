@@ -63,6 +63,7 @@ from gwtf.node.config import (
 )
 from gwtf.node.coordinator import PhaseCoordinator
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
+from gwtf.node.errors import Refusal
 from gwtf.node.faults import Fault
 from gwtf.node.jobs import JobManager
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
@@ -72,7 +73,7 @@ from gwtf.node.phases import Command, PhaseReportData
 from gwtf.node.prober import LinkProber
 from gwtf.node.ratelimit import RateLimit, RateLimiter, RateLimitInterceptor
 from gwtf.node.security import Credentials, TokenServerInterceptor, add_port
-from gwtf.node.server import HealthServicer, Refusal, add_servicers
+from gwtf.node.server import HealthServicer, add_servicers
 from gwtf.node.transport import (
     UNDELAYED,
     ChannelPool,

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from grpc import aio
 
 from gwtf.node.codec import InvalidMessage
+from gwtf.node.errors import Refusal
+from gwtf.node.jobs import JobManager
 from gwtf.v1 import (
     data_pb2,
     flow_pb2,
@@ -28,10 +30,32 @@ from gwtf.v1 import (
     node_pb2_grpc,
 )
 
-if TYPE_CHECKING:
-    from gwtf.node.node import Node
 
-__all__ = ["HealthServicer", "Refusal", "add_servicers"]
+class Node(Protocol):
+    """What the servicers call on their node (gwtf.node.node.Node): the node's own handlers and
+    its job manager. Servicers stay thin: each call goes to one of these."""
+
+    jobs: JobManager
+
+    def require_ready(self) -> None: ...
+
+    def on_config(self, request: node_pb2.ConfigRequest) -> node_pb2.ConfigReply: ...
+
+    def on_join(self, request: node_pb2.JoinRequest) -> node_pb2.JoinReply: ...
+
+    def on_leave(self, request: node_pb2.LeaveRequest) -> node_pb2.LeaveReply: ...
+
+    def on_gossip(self, request: node_pb2.GossipRequest) -> node_pb2.GossipReply: ...
+
+    def on_exchange(self, request: flow_pb2.FlowBatch) -> flow_pb2.FlowAck: ...
+
+    def on_phase(self, request: flow_pb2.PhaseCommand) -> flow_pb2.PhaseReport: ...
+
+    def on_nudge(self, request: flow_pb2.NudgeRequest) -> None: ...
+
+    async def on_status(self, request: node_pb2.StatusRequest) -> node_pb2.StatusReply: ...
+
+__all__ = ["HealthServicer", "add_servicers"]
 
 Serving = health_pb2.HealthCheckResponse.ServingStatus
 
@@ -43,15 +67,6 @@ SERVICES = (
     "gwtf.v1.JobService",
     "gwtf.v1.DataPlane",
 )
-
-
-class Refusal(Exception):
-    """The node refuses a call for a reason the caller must act on."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 async def _fail(context: aio.ServicerContext, err: Exception) -> NoReturn:

@@ -62,6 +62,7 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from gwtf.node.config import MAX_ID_LENGTH, MAX_STAGES
+from gwtf.node.errors import Refusal
 from gwtf.v1 import data_pb2, data_pb2_grpc
 
 __all__ = [
@@ -737,9 +738,6 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
 
 async def _refuse(context: aio.ServicerContext, assembler: Assembler, err: Exception) -> None:
     """Ends the call with the status that says what went wrong (abort raises)."""
-    # Imported here: server.py imports this module to serve the data plane.
-    from gwtf.node.server import Refusal
-
     tag = assembler.tag
     where = f"{tag}: " if tag is not None else ""
     if isinstance(err, Refusal):

@@ -87,6 +87,7 @@ from gwtf.job.iterations import (
     assign,
 )
 from gwtf.job.nexthop import SmoothRoundRobin
+from gwtf.node.errors import Refusal
 from gwtf.node.faults import Fault
 from gwtf.node.gradsync import (
     ContributionError,
@@ -97,7 +98,6 @@ from gwtf.node.gradsync import (
 )
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics, job_event
-from gwtf.node.server import Refusal
 from gwtf.node.tensors import DataPlaneStub, MicrobatchTag, TensorError, TensorSpec, send
 from gwtf.node.transport import is_refused
 from gwtf.recovery import Ledger, Mode, NeighbourReport, Rule

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gwtf.node import tensors
 from gwtf.node.config import MAX_ID_LENGTH, MAX_MESSAGE_BYTES
-from gwtf.node.server import Refusal
+from gwtf.node.errors import Refusal
 from gwtf.node.tensors import (
     DATA_PLANE_MAX_MESSAGE_BYTES,
     DEFAULT_DTYPES,
