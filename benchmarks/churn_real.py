@@ -45,8 +45,8 @@ from gwtf.client import JobResult, fetch_jobs
 from gwtf.flow.topology import LinkSpec
 from gwtf.node.churn import plan_churn
 from gwtf.node.launch import plan_nodes
+from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import NodeInfo, load_scenario
-from gwtf.sim.simulator import Simulation
 from gwtf.sim.traces import TraceEvent, read_bamboo_trace
 from gwtf.train import PRESETS, activation_bytes
 
@@ -141,7 +141,7 @@ def simulate(
         phase_end_s=0.05,
         policies=("gwtf",),
     )
-    result = Simulation(scenario, "gwtf").run()
+    result = simulation(scenario, "gwtf").run()
     return result.throughput_mean, result.wasted_compute_fraction
 
 

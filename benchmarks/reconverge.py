@@ -58,9 +58,9 @@ from gwtf.flow.oracle import SINK, SOURCE, build_oracle_network, solve_oracle
 from gwtf.flow.solution import feasibility_violations
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, cost_to_units
 from gwtf.sim.control import ControlPlane, Settled
-from gwtf.sim.policies import GwtfPolicy
+from gwtf.sim.policies import GwtfPolicy, simulation
 from gwtf.sim.scenario import load_scenario
-from gwtf.sim.simulator import Simulation, SimulationError
+from gwtf.sim.simulator import SimulationError
 
 CASES = [(16, 4), (32, 4), (32, 8), (64, 8)]
 QUICK_CASES = [(16, 4)]
@@ -314,7 +314,7 @@ def churn(seeds: list[int]) -> list[str]:
         cells = []
         for variant in (BEFORE, AFTER):
             t0 = time.perf_counter()
-            sim = Simulation(scenario, "gwtf")
+            sim = simulation(scenario, "gwtf")
             if variant is BEFORE:
                 sim.policy = _PolicyBefore(sim)
             try:

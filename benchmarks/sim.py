@@ -14,9 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.report import machine, write_section
+from gwtf.sim.policies import simulation
 from gwtf.sim.report import TABLE_HEADER, markdown_table, write_outputs
 from gwtf.sim.scenario import POLICIES, load_scenario
-from gwtf.sim.simulator import SimResult, Simulation
+from gwtf.sim.simulator import SimResult
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ["homogeneous", "geo10_hetero_links", "geo10_spot", "high_churn"]
@@ -33,7 +34,7 @@ def run_scenario(
     results = []
     for policy in policies:
         t0 = time.perf_counter()
-        result = Simulation(sc, policy).run()
+        result = simulation(sc, policy).run()
         results.append(result)
         print(
             f"sim {name:<20} {policy:<16} {result.throughput_mean:7.3f} mb/s "

@@ -15,6 +15,10 @@ I/O):
                 quiet/activity report
     phases      PhaseDetector: ends scaling phases swarm-wide (two identical waves, all quiet)
     codec       protobuf <-> dataclasses, and validation of everything a peer sends
+    errors      Refusal: a call the node will not serve, with its gRPC status (the servicers map
+                it at the edge)
+    plan        NodePlan: a node to start on this machine (launch, churn replay, demo)
+    jobhost     JobsHost: what the job runtime needs from its node
     transport   channel options (keepalive, sizes), one channel per peer, WAN and malformed-
                 request interceptors
     server      the gRPC servicers (membership, probe, flow, status, health), thin

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gwtf.job.iterations import (
     CommitOrder,
@@ -44,16 +44,67 @@ from gwtf.job.iterations import (
     StepOrder,
 )
 from gwtf.node.codec import member_to_pb
+from gwtf.node.jobhost import JobsHost
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import job_event
 from gwtf.node.transport import Stubs
 from gwtf.recovery import CrashPlan, Evidence, NeighbourReport, Rule, plan_crash
 from gwtf.v1 import job_pb2, node_pb2
 
-if TYPE_CHECKING:
-    from gwtf.node.jobs import JobManager, _Active
+__all__ = ["ActiveJob", "JobCoordinator", "Manager"]
 
-__all__ = ["JobCoordinator"]
+
+class ActiveJob(Protocol):
+    """The running job as the coordinator reads it (gwtf.node.jobs keeps it)."""
+
+    job: Any  # gwtf.train.JobConfig (torch is loaded lazily)
+    job_id: str
+    participants: dict[str, int]
+    departed: set[str]
+
+
+class Manager(Protocol):
+    """The node's job manager (gwtf.node.jobs.JobManager) as its coordinator uses it: the calls
+    to the other participants, the job's record, and this node's own part of each phase (the
+    coordinator is a participant too). `active` is the manager's own record of the job."""
+
+    host: JobsHost
+
+    async def call(
+        self, call: Callable[[Stubs, float], Awaitable[Any]], member: MemberInfo,
+        timeout_s: float, *, attempts: int = 3,
+    ) -> Any: ...
+
+    def progress_record(self, job_id: str) -> job_pb2.JobProgress: ...
+
+    def changed(self, active: Any) -> None: ...
+
+    def completed(self, active: Any, outcome: IterationOutcome) -> None: ...
+
+    def excluded(self, job_id: str) -> list[str]: ...
+
+    def exclude(self, active: Any, node: str, stage: int, iteration: int, reason: str
+                ) -> None: ...
+
+    def fail(self, job_id: str, reason: str, *, spread: bool = True) -> None: ...
+
+    def keeper_of(self, job_id: str, stage: int) -> str: ...
+
+    def backup_iteration(self, job_id: str, stage: int) -> int | None: ...
+
+    def commit(self, request: job_pb2.CommitRequest) -> job_pb2.CommitReply: ...
+
+    def step(self, request: job_pb2.StepRequest) -> job_pb2.StepReply: ...
+
+    async def report(self, request: job_pb2.ReportRequest) -> job_pb2.ReportReply: ...
+
+    def recover(self, request: job_pb2.RecoverRequest) -> job_pb2.RecoverReply: ...
+
+    def restart(self, request: job_pb2.RestartRequest) -> job_pb2.RestartReply: ...
+
+    def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply: ...
+
+    def admit(self, request: job_pb2.AdmitRequest) -> job_pb2.AdmitReply: ...
 
 
 def participants_pb(participants: dict[str, int]) -> list[job_pb2.Participant]:
@@ -77,7 +128,7 @@ DEAD_MEMORY_S = 60.0
 class JobCoordinator:
     """The coordinator of one running job on this node."""
 
-    def __init__(self, manager: JobManager, active: _Active, plan: IterationCoordinator) -> None:
+    def __init__(self, manager: Manager, active: ActiveJob, plan: IterationCoordinator) -> None:
         self.manager = manager
         self.host = manager.host
         self.active = active
@@ -570,7 +621,7 @@ class JobCoordinator:
     # ------------------------------------------------------------------ taking over
 
     @classmethod
-    async def take_over(cls, manager: JobManager, active: _Active) -> JobCoordinator | None:
+    async def take_over(cls, manager: Manager, active: ActiveJob) -> JobCoordinator | None:
         """This node coordinates now (the previous coordinator died): see the module doc."""
         host = manager.host
         me = host.node_id

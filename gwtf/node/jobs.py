@@ -51,7 +51,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc import aio
@@ -68,10 +68,9 @@ from gwtf.job.iterations import (
 )
 from gwtf.job.nexthop import next_hop_weights
 from gwtf.node.codec import InvalidMessage, check_name, members_from_pb
-from gwtf.node.config import NodeConfig
 from gwtf.node.errors import Refusal
-from gwtf.node.faults import Fault
 from gwtf.node.jobcoord import JobCoordinator
+from gwtf.node.jobhost import JobsHost
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics, job_event
 from gwtf.node.transport import Stubs, is_refused
@@ -99,66 +98,6 @@ MAX_WEIGHT = 2**40
 
 UNDER_WAY = (job_pb2.JOB_STATE_PREPARING, job_pb2.JOB_STATE_RUNNING)
 OVER = (job_pb2.JOB_STATE_COMPLETED, job_pb2.JOB_STATE_FAILED)
-
-
-class JobsHost(Protocol):
-    """What the job manager needs from its node (gwtf.node.node.Node)."""
-
-    node_id: str
-    config: NodeConfig
-    log: logging.LoggerAdapter[logging.Logger]
-
-    def own_stage(self) -> int: ...
-
-    def num_stages(self) -> int: ...
-
-    def live_members(self) -> list[MemberInfo]:
-        """The live members other than this node."""
-        ...
-
-    def member(self, node_id: str) -> MemberInfo | None:
-        """The live member with this id, this node included."""
-        ...
-
-    def known_member(self, node_id: str) -> MemberInfo | None:
-        """The latest incarnation of `node_id` this node knows, alive or not."""
-        ...
-
-    def stubs(self, member: MemberInfo) -> Stubs: ...
-
-    def refused(self, member: MemberInfo) -> None:
-        """A call of the job's to `member` was refused (nothing listens there): evidence for
-        the node's failure detector, whichever part of the node made the call."""
-        ...
-
-    def hear_verdicts(self, infos: list[MemberInfo]) -> None:
-        """Membership verdicts (dead or left) another node acted on: merged as gossip is, so
-        this node's membership, flows and jobs hear of them now."""
-        ...
-
-    def stubs_at(self, address: str) -> Stubs: ...
-
-    def wan_delay(self, member: MemberInfo, nbytes: int) -> float: ...
-
-    def settled(self) -> bool: ...
-
-    def routes(self) -> dict[str, int]: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
-
-    @property
-    def memory_slots(self) -> int: ...
-
-    @property
-    def trains(self) -> bool: ...
-
-    @property
-    def emulate_compute_s(self) -> float | None: ...
-
-    @property
-    def fault(self) -> Fault | None:
-        """The fault this node is armed with (chaos tests), if any."""
-        ...
 
 
 @dataclass

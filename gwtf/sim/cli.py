@@ -8,8 +8,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import POLICIES, Scenario, ScenarioError, load_scenario
-from gwtf.sim.simulator import SimResult, Simulation
+from gwtf.sim.simulator import SimResult
 
 __all__ = ["parse_policies", "run_scenario", "run_simulate"]
 
@@ -36,7 +37,7 @@ def run_scenario(
     results = []
     if not progress:
         for name in policies:
-            results.append(Simulation(scenario, name, seed).run())
+            results.append(simulation(scenario, name, seed).run())
         return results
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -47,7 +48,7 @@ def run_scenario(
     with Progress(*columns, console=console, transient=False) as bar:
         for name in policies:
             task = bar.add_task(f"{scenario.name} {name:<15}", total=scenario.duration_s)
-            sim = Simulation(scenario, name, seed)
+            sim = simulation(scenario, name, seed)
 
             def advance(now: float, task: TaskID = task) -> None:
                 bar.update(task, completed=now)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,11 +34,10 @@ from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
 from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
 from gwtf.sim.engine import Kind, returns_events
+from gwtf.sim.scenario import Scenario
+from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation
 
-if TYPE_CHECKING:
-    from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation
-
-__all__ = ["Policy", "make_policy"]
+__all__ = ["Policy", "make_policy", "simulation"]
 
 
 class Policy:
@@ -634,6 +632,13 @@ class DtfmPolicy(Policy):
             return  # wait for a joiner of the empty stage (activate_now)
         self.schedule()
         sim.resume()
+
+
+def simulation(scenario: Scenario, policy_name: str, seed: int | None = None) -> Simulation:
+    """The simulation of `scenario` under the policy named `policy_name` (gwtf, oracle, swarm,
+    swarm-rebalance or dtfm)."""
+    return Simulation(scenario, policy_name, seed, make_policy=lambda sim, name: make_policy(
+        name, sim))
 
 
 def make_policy(name: str, sim: Simulation) -> Policy:

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -207,12 +207,52 @@ class SimResult:
         }
 
 
+class PolicyHooks(Protocol):
+    """What the simulation asks of its routing policy (gwtf.sim.policies.Policy and its kinds):
+    the policies drive the simulation's entities, so they are built around it
+    (`gwtf.sim.policies.simulation`) rather than named by it."""
+
+    exact_commit: bool
+    recovers: bool
+    activate_at_commit: bool
+
+    def start(self) -> None: ...
+
+    def on_iteration_start(self, it: Iteration) -> None: ...
+
+    def on_commit(self, it: Iteration) -> None: ...
+
+    def may_inject(self, holder: SimNode, it: Iteration) -> bool: ...
+
+    def inject_rate(self, holder: SimNode) -> float | None: ...
+
+    def injected(self, holder: SimNode, it: Iteration) -> None: ...
+
+    def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None: ...
+
+    def forward_done(self, node: SimNode, mb: MB, stage: int) -> None: ...
+
+    def aggregation_members(self, stage: int) -> list[SimNode]: ...
+
+    def detection_delay(self) -> float: ...
+
+    def on_death(self, node: SimNode, was_active: bool) -> None: ...
+
+    def on_activate(self, node: SimNode) -> None: ...
+
+    def activate_now(self, node: SimNode) -> bool: ...
+
+    def on_link_change(self, loc_a: str, loc_b: str) -> None: ...
+
+
 class Simulation:
-    """One policy on one scenario. `run()` returns a `SimResult`."""
+    """One policy on one scenario. `run()` returns a `SimResult`. `make_policy` builds the
+    policy around the simulation (`gwtf.sim.policies.simulation` does it by name)."""
 
-    def __init__(self, scenario: Scenario, policy_name: str, seed: int | None = None) -> None:
-        from gwtf.sim.policies import make_policy
-
+    def __init__(
+        self, scenario: Scenario, policy_name: str, seed: int | None = None, *,
+        make_policy: Callable[[Simulation, str], PolicyHooks],
+    ) -> None:
         self.sc = scenario
         self.policy_name = policy_name
         self.seed = scenario.seed if seed is None else seed
@@ -254,7 +294,7 @@ class Simulation:
                       "commit_checks": 0, "conserved_iterations": 0}
         self.hop_estimate = self._hop_estimate()
         self._caps: dict[tuple[str, int], float] = {}
-        self.policy = make_policy(policy_name, self)
+        self.policy = make_policy(self, policy_name)
 
     # ------------------------------------------------------------------ helpers
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import POLICIES, Scenario, load_scenario
-from gwtf.sim.simulator import SimResult, Simulation
+from gwtf.sim.simulator import SimResult
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
@@ -60,7 +61,7 @@ def scenario(tmp_path: Path, *, duration: float = 600, churn: str = "", trace: s
 
 
 def run(sc: Scenario, policy: str, seed: int | None = None) -> SimResult:
-    return Simulation(sc, policy, seed).run()
+    return simulation(sc, policy, seed).run()
 
 
 def comparable(result: SimResult) -> dict[str, object]:
@@ -193,7 +194,7 @@ def test_no_policy_beats_the_oracle_flow(tmp_path: Path) -> None:
     """The oracle's maximum flow bounds the rate at which any policy can finish microbatches
     while computing; committed throughput (which includes barriers) stays below it."""
     sc = scenario(tmp_path, churn=CHURN, duration=900)
-    sim = Simulation(sc, "oracle")
+    sim = simulation(sc, "oracle")
     oracle = sim.run()
     bound = sim.policy.max_flow_value  # type: ignore[attr-defined]
     assert 0 < oracle.throughput_mean <= bound

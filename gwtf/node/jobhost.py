@@ -1,0 +1,76 @@
+"""What the job runtime needs from its node (gwtf.node.node.Node implements it), apart from the
+runtime so that the job manager and the job coordinator both name it without naming each other."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from gwtf.node.config import NodeConfig
+from gwtf.node.faults import Fault
+from gwtf.node.membership import MemberInfo
+from gwtf.node.transport import Stubs
+
+__all__ = ["JobsHost"]
+
+
+class JobsHost(Protocol):
+    """What the job manager needs from its node (gwtf.node.node.Node)."""
+
+    node_id: str
+    config: NodeConfig
+    log: logging.LoggerAdapter[logging.Logger]
+
+    def own_stage(self) -> int: ...
+
+    def num_stages(self) -> int: ...
+
+    def live_members(self) -> list[MemberInfo]:
+        """The live members other than this node."""
+        ...
+
+    def member(self, node_id: str) -> MemberInfo | None:
+        """The live member with this id, this node included."""
+        ...
+
+    def known_member(self, node_id: str) -> MemberInfo | None:
+        """The latest incarnation of `node_id` this node knows, alive or not."""
+        ...
+
+    def stubs(self, member: MemberInfo) -> Stubs: ...
+
+    def refused(self, member: MemberInfo) -> None:
+        """A call of the job's to `member` was refused (nothing listens there): evidence for
+        the node's failure detector, whichever part of the node made the call."""
+        ...
+
+    def hear_verdicts(self, infos: list[MemberInfo]) -> None:
+        """Membership verdicts (dead or left) another node acted on: merged as gossip is, so
+        this node's membership, flows and jobs hear of them now."""
+        ...
+
+    def stubs_at(self, address: str) -> Stubs: ...
+
+    def wan_delay(self, member: MemberInfo, nbytes: int) -> float: ...
+
+    def settled(self) -> bool: ...
+
+    def routes(self) -> dict[str, int]: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
+
+    @property
+    def memory_slots(self) -> int: ...
+
+    @property
+    def trains(self) -> bool: ...
+
+    @property
+    def emulate_compute_s(self) -> float | None: ...
+
+    @property
+    def fault(self) -> Fault | None:
+        """The fault this node is armed with (chaos tests), if any."""
+        ...
