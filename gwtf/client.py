@@ -264,7 +264,19 @@ def _rpc_error(address: str, err: Any, timeout_s: float | None) -> ClientError:
     return ClientError(f"{address} refused: {said}")
 
 
-class AsyncGwtfClient:
+class _Node:
+    """Where a client's calls go, how long each may take, and with which credentials."""
+
+    def __init__(
+        self, address: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.credentials = credentials or Credentials()
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+
+class AsyncGwtfClient(_Node):
     """Submit jobs to, follow and cancel them at the node at `address` (HOST:PORT), from code
     that runs an event loop (an async service, a notebook):
 
@@ -279,11 +291,8 @@ class AsyncGwtfClient:
     def __init__(
         self, address: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
     ) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self.credentials = credentials or Credentials()
+        super().__init__(address, timeout_s=timeout_s, credentials=credentials)
         self._channel: Any = None
-        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
     async def __aenter__(self) -> AsyncGwtfClient:
         return self
@@ -497,7 +506,7 @@ class AsyncGwtfClient:
         return result
 
 
-class GwtfClient:
+class GwtfClient(_Node):
     """The same calls as `AsyncGwtfClient`, for code without an event loop of its own:
 
         with GwtfClient("127.0.0.1:50051") as client:
@@ -507,14 +516,6 @@ class GwtfClient:
     Called where an event loop already runs (a notebook cell), a call runs on a thread of its
     own rather than failing: `AsyncGwtfClient` is the better fit there.
     """
-
-    def __init__(
-        self, address: str, *, timeout_s: float = 10.0, credentials: Credentials | None = None
-    ) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self.credentials = credentials or Credentials()
-        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
     def __enter__(self) -> GwtfClient:
         return self

@@ -35,6 +35,17 @@ def gwtf(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[
     )
 
 
+def first_line(proc: subprocess.Popen[str]) -> list[str]:
+    """The first line the process prints, as a one-item list (empty if none within TIMEOUT_S:
+    a reader thread, so that a process that prints nothing cannot hang the test)."""
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()),  # type: ignore[union-attr]
+                              daemon=True)  # fmt: skip
+    reader.start()
+    reader.join(TIMEOUT_S)
+    return line
+
+
 def one_line_error(result: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
     assert result.returncode == code, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
@@ -123,10 +134,7 @@ def test_launch_starts_a_swarm_and_stops_every_process(tmp_path: Path) -> None:
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(launch.stdout.readline()))  # type: ignore[union-attr]
-        reader.start()
-        reader.join(TIMEOUT_S)
+        line = first_line(launch)
         assert line and line[0], "gwtf launch printed nothing"
         nodes = json.loads(line[0])["nodes"]
         assert [n["stage"] for n in nodes] == [0, 0, 1, 1]
@@ -279,10 +287,7 @@ def test_a_node_runs_on_plain_asyncio_where_uvloop_is_missing(tmp_path: Path) ->
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.append(node.stdout.readline()))  # type: ignore[union-attr]
-        reader.start()
-        reader.join(TIMEOUT_S)
+        lines = first_line(node)
         assert lines and "listening on" in lines[0], (lines, node.poll())
         address = lines[0].split("listening on ")[1].split()[0]
         status = gwtf("status", "--to", address, "--json")
@@ -305,10 +310,7 @@ def test_launch_passes_the_observability_flags_to_its_nodes(tmp_path: Path) -> N
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(launch.stdout.readline()))  # type: ignore[union-attr]
-        reader.start()
-        reader.join(TIMEOUT_S)
+        line = first_line(launch)
         assert line and line[0], "gwtf launch printed nothing"
         nodes = json.loads(line[0])["nodes"]
         for node in nodes:
@@ -337,10 +339,7 @@ def test_a_node_takes_its_settings_from_a_config_file_and_the_flags_win(tmp_path
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.append(node.stdout.readline()))  # type: ignore[union-attr]
-        reader.start()
-        reader.join(TIMEOUT_S)
+        lines = first_line(node)
         assert lines and "listening on" in lines[0], (lines, node.poll())
         # The file's id and stage count; the command line's stage (0, not the file's 1).
         assert lines[0].startswith("gwtf node from-file listening on"), lines[0]
