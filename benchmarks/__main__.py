@@ -21,6 +21,7 @@ BENCHMARKS = {
     "reconverge": "benchmarks.reconverge",
     "security": "benchmarks.security",
     "load": "benchmarks.load",
+    "device": "benchmarks.device",
 }
 
 

@@ -55,6 +55,37 @@ def _reference(args: argparse.Namespace) -> int:
     return run_reference(args)
 
 
+def _export(args: argparse.Namespace) -> int:
+    try:
+        from gwtf.train.export_cli import run_export
+    except ModuleNotFoundError as missing:
+        if missing.name not in ("gwtf.train", "gwtf.train.export_cli", "torch", "safetensors"):
+            raise
+        print(
+            f"gwtf export: not available in this installation (no {missing.name})",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    return run_export(args)
+
+
+def _add_export_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    export = commands.add_parser(
+        "export",
+        help="write a trained model as a Hugging Face folder (transformers loads it)",
+        description="Read CHECKPOINT_DIR (model.safetensors and job.toml, as gwtf submit "
+        "--checkpoint-dir and gwtf reference --checkpoint-dir write them) and write OUT_DIR/"
+        "config.json and OUT_DIR/model.safetensors in the layout of transformers' "
+        "LlamaForCausalLM (llama) or GPT2LMHeadModel (gpt), head untied, float32.",
+    )
+    export.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
+                        help="a gwtf checkpoint folder")
+    export.add_argument("--hf", required=True, metavar="OUT_DIR",
+                        help="the Hugging Face folder to write (made if missing)")
+    export.set_defaults(handler=_export)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -231,6 +262,10 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--no-train", action="store_true",
                       help="route only: do not load torch (the node starts in a fraction of "
                       "the time) and refuse training jobs")
+    _add_device_flags(node)
+    node.add_argument("--threads", type=_positive_int, metavar="N",
+                      help="torch CPU threads (default: 1 on a GPU, else the free cores up to "
+                      "8; replicas and the reference give the same bits at the same count)")
     node.add_argument("--emulate-compute", action="store_true",
                       help="pad each microbatch's stage work to --compute-s with sleep, as the "
                       "emulated WAN pads messages (a local swarm then runs at its stated speeds)")
@@ -333,6 +368,15 @@ def _add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     cancel.set_defaults(handler=_cancel)
 
 
+def _add_device_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", metavar="DEVICE",
+                        help="where stages run: auto (a CUDA GPU, else MPS, else the CPU), cpu, "
+                        "cuda, cuda:N or mps (default auto)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
+                        help="fp32 (the reference's bits on a CPU), or bf16 / fp16 matmuls under "
+                        "autocast, weights and optimizer in fp32 (default fp32)")
+
+
 def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     launch = commands.add_parser(
         "launch",
@@ -362,6 +406,7 @@ def _add_launch_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         "8 MiB; tiny-gpt's is 131072)")
     launch.add_argument("--no-train", action="store_true",
                         help="nodes route only: they do not load torch and refuse jobs")
+    _add_device_flags(launch)
     launch.add_argument("--seed", type=int, default=0, metavar="N",
                         help="seed of the GPU draw (default 0)")
     launch.add_argument("--log-dir", metavar="DIR",
@@ -466,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write the trained model there: DIR/model.safetensors (the "
                            "names a swarm's checkpoint has) and DIR/job.toml")
     reference.set_defaults(handler=_reference)
+    _add_export_parser(commands)
 
     simulate = commands.add_parser(
         "simulate",

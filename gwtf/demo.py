@@ -113,6 +113,8 @@ def run_demo(args: argparse.Namespace) -> int:
         host="127.0.0.1", heartbeat_s=0.5, failure_timeout_s=args.failure_timeout_s,
         link_matrix=matrix, memory_slots=4, emulate_compute=False, no_train=False,
         token_file=None, tls_cert=None, tls_key=None, tls_ca=None,
+        # The demo ends by comparing the swarm with the reference bit for bit: the CPU at fp32.
+        device="cpu", precision="fp32",
     )  # fmt: skip
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}

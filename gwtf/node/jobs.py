@@ -162,6 +162,8 @@ class JobManager:
         self._joining = False
         self.metrics = JobMetrics()
         """The job runtime's Prometheus families (the node serves them with its own)."""
+        self.placement: Any = None
+        """Where stages run (a gwtf.train.device.Placement), chosen at `preload`."""
 
     # ================================================================== lazy torch
 
@@ -170,15 +172,18 @@ class JobManager:
         if self._module is None:
             import os
 
-            # One intra-op thread, as the reference runs to give the same bits (and the machine
-            # is shared by every node of a local swarm).
+            # One thread while torch loads; `preload` then sets the node's count (--threads).
             os.environ.setdefault("OMP_NUM_THREADS", "1")
             self._module = await asyncio.to_thread(importlib.import_module, "gwtf.node.worker")
         return self._module
 
-    async def preload(self) -> None:
-        """Load torch and the worker now, before this node is in a swarm."""
+    async def preload(self, device: str, precision: str, threads: int | None) -> None:
+        """Load torch and the worker now, before this node is in a swarm, and choose where the
+        stages will run (`gwtf.train.device`); DeviceError if this machine cannot run it."""
         await self._load()
+        from gwtf.train.device import configure
+
+        self.placement = await asyncio.to_thread(configure, device, precision, threads)
 
     async def _parse(self, text: str) -> Any:
         """A JobConfig from the wire's JSON; InvalidMessage (INVALID_ARGUMENT) if wrong."""
@@ -465,6 +470,7 @@ class JobManager:
                 host.own_stage(),
                 host.num_stages(),
                 host.memory_slots,
+                self.placement,
             )
         except (PartitionError, DataError) as err:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
@@ -1191,7 +1197,7 @@ class JobManager:
             try:
                 executor, corpus = await asyncio.to_thread(
                     module.StageWorker.build_from_state, job, stage, host.num_stages(),
-                host.memory_slots, data,
+                    host.memory_slots, data, self.placement,
                 )
             except (StateError, DataError) as err:
                 self.fail(job.job_id, f"{host.node_id} could not use its stage's state: {err}")
@@ -1275,7 +1281,7 @@ class JobManager:
         try:
             executor, corpus = await asyncio.to_thread(
                 module.StageWorker.build_from_state, job, 0, host.num_stages(),
-                host.memory_slots, state[1],
+                host.memory_slots, state[1], self.placement,
             )
         except (StateError, DataError) as err:
             self.fail(job.job_id, f"{me} could not use stage 0's state: {err}")

@@ -266,6 +266,12 @@ def _node_argv(plan: NodePlan, args: argparse.Namespace, port: int, index: int =
         argv.append("--emulate-compute")
     if args.no_train:
         argv.append("--no-train")
+    # The nodes share this machine's cores: one torch thread each (the reference's bits too).
+    argv += ["--threads", "1"]
+    for flag in ("device", "precision"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            argv += ["--" + flag, value]
     # Observability, as the user asked for it of the launch: node i serves metrics on P + i.
     metrics_port = getattr(args, "metrics_port", None)
     if metrics_port is not None:

@@ -133,6 +133,12 @@ class NodeSettings:
     """Serve Prometheus metrics on this port of `host` (0: a free one); None: no metrics."""
     memory_slots: int = 8
     """Microbatches whose forward state this node keeps at once (training jobs)."""
+    device: str = "auto"
+    """Where this node's stage runs: auto, cpu, cuda, cuda:N or mps (gwtf.train.device)."""
+    precision: str = "fp32"
+    """fp32, or bf16 / fp16 under autocast (gwtf.train.device)."""
+    threads: int | None = None
+    """torch CPU threads; None: auto (gwtf.train.device.resolve_threads)."""
     train: bool = True
     """Take part in training jobs: load torch before entering the swarm (importing it takes
     seconds in which the process answers nothing, which peers would take for a death). False:
@@ -390,7 +396,15 @@ class Node:
         before it is a member: importing torch holds the interpreter for seconds, in which a
         member would answer no heartbeat."""
         if self.settings.train:
-            await self.jobs.preload()
+            from gwtf.train.device import DeviceError
+
+            s = self.settings
+            try:
+                await self.jobs.preload(s.device, s.precision, s.threads)
+            except DeviceError as err:
+                raise NodeError(str(err), 2) from None
+            self.log.info("stages run on %s with %d torch thread(s)", self.jobs.placement,
+                          _torch_threads())
 
     def _check_stage(self, swarm: SwarmSettings) -> None:
         if not 0 <= self.settings.stage < swarm.num_stages:
@@ -407,7 +421,8 @@ class Node:
                       self.settings.job)
         try:
             seconds = await asyncio.to_thread(
-                measure_compute, self.settings.job, self.settings.stage, swarm.num_stages
+                measure_compute, self.settings.job, self.settings.stage, swarm.num_stages,
+                self.jobs.placement,
             )
         except (ValueError, OSError) as err:
             raise NodeError(f"cannot measure this node's compute time: {err}", 2) from None
@@ -1213,12 +1228,19 @@ def _describe(err: aio.AioRpcError) -> str:
     return f"{code.name.lower()}: {details[0] if details else ''}"
 
 
-def measure_compute(job_spec: str, stage: int, num_stages: int) -> float:
-    """Seconds of forward + backward of one microbatch through `stage` of `job_spec`'s model
-    (the only place the node imports torch). ValueError if the job or the cut is wrong."""
+def measure_compute(job_spec: str, stage: int, num_stages: int, placement: Any = None) -> float:
+    """Seconds of forward + backward of one microbatch through `stage` of `job_spec`'s model,
+    where the node's stages run (`placement`, a gwtf.train.device.Placement; None: the CPU).
+    ValueError if the job or the cut is wrong."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from gwtf.train import build_stage_of, measure_stage_compute, resolve_job
 
     job = resolve_job(job_spec)
     module = build_stage_of(job.model, job.seed, stage, num_stages)
-    return measure_stage_compute(module, job)
+    return measure_stage_compute(module, job, placement=placement)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -112,9 +112,10 @@ from gwtf.train import (
     MicrobatchKey,
     StageExecutor,
     combine_contributions,
+    job_corpus,
     job_microbatch,
-    load_corpus,
 )
+from gwtf.train.device import Placement
 from gwtf.train.robust import aggregate, norm_outliers
 from gwtf.v1 import job_pb2, job_pb2_grpc
 
@@ -363,23 +364,25 @@ class StageWorker:
 
     @staticmethod
     def build(
-        job: JobConfig, stage: int, num_stages: int, slots: int
+        job: JobConfig, stage: int, num_stages: int, slots: int, placement: Placement
     ) -> tuple[StageExecutor, Corpus | None]:
-        """The executor and, on a data holder, the corpus (blocking: run it in a thread).
-        Raises PartitionError, DataError. The executor refuses a forward beyond `slots` too: the
-        worker's own bound, checked a second time."""
-        torch.set_num_threads(1)
-        corpus = load_corpus(job.data) if stage == 0 else None
-        return StageExecutor(job, stage, num_stages, capacity=slots), corpus
+        """The executor on `placement` and, on a data holder, the corpus (blocking: run it in a
+        thread). Raises PartitionError, DataError. The executor refuses a forward beyond `slots`
+        too: the worker's own bound, checked a second time."""
+        corpus = job_corpus(job) if stage == 0 else None
+        executor = StageExecutor(job, stage, num_stages, capacity=slots, placement=placement)
+        return executor, corpus
 
     @staticmethod
     def build_from_state(
-        job: JobConfig, stage: int, num_stages: int, slots: int, state: bytes
+        job: JobConfig, stage: int, num_stages: int, slots: int, state: bytes,
+        placement: Placement,
     ) -> tuple[StageExecutor, Corpus | None]:
         """A joiner's executor from a peer's state (blocking). Raises StateError, DataError."""
-        torch.set_num_threads(1)
-        corpus = load_corpus(job.data) if stage == 0 else None
-        executor = StageExecutor.from_state(job, stage, num_stages, state, capacity=slots)
+        corpus = job_corpus(job) if stage == 0 else None
+        executor = StageExecutor.from_state(
+            job, stage, num_stages, state, capacity=slots, placement=placement
+        )
         return executor, corpus
 
     @property
@@ -1505,6 +1508,7 @@ class StageWorker:
         with torch.no_grad():
             for _, param in sorted(self.executor.parameters().items()):
                 noise = torch.randn(param.shape, generator=generator, dtype=param.dtype)
+                noise = noise.to(param.device)
                 param.add_(noise * scale * float(param.abs().mean()))
         return self.executor.checksum()
 

@@ -7,7 +7,7 @@ What a node calls, in order (every name is importable from `gwtf.train`):
     # (a joiner: StageExecutor.from_state(job, stage, num_stages, peer_state_bytes))
 
     # data holders (stage 0), per iteration k:
-    corpus = load_corpus(job.data)                       # once; compare corpus.digest with peers
+    corpus = job_corpus(job)                             # once; compare corpus.digest with peers
     mine = assign_microbatches(job.microbatches, live_holder_ids)[my_id]
     tokens, labels = job_microbatch(corpus, job, k, m)   # the same on every holder
 
@@ -40,6 +40,7 @@ from gwtf.train.data import (
     Corpus,
     DataError,
     assign_microbatches,
+    job_corpus,
     job_microbatch,
     load_corpus,
     microbatch,
@@ -101,6 +102,7 @@ __all__ = [
     "build_stage_of",
     "checksum_of_digests",
     "combine_contributions",
+    "job_corpus",
     "job_microbatch",
     "load_corpus",
     "load_job",

@@ -12,6 +12,7 @@ from time import perf_counter
 
 import torch
 
+from gwtf.train.device import Placement
 from gwtf.train.job import JobConfig
 from gwtf.train.seeds import seeded_generator
 from gwtf.train.stage import DropoutSeeds, StageModule
@@ -26,29 +27,38 @@ def activation_bytes(job: JobConfig) -> int:
     return job.microbatch_size * job.model.seq_len * job.model.width * _FLOAT32_BYTES
 
 
-def measure_stage_compute(module: StageModule, job: JobConfig, *, repeats: int = 5) -> float:
+def measure_stage_compute(
+    module: StageModule, job: JobConfig, *, repeats: int = 5, placement: Placement | None = None
+) -> float:
     """Median seconds of forward + backward of one microbatch through `module`, after one
-    untimed warm-up run. Inputs are synthetic (seeded); parameter gradients are computed and
+    untimed warm-up run, on `placement`'s device and precision (default: the CPU at fp32; the
+    module is moved there). Inputs are synthetic (seeded); parameter gradients are computed and
     thrown away, so the module and any executor holding it are left as they were."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    place = placement if placement is not None else Placement()
+    module.to(place.device)
     generator = seeded_generator(job.seed, "warm-up")
     shape = (job.microbatch_size, job.model.seq_len)
     if module.spec.is_first:
         inputs = torch.randint(0, job.model.vocab, shape, generator=generator)
     else:
-        inputs = torch.randn(*shape, job.model.width, generator=generator).requires_grad_(True)
-    labels = torch.randint(0, job.model.vocab, shape, generator=generator)
+        inputs = torch.randn(*shape, job.model.width, generator=generator)
+    labels = place.to_device(torch.randint(0, job.model.vocab, shape, generator=generator))
+    inputs = place.to_device(inputs)
+    if not module.spec.is_first:
+        inputs.requires_grad_(True)
     params = list(module.parameters())
     wanted = params if module.spec.is_first else [*params, inputs]
     times = []
     for run in range(repeats + 1):
+        place.synchronize()
         start = perf_counter()
-        with torch.enable_grad():
-            output = module(inputs, DropoutSeeds(job.seed, -1, run))
-            if module.spec.is_last:
-                torch.autograd.grad(StageModule.loss(output, labels), wanted)
-            else:
-                torch.autograd.grad(output, wanted, grad_outputs=torch.ones_like(output))
+        with torch.enable_grad(), place.autocast():
+            output = module(inputs, DropoutSeeds(job.seed, -1, run, place.device))
+            target = StageModule.loss(output, labels) if module.spec.is_last else output
+        grad = None if module.spec.is_last else torch.ones_like(target)
+        torch.autograd.grad(target, wanted, grad_outputs=grad)
+        place.synchronize()
         times.append(perf_counter() - start)
     return statistics.median(times[1:])

@@ -38,12 +38,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor, nn
 
 from gwtf.train.commit import AggregatedGradient, GradContribution
+from gwtf.train.device import Placement
 from gwtf.train.job import JobConfig, OptimizerConfig
 from gwtf.train.partition import StageSpec, stage_spec
 from gwtf.train.stage import DropoutSeeds, StageModule, build_stage, param_groups
@@ -164,10 +165,12 @@ class StageExecutor:
         num_stages: int,
         *,
         capacity: int | None = None,
+        placement: Placement | None = None,
         _module: StageModule | None = None,
         _iteration: int = 0,
     ) -> None:
         self.job = job
+        self.placement = placement if placement is not None else Placement()
         self.job_id = job.job_id
         self.spec: StageSpec = stage_spec(job.model.layers, num_stages, stage)
         if capacity is not None and capacity < 1:
@@ -176,10 +179,20 @@ class StageExecutor:
         self.module = (
             _module if _module is not None else build_stage(job.model, job.seed, self.spec)
         )
+        # Built and initialised on the CPU (the same bits on every device), then moved; the
+        # optimizer is made after the move so that its state lives beside the parameters.
+        self.module.to(self.placement.device)
         self.optimizer = make_optimizer(self.module, job.optimizer)
         self.iteration = _iteration
         self.stats = ExecutorStats()
         self._accum_dtype = _ACCUM_DTYPES[job.grad_accum]
+        # MPS has no float64: float64 sums are kept on the CPU there.
+        self._accum_device = (
+            torch.device("cpu")
+            if self.placement.device.type == "mps" and self._accum_dtype == torch.float64
+            else self.placement.device
+        )
+        self._loss_scale = self.placement.loss_scale
         self._params = dict(self.module.named_parameters())
         self._in_flight: dict[MicrobatchKey, _InFlight] = {}
         self._accumulated: dict[int, None] = {}  # an ordered set: the accumulation order
@@ -258,7 +271,10 @@ class StageExecutor:
         self._check_tensor("gradient", grad_output, tuple(saved.output.shape), torch.float32)
         del self._in_flight[key]
         start = perf_counter()
-        grad_input = self._backprop(saved, grad_output, key.microbatch)
+        grad = self.placement.to_device(grad_output).to(saved.output.dtype)
+        if self._loss_scale != 1.0:
+            grad = grad * self._loss_scale
+        grad_input = self._backprop(saved, grad, key.microbatch)
         self.stats.backwards += 1
         self.stats.compute_s += perf_counter() - start
         return grad_input
@@ -276,7 +292,8 @@ class StageExecutor:
             stage=self.stage,
             iteration=self.iteration,
             microbatch_ids=tuple(sorted(self._accumulated)),
-            grad_sums=dict(self._sums),
+            # On the CPU whatever the device: what the node sends is device-independent.
+            grad_sums={name: total.cpu() for name, total in self._sums.items()},
         )
 
     def commit(self, aggregated: AggregatedGradient) -> str:
@@ -312,7 +329,7 @@ class StageExecutor:
                         f"expected {param.dtype}{list(param.shape)}"
                     )
             for name, param in self._params.items():
-                param.grad = aggregated.grads[name].clone()
+                param.grad = aggregated.grads[name].to(param.device, copy=True)
             self.optimizer.step()
             for param in self._params.values():
                 param.grad = None
@@ -356,8 +373,8 @@ class StageExecutor:
                 first_layer=self.spec.first_layer,
                 end_layer=self.spec.end_layer,
                 iteration=self.iteration,
-                model=self.module.state_dict(),
-                optimizer=self.optimizer.state_dict(),
+                model=_on_cpu(self.module.state_dict()),
+                optimizer=_on_cpu(self.optimizer.state_dict()),
             )
         )
 
@@ -370,6 +387,7 @@ class StageExecutor:
         data: bytes,
         *,
         capacity: int | None = None,
+        placement: Placement | None = None,
     ) -> StageExecutor:
         """An executor for a node joining the stage, from a peer's `state_bytes()`."""
         state = unpack_state(data)
@@ -394,7 +412,13 @@ class StageExecutor:
         except (RuntimeError, TypeError) as exc:
             raise StateError(f"state weights do not fit stage {stage}: {exc}") from None
         executor = cls(
-            job, stage, num_stages, capacity=capacity, _module=module, _iteration=state.iteration
+            job,
+            stage,
+            num_stages,
+            capacity=capacity,
+            placement=placement,
+            _module=module,
+            _iteration=state.iteration,
         )
         try:
             executor.optimizer.load_state_dict(dict(state.optimizer))
@@ -485,13 +509,15 @@ class StageExecutor:
                 )
             )
         start = perf_counter()
-        seeds = DropoutSeeds(self.job.seed, key.iteration, key.microbatch)
+        place = self.placement
+        seeds = DropoutSeeds(self.job.seed, key.iteration, key.microbatch, place.device)
+        inputs = place.to_device(inputs)
         leaf = inputs if self.spec.is_first else inputs.detach().requires_grad_(True)
-        with torch.enable_grad():
+        with torch.enable_grad(), place.autocast():
             output = self.module(leaf, seeds)
             if self.spec.is_last:
                 assert labels is not None
-                loss = StageModule.loss(output, labels)
+                loss = StageModule.loss(output, place.to_device(labels))
                 if not bool(torch.isfinite(loss)):
                     self._refuse(
                         ExecutorError(
@@ -499,11 +525,14 @@ class StageExecutor:
                             "lower optimizer.lr"
                         )
                     )
-                grad_input = self._backprop(_InFlight(leaf, loss), None, key.microbatch)
-                result = ForwardResult(key, grad_input=grad_input, loss=float(loss.detach()))
-            else:
-                self._in_flight[key] = _InFlight(leaf, output)
-                result = ForwardResult(key, output=output.detach())
+        # The backward runs outside autocast (autograd replays the casts the forward recorded).
+        if self.spec.is_last:
+            scaled = loss if self._loss_scale == 1.0 else loss * self._loss_scale
+            grad_input = self._backprop(_InFlight(leaf, scaled), None, key.microbatch)
+            result = ForwardResult(key, grad_input=grad_input, loss=float(loss.detach()))
+        else:
+            self._in_flight[key] = _InFlight(leaf, output)
+            result = ForwardResult(key, output=Placement.to_wire(output.detach()))
         elapsed = perf_counter() - start
         self.stats.compute_s += elapsed
         if replay:
@@ -526,14 +555,16 @@ class StageExecutor:
         grads = torch.autograd.grad(saved.output, wanted, grad_outputs=grad_output)
         for name, grad in zip(names, grads, strict=False):
             total = self._sums.get(name)
+            grad = grad.to(self._accum_device, self._accum_dtype)
+            if self._loss_scale != 1.0:
+                grad = grad / self._loss_scale
             # Out of place: a contribution handed to the node never changes under its feet.
-            self._sums[name] = (
-                grad.to(self._accum_dtype, copy=True)
-                if total is None
-                else total + grad.to(self._accum_dtype)
-            )
+            self._sums[name] = grad.clone() if total is None else total + grad
         self._accumulated[microbatch] = None
-        return grads[-1] if needs_input else None
+        if not needs_input:
+            return None
+        grad_input = grads[-1] if self._loss_scale == 1.0 else grads[-1] / self._loss_scale
+        return Placement.to_wire(grad_input)
 
     def __repr__(self) -> str:
         return (
@@ -542,3 +573,14 @@ class StageExecutor:
             f"iteration={self.iteration}, in_flight={self.in_flight}, "
             f"accumulated={len(self._accumulated)})"
         )
+
+
+def _on_cpu(value: Any) -> Any:
+    """A state_dict (nested dicts and lists of tensors) with every tensor on the CPU."""
+    if isinstance(value, Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_on_cpu(item) for item in value)
+    return value

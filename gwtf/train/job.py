@@ -7,8 +7,15 @@ File format (TOML; every key is listed, optional ones with their default)::
     iterations = 40            # optimizer steps
     microbatches = 8           # microbatches per iteration (ids 0..microbatches-1)
     microbatch_size = 8        # sequences per microbatch
-    data = "corpus.txt"        # optional, a text file, relative to this file's folder
-                               # (default: the Python standard library sources on the machine)
+    data = "corpus.txt"        # optional, a text file, a .jsonl file or a folder, relative to
+                               # this file's folder (default: the Python standard library
+                               # sources on the machine); formats in gwtf.train.data
+    tokenizer = "tok.json"     # optional, a Hugging Face tokenizer.json, relative to this file's
+                               # folder (default: none, the tokens are the bytes)
+    data_field = "text"        # optional, the key of a .jsonl line that holds the text
+                               # (default "text")
+    data_order = "random"      # optional, random|sequential: windows at random offsets, or
+                               # consecutive windows in corpus order (default "random")
     grad_accum = "float64"     # optional, float64|float32: dtype of the gradient sums (below)
     aggregation = "mean"       # optional, mean|trimmed-mean|centered-clip (below); or a table:
 
@@ -19,8 +26,21 @@ File format (TOML; every key is listed, optional ones with their default)::
     width = 64                 # model dimension
     heads = 4                  # attention heads; must divide width
     seq_len = 64               # tokens per sequence
-    vocab = 256                # optional (default 256, byte-level; at least 256)
+    vocab = 256                # optional (default 256; at least 256 for byte-level data, at
+                               # least the tokenizer's vocabulary with a tokenizer)
     dropout = 0.1              # optional (default 0.1), on embeddings and residual branches
+    kv_heads = 2               # optional (default: heads), key/value heads; must divide heads
+                               # (grouped-query attention: heads / kv_heads share each)
+    mlp_hidden = 176           # optional (default: 4 x width for gpt, 8/3 x width rounded up
+                               # to 16 for llama), hidden size of the MLP
+    norm_eps = 1e-5            # optional (default 1e-5), the epsilon of every norm
+    rope_theta = 10000.0       # optional, llama only (default 10000), base of rotary angles
+    activation = "gelu"        # optional, gpt: gelu (default, exact) | gelu-tanh (GPT-2's
+                               # gelu_new); llama: silu (its only one, SwiGLU)
+    positions = 1024           # optional (default: seq_len), the longest sequence the model has
+                               # positions for; gpt learns that many; at least seq_len
+    pretrained = "hf-folder"   # optional, a Hugging Face folder to start from (below), relative
+                               # to this file's folder (default: initialised from the seed)
 
     [optimizer]                # optional table: AdamW
     lr = 0.003                 # default 0.001
@@ -41,6 +61,16 @@ for bit, and trusts every replica. `trimmed-mean` and `centered-clip` bound what
 replica can do to the step, and with either the swarm also excludes a replica whose gradient
 norm its stage peers find out of bounds (`norm_factor`) or whose parameters disagree with the
 majority of its stage after a step (`gwtf.node.jobs`).
+
+`model.pretrained` starts the job from the weights of a Hugging Face LLaMA or GPT-2 folder
+(`config.json` and `model.safetensors`, or shards with their index; `gwtf.train.hf`) instead of
+the seeded initialisation. When the [model] table leaves `kind` out, every architecture key is
+read from the folder's `config.json` (`gwtf.train.hfconfig`), and a key the table states anyway
+must agree with it; the table then needs only `pretrained` and `seq_len`. A table that states
+`kind` is taken as written: that is the form a job travels in to the nodes and is saved in beside
+a checkpoint (`to_dict` writes every key that differs from its default), so reading it never
+needs the folder, and each node checks it against its own copy of the folder when it builds its
+stage. The folder is read on the node, at the same path, as `data` is.
 
 `grad_accum = "float64"` keeps each node's gradient sums in float64. A float64 holds the sum of
 float32 values exactly as long as their magnitudes span less than about 2**29, which gradients of
@@ -65,13 +95,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gwtf.train.hfconfig import CONFIG_FILE, HFConfigError, model_keys, read_config
+
 __all__ = [
     "BYTE_VOCAB",
     "AGGREGATION_RULES",
+    "ACTIVATIONS",
+    "DATA_ORDERS",
     "GRAD_ACCUM_DTYPES",
     "AggregationConfig",
     "MODEL_KINDS",
+    "NORM_EPS",
     "PRESETS",
+    "ROPE_THETA",
     "JobConfig",
     "JobError",
     "ModelConfig",
@@ -86,6 +122,16 @@ BYTE_VOCAB = 256
 MODEL_KINDS = ("gpt", "llama")
 GRAD_ACCUM_DTYPES = ("float64", "float32")
 AGGREGATION_RULES = ("mean", "trimmed-mean", "centered-clip")
+DATA_ORDERS = ("random", "sequential")
+# The MLP activations of each kind, its default first.
+ACTIVATIONS: Mapping[str, tuple[str, ...]] = {"gpt": ("gelu", "gelu-tanh"), "llama": ("silu",)}
+NORM_EPS = 1e-5
+ROPE_THETA = 10000.0
+# [model] keys left out of `to_dict` at these values (None: the kind's default).
+_MODEL_OMITTED_AT: Mapping[str, object] = {
+    "kv_heads": None, "mlp_hidden": None, "norm_eps": NORM_EPS, "rope_theta": ROPE_THETA,
+    "activation": None, "positions": None, "pretrained": None,
+}  # fmt: skip
 
 
 class JobError(ValueError):
@@ -134,17 +180,25 @@ class ModelConfig:
     seq_len: int
     vocab: int = BYTE_VOCAB
     dropout: float = 0.1
+    # The keys below came with models from Hugging Face folders (`gwtf.train.hf`). Each default
+    # is what the presets compute, and `JobConfig.to_dict` leaves a key out at its default, so a
+    # job that does not state them keeps its id. A value equal to the kind's default is stored
+    # as None, so stating the default or leaving it out is the same job.
+    kv_heads: int | None = None
+    mlp_hidden: int | None = None
+    norm_eps: float = NORM_EPS
+    rope_theta: float = ROPE_THETA
+    activation: str | None = None
+    positions: int | None = None
+    pretrained: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
             raise JobError(f"model.kind must be one of {', '.join(MODEL_KINDS)}, got {self.kind!r}")
         for key in ("layers", "width", "heads", "seq_len"):
             _check_int(f"model.{key}", getattr(self, key), minimum=1)
+        # At least 256 only for byte-level data: JobConfig checks it, knowing the tokenizer.
         _check_int("model.vocab", self.vocab, minimum=1)
-        if self.vocab < BYTE_VOCAB:
-            raise JobError(
-                f"model.vocab must be at least {BYTE_VOCAB} for byte-level data, got {self.vocab}"
-            )
         if self.width % self.heads != 0:
             raise JobError(
                 f"model.heads ({self.heads}) must divide model.width ({self.width}); "
@@ -159,17 +213,85 @@ class ModelConfig:
         if not 0.0 <= dropout < 1.0:
             raise JobError(f"model.dropout must be in [0, 1), got {self.dropout}")
         object.__setattr__(self, "dropout", dropout)
+        self._check_hf_keys()
+
+    def _check_hf_keys(self) -> None:
+        if self.kv_heads is not None:
+            _check_int("model.kv_heads", self.kv_heads, minimum=1)
+            if self.heads % self.kv_heads != 0:
+                raise JobError(
+                    f"model.kv_heads ({self.kv_heads}) must divide model.heads ({self.heads}): "
+                    "each key/value head serves the same number of query heads"
+                )
+            if self.kv_heads == self.heads:
+                object.__setattr__(self, "kv_heads", None)
+        if self.mlp_hidden is not None:
+            _check_int("model.mlp_hidden", self.mlp_hidden, minimum=1)
+            if self.mlp_hidden == self._default_mlp():
+                object.__setattr__(self, "mlp_hidden", None)
+        for key in ("norm_eps", "rope_theta"):
+            number = _check_float(f"model.{key}", getattr(self, key))
+            if number <= 0:
+                raise JobError(f"model.{key} must be positive, got {getattr(self, key)}")
+            object.__setattr__(self, key, number)
+        if self.kind == "gpt" and self.rope_theta != ROPE_THETA:
+            raise JobError(
+                "model.rope_theta applies to llama only (gpt learns its positions); leave it out"
+            )
+        allowed = ACTIVATIONS[self.kind]
+        if self.activation is not None:
+            if self.activation not in allowed:
+                raise JobError(
+                    f"model.activation must be {' or '.join(allowed)} for {self.kind}, "
+                    f"got {self.activation!r}"
+                )
+            if self.activation == allowed[0]:
+                object.__setattr__(self, "activation", None)
+        if self.positions is not None:
+            _check_int("model.positions", self.positions, minimum=1)
+            if self.seq_len > self.positions:
+                raise JobError(
+                    f"model.seq_len ({self.seq_len}) is longer than model.positions "
+                    f"({self.positions}), the longest sequence the model has positions for"
+                )
+            if self.positions == self.seq_len:
+                object.__setattr__(self, "positions", None)
+        if self.pretrained is not None and (
+            not isinstance(self.pretrained, str) or not self.pretrained
+        ):
+            raise JobError(
+                f"model.pretrained must be a non-empty folder path, got {self.pretrained!r}"
+            )
+
+    def _default_mlp(self) -> int:
+        if self.kind == "gpt":
+            return 4 * self.width
+        return -(-8 * self.width // (3 * 16)) * 16
 
     @property
     def head_dim(self) -> int:
         return self.width // self.heads
 
     @property
-    def mlp_hidden(self) -> int:
-        """Hidden size of the MLP: 4x width (GPT), or 8/3 x width rounded up to 16 (SwiGLU)."""
-        if self.kind == "gpt":
-            return 4 * self.width
-        return -(-8 * self.width // (3 * 16)) * 16
+    def key_value_heads(self) -> int:
+        """Key/value heads: `kv_heads`, or one per query head."""
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def mlp_size(self) -> int:
+        """Hidden size of the MLP: `mlp_hidden`, or 4x width (GPT), or 8/3 x width rounded up
+        to 16 (SwiGLU)."""
+        return self.mlp_hidden if self.mlp_hidden is not None else self._default_mlp()
+
+    @property
+    def mlp_activation(self) -> str:
+        """`activation`, or the kind's own: gelu (gpt), silu (llama)."""
+        return self.activation if self.activation is not None else ACTIVATIONS[self.kind][0]
+
+    @property
+    def max_positions(self) -> int:
+        """`positions`, or seq_len: the size of gpt's position table."""
+        return self.positions if self.positions is not None else self.seq_len
 
 
 @dataclass(frozen=True)
@@ -250,10 +372,29 @@ class JobConfig:
     grad_accum: str = "float64"
     name: str = ""
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    tokenizer: str | None = None
+    data_field: str = "text"
+    data_order: str = "random"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelConfig):
             raise JobError("model must be a [model] table")
+        if self.tokenizer is not None and (
+            not isinstance(self.tokenizer, str) or not self.tokenizer
+        ):
+            raise JobError(f"tokenizer must be a non-empty path string, got {self.tokenizer!r}")
+        # A tokenizer's own size is checked where it is read (gwtf.train.data.job_corpus).
+        if self.tokenizer is None and self.model.vocab < BYTE_VOCAB:
+            raise JobError(
+                f"model.vocab must be at least {BYTE_VOCAB} for byte-level data (no tokenizer), "
+                f"got {self.model.vocab}"
+            )
+        if not isinstance(self.data_field, str) or not self.data_field:
+            raise JobError(f"data_field must be a non-empty string, got {self.data_field!r}")
+        if self.data_order not in DATA_ORDERS:
+            raise JobError(
+                f"data_order must be one of {', '.join(DATA_ORDERS)}, got {self.data_order!r}"
+            )
         if not isinstance(self.optimizer, OptimizerConfig):
             raise JobError("optimizer must be an [optimizer] table")
         for key in ("iterations", "microbatches", "microbatch_size"):
@@ -282,9 +423,19 @@ class JobConfig:
         out["optimizer"]["betas"] = list(self.optimizer.betas)
         if self.data is None:
             del out["data"]
+        # Data keys at their default are left out too: jobs from before them keep their ids.
+        if self.tokenizer is None:
+            del out["tokenizer"]
+        if self.data_field == "text":
+            del out["data_field"]
+        if self.data_order == "random":
+            del out["data_order"]
         # The default is left out, so that a job that does not choose keeps its id.
         if self.aggregation == AggregationConfig():
             del out["aggregation"]
+        for key, default in _MODEL_OMITTED_AT.items():
+            if out["model"][key] == default:
+                del out["model"][key]
         return out
 
 
@@ -295,6 +446,9 @@ _TOP_KEYS = {
     "microbatches",
     "microbatch_size",
     "data",
+    "tokenizer",
+    "data_field",
+    "data_order",
     "grad_accum",
     "model",
     "optimizer",
@@ -318,7 +472,8 @@ def _check_keys(where: str, table: Mapping[str, Any], known: set[str]) -> None:
 
 
 def job_from_dict(table: Mapping[str, Any], *, base_dir: Path | None = None) -> JobConfig:
-    """Build a validated job from parsed TOML. A relative `data` path is joined to `base_dir`."""
+    """Build a validated job from parsed TOML. Relative `data` and `tokenizer` paths are joined to
+    `base_dir`."""
     _check_keys("", table, _TOP_KEYS)
     for key in _REQUIRED_TOP:
         if key not in table:
@@ -327,6 +482,7 @@ def job_from_dict(table: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     if not isinstance(model_table, dict):
         raise JobError("model must be a [model] table")
     _check_keys("model", model_table, _MODEL_KEYS)
+    model_table = _pretrained_model(model_table, base_dir)
     for key in _REQUIRED_MODEL:
         if key not in model_table:
             raise JobError(f"missing required key 'model.{key}'")
@@ -338,15 +494,42 @@ def job_from_dict(table: Mapping[str, Any], *, base_dir: Path | None = None) -> 
         optimizer_table = {**optimizer_table, "betas": tuple(optimizer_table["betas"])}
     aggregation = _aggregation(table.get("aggregation", "mean"))
     rest = {k: v for k, v in table.items() if k not in ("model", "optimizer", "aggregation")}
-    data = rest.get("data")
-    if isinstance(data, str) and data and base_dir is not None:
-        rest["data"] = str((base_dir / data).resolve()) if not Path(data).is_absolute() else data
+    for key in ("data", "tokenizer"):
+        value = rest.get(key)
+        if isinstance(value, str) and value and base_dir is not None:
+            if not Path(value).is_absolute():
+                rest[key] = str((base_dir / value).resolve())
     return JobConfig(
         model=ModelConfig(**model_table),
         optimizer=OptimizerConfig(**optimizer_table),
         aggregation=aggregation,
         **rest,
     )
+
+
+def _pretrained_model(table: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
+    """The [model] table with `pretrained` joined to `base_dir` and, when `kind` is left out,
+    the architecture read from the folder's config.json (a stated key must agree with it)."""
+    folder = table.get("pretrained")
+    if not isinstance(folder, str) or not folder:
+        return table
+    if base_dir is not None and not Path(folder).is_absolute():
+        folder = str((base_dir / folder).resolve())
+        table = {**table, "pretrained": folder}
+    if "kind" in table:
+        return table
+    where = str(Path(folder) / CONFIG_FILE)
+    try:
+        derived = model_keys(read_config(folder), where)
+    except HFConfigError as err:
+        raise JobError(f"model.pretrained: {err}") from None
+    for key, value in table.items():
+        if key in derived and value != derived[key]:
+            raise JobError(
+                f"model.{key} is {value!r} but {where} gives {derived[key]!r}; leave model.{key} "
+                "out to take the folder's"
+            )
+    return {**derived, **table}
 
 
 def _aggregation(value: object) -> AggregationConfig:

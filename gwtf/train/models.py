@@ -3,6 +3,10 @@
 - GPT-like: LayerNorm, GELU MLP (4x width), learned positional embeddings, biases.
 - LLaMA-like: RMSNorm, SwiGLU MLP (8/3 x width), rotary positions on queries and keys, no biases.
 
+Both take grouped-query attention (`kv_heads`), an MLP size, a norm epsilon, and for gpt the tanh
+GELU and a position table longer than seq_len, for llama the rotary base: what Hugging Face
+LLaMA and GPT-2 models need (`gwtf.train.hf`). Their defaults are the computation of before.
+
 Dropout (on the embedding output and on both residual branches of every block) draws its mask
 from a `torch.Generator` passed in by the caller, never from the global RNG; `generator=None`
 means no dropout (evaluation). The attention itself has no dropout, so the masks are the only
@@ -20,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gwtf.train.job import ModelConfig
+from gwtf.train.job import NORM_EPS, ROPE_THETA, ModelConfig
 
 __all__ = [
     "Block",
@@ -34,8 +38,7 @@ __all__ = [
     "make_block",
 ]
 
-NORM_EPS = 1e-5
-ROPE_BASE = 10000.0
+ROPE_BASE = ROPE_THETA
 INIT_STD = 0.02
 
 
@@ -48,6 +51,9 @@ def dropout(x: Tensor, p: float, generator: torch.Generator | None) -> Tensor:
 
 
 class RMSNorm(nn.Module):
+    """`x / rms(x) * weight`, in the input's dtype (float32 here: what transformers' LLaMA
+    computes, which upcasts to float32 first)."""
+
     def __init__(self, width: int, eps: float = NORM_EPS) -> None:
         super().__init__()
         self.eps = eps
@@ -59,8 +65,8 @@ class RMSNorm(nn.Module):
 
 def _norm(config: ModelConfig) -> nn.Module:
     if config.kind == "gpt":
-        return nn.LayerNorm(config.width, eps=NORM_EPS)
-    return RMSNorm(config.width)
+        return nn.LayerNorm(config.width, eps=config.norm_eps)
+    return RMSNorm(config.width, eps=config.norm_eps)
 
 
 def _residual_out(linear: nn.Linear) -> nn.Linear:
@@ -69,38 +75,67 @@ def _residual_out(linear: nn.Linear) -> nn.Linear:
     return linear
 
 
-def rotary_tables(seq_len: int, head_dim: int) -> tuple[Tensor, Tensor]:
+def rotary_tables(
+    seq_len: int, head_dim: int, base: float = ROPE_BASE
+) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles, [seq_len, head_dim/2], computed in float64 then rounded."""
-    inv_freq = 1.0 / ROPE_BASE ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
     return angles.cos().float(), angles.sin().float()
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the two halves of the last dimension of x [B, H, T, D] by the position angles."""
+    """Rotate the two halves of the last dimension of x [B, H, T, D] by the position angles.
+
+    Pairs are (i, i + D/2), as transformers' LLaMA pairs them (`rotate_half`), not interleaved.
+    """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention; rotary positions for llama."""
+    """Causal multi-head self-attention; rotary positions for llama.
+
+    One fused projection makes the queries of every head, then the keys and values of every
+    key/value head: rows `[q | k | v]`. With grouped-query attention (`kv_heads < heads`) query
+    head h uses key/value head `h // (heads / kv_heads)`, as transformers' `repeat_kv` does.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.heads = config.heads
+        self.kv_heads = config.key_value_heads
         self.rotary = config.kind == "llama"
+        self.rope_theta = config.rope_theta
         bias = not self.rotary
-        self.qkv = nn.Linear(config.width, 3 * config.width, bias=bias)
+        head_dim = config.head_dim
+        self.qkv = nn.Linear(
+            config.width, (config.heads + 2 * self.kv_heads) * head_dim, bias=bias
+        )
         self.proj = _residual_out(nn.Linear(config.width, config.width, bias=bias))
 
     def forward(self, x: Tensor) -> Tensor:
         batch, seq, width = x.shape
-        qkv = self.qkv(x).view(batch, seq, 3, self.heads, width // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        head_dim = width // self.heads
+        if self.kv_heads == self.heads:
+            qkv = self.qkv(x).view(batch, seq, 3, self.heads, head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        else:
+            q, k, v = self.qkv(x).split(
+                (width, self.kv_heads * head_dim, self.kv_heads * head_dim), dim=-1
+            )
+            q = q.view(batch, seq, self.heads, head_dim).transpose(1, 2)
+            k = k.view(batch, seq, self.kv_heads, head_dim).transpose(1, 2)
+            v = v.view(batch, seq, self.kv_heads, head_dim).transpose(1, 2)
         if self.rotary:
-            cos, sin = rotary_tables(seq, width // self.heads)
+            cos, sin = rotary_tables(seq, head_dim, self.rope_theta)
+            cos, sin = cos.to(q.device), sin.to(q.device)  # made on the CPU; a no-op there
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.kv_heads != self.heads:
+            group = self.heads // self.kv_heads
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, width))
 
@@ -109,27 +144,30 @@ class GPTBlock(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.p = config.dropout
-        self.ln1 = nn.LayerNorm(config.width, eps=NORM_EPS)
+        # "none" is exact GELU (erf); "tanh" is GPT-2's approximation (its `gelu_new`).
+        self.approximate = "tanh" if config.mlp_activation == "gelu-tanh" else "none"
+        self.ln1 = nn.LayerNorm(config.width, eps=config.norm_eps)
         self.attn = Attention(config)
-        self.ln2 = nn.LayerNorm(config.width, eps=NORM_EPS)
-        self.fc = nn.Linear(config.width, config.mlp_hidden)
-        self.proj = _residual_out(nn.Linear(config.mlp_hidden, config.width))
+        self.ln2 = nn.LayerNorm(config.width, eps=config.norm_eps)
+        self.fc = nn.Linear(config.width, config.mlp_size)
+        self.proj = _residual_out(nn.Linear(config.mlp_size, config.width))
 
     def forward(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
         x = x + dropout(self.attn(self.ln1(x)), self.p, generator)
-        return x + dropout(self.proj(F.gelu(self.fc(self.ln2(x)))), self.p, generator)
+        hidden = F.gelu(self.fc(self.ln2(x)), approximate=self.approximate)
+        return x + dropout(self.proj(hidden), self.p, generator)
 
 
 class LlamaBlock(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.p = config.dropout
-        self.norm1 = RMSNorm(config.width)
+        self.norm1 = RMSNorm(config.width, eps=config.norm_eps)
         self.attn = Attention(config)
-        self.norm2 = RMSNorm(config.width)
-        self.gate = nn.Linear(config.width, config.mlp_hidden, bias=False)
-        self.up = nn.Linear(config.width, config.mlp_hidden, bias=False)
-        self.down = _residual_out(nn.Linear(config.mlp_hidden, config.width, bias=False))
+        self.norm2 = RMSNorm(config.width, eps=config.norm_eps)
+        self.gate = nn.Linear(config.width, config.mlp_size, bias=False)
+        self.up = nn.Linear(config.width, config.mlp_size, bias=False)
+        self.down = _residual_out(nn.Linear(config.mlp_size, config.width, bias=False))
 
     def forward(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
         x = x + dropout(self.attn(self.norm1(x)), self.p, generator)
@@ -151,7 +189,8 @@ class Embedding(nn.Module):
         super().__init__()
         self.p = config.dropout
         self.tok = nn.Embedding(config.vocab, config.width)
-        self.pos = nn.Embedding(config.seq_len, config.width) if config.kind == "gpt" else None
+        positions = config.max_positions
+        self.pos = nn.Embedding(positions, config.width) if config.kind == "gpt" else None
 
     def forward(self, tokens: Tensor, generator: torch.Generator | None) -> Tensor:
         h = self.tok(tokens)

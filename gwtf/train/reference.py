@@ -19,7 +19,7 @@ from typing import Any
 from torch import Tensor
 
 from gwtf.train.commit import combine_contributions, mean_loss
-from gwtf.train.data import Corpus, check_corpus, job_microbatch, load_corpus
+from gwtf.train.data import Corpus, check_corpus, job_corpus, job_microbatch
 from gwtf.train.executor import MicrobatchKey, StageExecutor
 from gwtf.train.job import JobConfig
 
@@ -59,13 +59,13 @@ def train_reference(
 ) -> ReferenceResult:
     """Train `job` for `iterations` (default: all of the job's) in this process.
 
-    `corpus` defaults to `load_corpus(job.data)`. `microbatch_ids(k)` gives the ids trained in
+    `corpus` defaults to `job_corpus(job)`. `microbatch_ids(k)` gives the ids trained in
     iteration k (default: all); the others count as dropped. `on_iteration(k, loss)` is called
     after each commit.
     """
     if corpus is None:
-        corpus = load_corpus(job.data)
-    check_corpus(corpus, job.model.seq_len)
+        corpus = job_corpus(job)
+    check_corpus(corpus, job.model.seq_len, vocab=job.model.vocab)
     total = job.iterations if iterations is None else iterations
     executor = StageExecutor(job, 0, 1)
     losses: list[float] = []

@@ -13,7 +13,7 @@ import json
 import sys
 
 from gwtf.train.checkpoint import CheckpointError, save_model
-from gwtf.train.data import DataError, load_corpus
+from gwtf.train.data import DataError, job_corpus
 from gwtf.train.job import JobError, resolve_job
 from gwtf.train.reference import train_reference
 
@@ -34,7 +34,7 @@ def run_reference(args: argparse.Namespace) -> int:
             changes["data"] = args.data
         if changes:
             job = dataclasses.replace(job, **changes)  # type: ignore[arg-type]
-        corpus = load_corpus(job.data)
+        corpus = job_corpus(job)
         if args.json:
             result = train_reference(job, corpus)
         else:
@@ -42,7 +42,8 @@ def run_reference(args: argparse.Namespace) -> int:
                 f"job {job.job_id}: {job.model.kind}, {job.model.layers} layers, width "
                 f"{job.model.width}, {job.iterations} iterations of {job.microbatches} "
                 f"microbatches of {job.microbatch_size}x{job.model.seq_len} tokens; "
-                f"data {corpus.source} ({len(corpus)} bytes)"
+                f"data {corpus.source} ({len(corpus)} "
+                f"{'bytes' if corpus.tokenizer is None else 'tokens of ' + corpus.tokenizer})"
             )
 
             def show(k: int, loss: float) -> None:

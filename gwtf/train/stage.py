@@ -6,7 +6,9 @@ same in a stage and in the whole model (`blocks.3.attn.qkv.weight` is block 3 wh
 and a stage's `state_dict` is exactly a subset of the whole model's.
 
 Each part is initialised from its own generator, seeded by (job seed, "init", part), so a node
-builds only its own stage, and gets the same bits as the same slice of the whole model.
+builds only its own stage, and gets the same bits as the same slice of the whole model. A model
+with `pretrained` weights reads its stage's parts from that Hugging Face folder instead
+(`gwtf.train.hf`), the same tensors whichever stage holds them.
 
 Randomness in a forward pass (dropout) comes from `DropoutSeeds`: one generator per part, seeded
 by (job seed, "dropout", iteration, microbatch, part). Seeding per part rather than per stage
@@ -24,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gwtf.train.hf import stage_tensors
 from gwtf.train.job import ModelConfig
 from gwtf.train.models import Embedding, Head, init_parameters, make_block
 from gwtf.train.partition import StageSpec, partition, stage_spec
-from gwtf.train.seeds import SeedPart, seeded_generator
+from gwtf.train.seeds import SeedPart, derive_seed, seeded_generator
 
 __all__ = [
     "DropoutSeeds",
@@ -47,9 +50,16 @@ class DropoutSeeds:
     seed: int
     iteration: int
     microbatch: int
+    device: torch.device | None = None
+    """Where the masks are drawn (the activations' device); None: the CPU."""
 
     def generator(self, *part: SeedPart) -> torch.Generator:
-        return seeded_generator(self.seed, "dropout", self.iteration, self.microbatch, *part)
+        parts = (self.seed, "dropout", self.iteration, self.microbatch, *part)
+        if self.device is None or self.device.type == "cpu":
+            return seeded_generator(*parts)
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(derive_seed(*parts))
+        return generator
 
 
 class StageModule(nn.Module):
@@ -86,9 +96,13 @@ class StageModule(nn.Module):
 
 
 def build_stage(config: ModelConfig, seed: int, spec: StageSpec) -> StageModule:
-    """Build and initialise only the parts of stage `spec`."""
+    """Build and initialise only the parts of stage `spec`: from the seed, or, for a model with
+    `pretrained` weights, from the tensors of those parts in its folder (`gwtf.train.hf`;
+    PretrainedError if the folder cannot give them)."""
     with torch.device("meta"):
         module = StageModule(config, spec)
+    if config.pretrained is not None:
+        return _load_pretrained(module)
     if module.embed is not None:
         init_parameters(module.embed, seeded_generator(seed, "init", "embed"), layers=config.layers)
     for index, block in module.blocks.items():
@@ -96,6 +110,14 @@ def build_stage(config: ModelConfig, seed: int, spec: StageSpec) -> StageModule:
         init_parameters(block, generator, layers=config.layers)
     if module.head is not None:
         init_parameters(module.head, seeded_generator(seed, "init", "head"), layers=config.layers)
+    return module
+
+
+def _load_pretrained(module: StageModule) -> StageModule:
+    expected = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    tensors = stage_tensors(module.config, expected)
+    module.to_empty(device="cpu")
+    module.load_state_dict(tensors, strict=True)
     return module
 
 

@@ -96,6 +96,30 @@ def test_relative_data_path_is_relative_to_the_job_file(tmp_path: Path) -> None:
     assert job.data == str(tmp_path.resolve() / "corpus.txt")
 
 
+def test_data_keys_resolve_like_data_and_keep_the_job_id_at_their_default(tmp_path: Path) -> None:
+    text = 'data = "corpus.jsonl"\ntokenizer = "tok/tokenizer.json"\ndata_field = "body"\n'
+    job = load_job(write(tmp_path, text + 'data_order = "sequential"\n' + MINIMAL))
+    assert job.tokenizer == str(tmp_path.resolve() / "tok" / "tokenizer.json")
+    assert (job.data_field, job.data_order) == ("body", "sequential")
+    assert job_from_dict(job.to_dict()) == job
+    # At their defaults the keys are left out of the canonical form: ids of older jobs stay.
+    plain = load_job(write(tmp_path, 'data_field = "text"\ndata_order = "random"\n' + MINIMAL))
+    assert not {"tokenizer", "data_field", "data_order"} & set(plain.to_dict())
+    assert plain.job_id == load_job(write(tmp_path, MINIMAL)).job_id
+    assert PRESETS["tiny-gpt"].job_id == "job-829bebfa546dad2e"
+    changes = ({"tokenizer": "/t.json"}, {"data_field": "body"}, {"data_order": "sequential"})
+    others = {dataclasses.replace(plain, **change).job_id for change in changes}
+    assert len(others) == 3 and plain.job_id not in others
+
+
+def test_a_vocab_below_256_needs_a_tokenizer(tmp_path: Path) -> None:
+    small = MINIMAL + "vocab = 40\n"
+    assert load_job(write(tmp_path, 'tokenizer = "tok.json"\n' + small)).model.vocab == 40
+    with pytest.raises(JobError, match=r"model.vocab must be at least 256 for byte-level data "
+                       r"\(no tokenizer\), got 40"):
+        load_job(write(tmp_path, small))
+
+
 def test_presets_are_a_few_hundred_thousand_parameters_and_cut_into_three() -> None:
     from gwtf.train.stage import build_model
 
@@ -131,6 +155,11 @@ def test_presets_are_a_few_hundred_thousand_parameters_and_cut_into_three() -> N
         (lambda t: "seed = -1\n" + t, "seed must be at least 0"),
         (lambda t: 'grad_accum = "float16"\n' + t, "grad_accum must be one of float64, float32"),
         (lambda t: "data = 3\n" + t, "data must be a non-empty path string"),
+        (lambda t: "tokenizer = 3\n" + t, "tokenizer must be a non-empty path string, got 3"),
+        (lambda t: 'tokenizer = ""\n' + t, "tokenizer must be a non-empty path string"),
+        (lambda t: 'data_field = ""\n' + t, "data_field must be a non-empty string"),
+        (lambda t: 'data_order = "shuffled"\n' + t,
+         "data_order must be one of random, sequential, got 'shuffled'"),
         (lambda t: "model = 3\n" + t.split("[model]")[0], "model must be a [model] table"),
         (lambda t: t.replace('"gpt"', '"llama"').replace("width = 16", "width = 6"), "even"),
         (lambda t: t + "= broken", "is not valid TOML"),

@@ -1,0 +1,510 @@
+"""Models from Hugging Face folders (gwtf.train.hf): in, cut into stages, trained, and back out.
+
+transformers is the independent check. Tiny LLaMA (grouped-query attention, a rotary base of its
+own) and GPT-2 (tied head, tanh GELU, a position table longer than the job's sequences) models
+are made here with random weights and written with `save_pretrained` (safetensors); nothing is
+downloaded. Every parameter is redrawn from a seeded generator, norms included, so that a swapped
+or misplaced tensor changes the logits.
+
+Tolerance: gwtf's stages and transformers compute the same float32 function with other kernels
+(SDPA against transformers' attention, fused qkv against three projections, gwtf's rotary table
+made in float64 against transformers' in float32, exact tanh-GELU formula against torch's), so
+logits agree to float rounding, not bit for bit: at most `ATOL` = 1e-5 apart (measured: under
+1e-6), for logits of size ~2.
+Moving tensors between the layouts (copy, transpose, concatenate, split) is exact: compared with
+`torch.equal`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+)
+
+from gwtf.cli import main
+from gwtf.train import PRESETS, JobConfig, ModelConfig, train_reference
+from gwtf.train.checkpoint import job_toml, merge_stages, save_model
+from gwtf.train.data import job_corpus, job_microbatch
+from gwtf.train.hf import (
+    ExportError,
+    PretrainedError,
+    export_hf,
+    hf_tensors,
+    read_model_config,
+)
+from gwtf.train.job import JobError, load_job
+from gwtf.train.stage import StageModule, build_model, build_stage_of
+
+ATOL = 1e-5
+VOCAB = 320  # at least 256: the tests' data is byte-level
+SEQ = 24
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Small, and the same bits on every run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def randomise(model: torch.nn.Module, seed: int) -> None:
+    """Every parameter from a seeded generator: matrices ~ N(0, 0.1^2), norm weights ~ 1 + N."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator) * 0.1
+            is_norm_weight = param.dim() == 1 and name.endswith("weight")
+            param.copy_(noise + 1.0 if is_norm_weight else noise)
+
+
+def made(model_class: type[PreTrainedModel], config: Any, seed: int) -> PreTrainedModel:
+    with torch.random.fork_rng():  # transformers initialises from the global generator
+        torch.manual_seed(seed)
+        model = model_class(config)
+    randomise(model, seed)
+    return model.eval()
+
+
+def tiny_llama(folder: Path, *, seed: int = 1, **overrides: Any) -> PreTrainedModel:
+    settings: dict[str, Any] = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        tie_word_embeddings=False, attention_dropout=0.0,
+    )  # fmt: skip
+    model = made(LlamaForCausalLM, LlamaConfig(**{**settings, **overrides}), seed)
+    model.save_pretrained(folder)
+    return model
+
+
+def tiny_gpt2(folder: Path, *, seed: int = 2, **overrides: Any) -> PreTrainedModel:
+    settings: dict[str, Any] = dict(
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=4, n_head=4,
+        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    model = made(GPT2LMHeadModel, GPT2Config(**{**settings, **overrides}), seed)
+    model.save_pretrained(folder)
+    return model
+
+
+MAKERS = {"llama": tiny_llama, "gpt2": tiny_gpt2}
+
+
+def tokens(seed: int = 0, length: int = SEQ) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed))
+
+
+def job_file(tmp_path: Path, model_lines: str, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(
+        "iterations = 1\nmicrobatches = 2\nmicrobatch_size = 2\n\n[model]\n" + model_lines
+    )
+    return path
+
+
+def pipeline(stages: list[StageModule], ids: torch.Tensor) -> torch.Tensor:
+    x = ids
+    for stage in stages:
+        x = stage(x, None)
+    return x
+
+
+def their_logits(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        logits: torch.Tensor = model(ids).logits
+    return logits
+
+
+def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().abs().max())
+
+
+def three_stages(model: ModelConfig) -> list[StageModule]:
+    return [build_stage_of(model, 0, stage, 3) for stage in range(3)]
+
+
+# -- in ----------------------------------------------------------------------------------------
+
+
+def test_a_llama_folder_in_three_stages_computes_transformers_logits(tmp_path: Path) -> None:
+    theirs = tiny_llama(tmp_path / "llama")
+    # A job file names the folder and the sequence length; config.json gives the rest.
+    job = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 24\ndropout = 0.0\n'))
+    model = job.model
+    assert model == ModelConfig(
+        kind="llama", layers=4, width=32, heads=4, kv_heads=2, mlp_hidden=48, vocab=VOCAB,
+        norm_eps=1e-6, rope_theta=500.0, positions=64, seq_len=SEQ, dropout=0.0,
+        pretrained=str((tmp_path / "llama").resolve()),
+    )  # fmt: skip
+    stages = three_stages(model)
+    assert [list(s.blocks) for s in stages] == [["0", "1"], ["2"], ["3"]]
+    ids = tokens()
+    ours = pipeline(stages, ids)
+    assert ours.shape == (2, SEQ, VOCAB)
+    assert gap(ours, their_logits(theirs, ids)) < ATOL
+    # Each stage holds its parts only: together exactly the model's tensors, each read once.
+    whole = dict(theirs.state_dict())
+    names = [n for s in stages for n in s.state_dict()]
+    assert len(names) == len(set(names)) == len(dict(build_model(model, 0).state_dict()))
+    qkv = stages[0].state_dict()["blocks.1.attn.qkv.weight"]
+    assert qkv.shape == ((4 + 2 * 2) * 8, 32)  # 4 query heads, 2 key/value heads of 8
+    assert torch.equal(qkv[32:48], whole["model.layers.1.self_attn.k_proj.weight"])
+
+
+def test_a_gpt2_folder_with_a_tied_head_computes_transformers_logits(tmp_path: Path) -> None:
+    theirs = tiny_gpt2(tmp_path / "gpt2")
+    model = read_model_config(tmp_path / "gpt2", seq_len=16, dropout=0.0)
+    assert (model.kind, model.mlp_activation, model.max_positions, model.mlp_size) == (
+        "gpt", "gelu-tanh", 32, 128
+    )
+    stages = three_stages(model)
+    ids = tokens(length=16)
+    assert gap(pipeline(stages, ids), their_logits(theirs, ids)) < ATOL
+    # The tied head is read from the embedding, into a parameter of its own on the last stage.
+    embedding = stages[0].state_dict()["embed.tok.weight"]
+    head = stages[2].state_dict()["head.out.weight"]
+    assert torch.equal(head, embedding) and head.data_ptr() != embedding.data_ptr()
+    assert stages[0].state_dict()["embed.pos.weight"].shape == (32, 32)  # all n_positions
+
+
+def test_a_sharded_folder_loads_and_a_node_opens_only_its_own_shards(tmp_path: Path) -> None:
+    theirs = tiny_llama(tmp_path / "one")
+    theirs.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and not (tmp_path / "sharded" / "model.safetensors").exists()
+    one = read_model_config(tmp_path / "one", seq_len=SEQ)
+    sharded = read_model_config(tmp_path / "sharded", seq_len=SEQ)
+    for stage in range(3):
+        a = build_stage_of(one, 0, stage, 3).state_dict()
+        b = build_stage_of(sharded, 0, stage, 3).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    # Without the shard of the head, stage 0 still builds; the last stage says what is missing.
+    head_shard = index["weight_map"]["lm_head.weight"]
+    mine = ("model.embed_tokens", "model.layers.0.", "model.layers.1.")
+    stage0 = {f for n, f in index["weight_map"].items() if n.startswith(mine)}
+    assert head_shard not in stage0
+    (tmp_path / "sharded" / head_shard).unlink()
+    build_stage_of(sharded, 0, 0, 3)
+    with pytest.raises(PretrainedError) as missing:
+        build_stage_of(sharded, 0, 2, 3)
+    assert str(missing.value) == (
+        f"{tmp_path / 'sharded' / head_shard} is missing; the folder's "
+        "model.safetensors.index.json names it"
+    )
+
+
+def test_a_half_precision_checkpoint_trains_in_float32(tmp_path: Path) -> None:
+    theirs = tiny_llama(tmp_path / "fp32")
+    theirs.bfloat16().save_pretrained(tmp_path / "bf16")
+    model = read_model_config(tmp_path / "bf16", seq_len=SEQ)
+    params = build_model(model, 0).state_dict()
+    assert {t.dtype for t in params.values()} == {torch.float32}
+    assert torch.equal(params["head.norm.weight"],
+                       theirs.state_dict()["model.norm.weight"].float())  # fmt: skip
+
+
+# -- the job -----------------------------------------------------------------------------------
+
+
+def test_the_job_file_states_what_config_json_says_or_leaves_it_out(tmp_path: Path) -> None:
+    tiny_llama(tmp_path / "llama")
+    short = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 24\n'))
+    stated = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 24\nheads = 4\n'
+                               "kv_heads = 2\nnorm_eps = 1e-6\n", "stated.toml"))  # fmt: skip
+    assert stated == short and stated.job_id == short.job_id
+    with pytest.raises(JobError) as wrong:
+        load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 24\nkv_heads = 4\n'))
+    where = tmp_path / "llama" / "config.json"
+    assert str(wrong.value) == (
+        f"job file {tmp_path / 'job.toml'}: model.kv_heads is 4 but {where} gives 2; leave "
+        "model.kv_heads out to take the folder's"
+    )
+    with pytest.raises(JobError, match=r"model.seq_len \(65\) is longer than model.positions"):
+        load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 65\n'))
+
+
+def test_the_job_travels_and_is_saved_stated_in_full_without_the_folder(tmp_path: Path) -> None:
+    tiny_llama(tmp_path / "llama")
+    job = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 24\n'))
+    table = job.to_dict()["model"]
+    assert table["kind"] == "llama" and table["kv_heads"] == 2 and table["rope_theta"] == 500.0
+    assert "activation" not in table  # silu is llama's own: left out, as every default
+    (tmp_path / "saved.toml").write_text(job_toml(job))
+    (tmp_path / "llama").rename(tmp_path / "elsewhere")  # reading it back needs no folder
+    assert load_job(tmp_path / "saved.toml").job_id == job.job_id
+
+
+def test_a_node_whose_folder_is_another_model_refuses_to_build(tmp_path: Path) -> None:
+    tiny_llama(tmp_path / "llama")
+    job = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 24\n'))
+    tiny_llama(tmp_path / "llama", num_key_value_heads=4)  # this node's copy differs
+    with pytest.raises(PretrainedError) as refused:
+        build_stage_of(job.model, 0, 1, 3)
+    assert str(refused.value) == (
+        f"{tmp_path / 'llama' / 'config.json'} gives model.kv_heads = 4 but the job's model has "
+        f"2; every node must hold the job's model at {tmp_path / 'llama'}"
+    )
+
+
+def test_the_new_model_keys_keep_the_presets_and_their_ids() -> None:
+    assert PRESETS["tiny-gpt"].job_id == "job-829bebfa546dad2e"
+    assert PRESETS["tiny-llama"].job_id == "job-9b17cf915b66d0fb"
+    for job in PRESETS.values():
+        assert set(job.to_dict()["model"]) == {
+            "kind", "layers", "width", "heads", "seq_len", "vocab", "dropout"
+        }
+    # Stating a kind's default is leaving it out: the same model, the same id.
+    base: dict[str, Any] = dict(layers=2, width=32, heads=4, seq_len=16)
+    cases: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("gpt", dict(kv_heads=4, mlp_hidden=128, activation="gelu", positions=16)),
+        ("llama", dict(kv_heads=4, mlp_hidden=96, activation="silu", positions=16,
+                       rope_theta=10000, norm_eps=1e-5)),
+    )  # fmt: skip
+    for kind, defaults in cases:
+        plain = JobConfig(model=ModelConfig(kind, **base), iterations=1, microbatches=1,
+                          microbatch_size=1)  # fmt: skip
+        stated = JobConfig(model=ModelConfig(kind, **base, **defaults), iterations=1,
+                           microbatches=1, microbatch_size=1)  # fmt: skip
+        assert stated == plain and stated.job_id == plain.job_id
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value", "message"),
+    [
+        ("llama", "kv_heads", 3, r"model.kv_heads \(3\) must divide model.heads \(4\)"),
+        ("llama", "kv_heads", 0, "model.kv_heads must be positive"),
+        ("gpt", "mlp_hidden", 2.5, "model.mlp_hidden must be an integer"),
+        ("llama", "norm_eps", 0, "model.norm_eps must be positive"),
+        ("llama", "rope_theta", "big", "model.rope_theta must be a number"),
+        ("gpt", "rope_theta", 500.0, "model.rope_theta applies to llama only"),
+        ("gpt", "activation", "relu", "model.activation must be gelu or gelu-tanh for gpt"),
+        ("llama", "activation", "gelu", "model.activation must be silu for llama"),
+        ("gpt", "positions", 8, r"model.seq_len \(16\) is longer than model.positions \(8\)"),
+        ("gpt", "pretrained", "", "model.pretrained must be a non-empty folder path"),
+    ],
+)
+def test_each_new_model_key_is_checked_in_one_sentence(
+    kind: str, key: str, value: object, message: str
+) -> None:
+    with pytest.raises(JobError, match=message) as caught:
+        ModelConfig(kind, layers=2, width=32, heads=4, seq_len=16, **{key: value})  # type: ignore[arg-type]
+    assert "\n" not in str(caught.value)
+
+
+# -- refused -----------------------------------------------------------------------------------
+
+
+def edit_config(folder: Path, **changes: Any) -> Path:
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    return path
+
+
+def drop_tensor(folder: Path, name: str) -> None:
+    tensors = load_file(folder / "model.safetensors")
+    del tensors[name]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+CONFIG_CASES = [
+    ("absent", lambda f: None, "{f} is not a folder; give a Hugging Face model folder "
+     "(config.json and model.safetensors)"),
+    ("no config", lambda f: f.mkdir(), "{f} holds no config.json; give a Hugging Face model "
+     "folder (config.json and model.safetensors)"),
+    ("mistral", lambda f: (tiny_llama(f), edit_config(f, model_type="mistral")),
+     "{f}/config.json describes a 'mistral' model; gwtf trains llama (LlamaForCausalLM) and "
+     "gpt2 (GPT2LMHeadModel) models"),
+    ("classifier", lambda f: (tiny_llama(f), edit_config(
+        f, architectures=["LlamaForSequenceClassification"])),
+     "{f}/config.json is a LlamaForSequenceClassification; gwtf trains causal language models: "
+     "llama (LlamaForCausalLM) and gpt2 (GPT2LMHeadModel)"),
+    ("biases", lambda f: (tiny_llama(f), edit_config(f, attention_bias=True)),
+     "{f}/config.json: attention_bias is true; gwtf's LLaMA blocks have no biases"),
+    ("rope scaling", lambda f: (tiny_llama(f), edit_config(
+        f, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0})),
+     "{f}/config.json: rope_parameters.rope_type is 'linear'; gwtf supports default rotary "
+     "positions only"),
+    ("relu", lambda f: (tiny_gpt2(f), edit_config(f, activation_function="relu")),
+     "{f}/config.json: activation_function is 'relu'; gwtf's GPT MLP supports gelu, gelu_new, "
+     "gelu_pytorch_tanh, gelu_fast"),
+    ("not json", lambda f: (f.mkdir(), (f / "config.json").write_text("{nope")),
+     "{f}/config.json is not valid JSON: Expecting property name enclosed in double quotes: "
+     "line 1 column 2 (char 1)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "make", "message"), CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES]
+)
+def test_a_folder_gwtf_cannot_read_is_one_sentence_in_the_job_file(
+    tmp_path: Path, case: str, make: Any, message: str
+) -> None:
+    folder = tmp_path / "hf"
+    make(folder)
+    path = job_file(tmp_path, 'pretrained = "hf"\nseq_len = 16\n')
+    with pytest.raises(JobError) as refused:
+        load_job(path)
+    assert str(refused.value) == f"job file {path}: model.pretrained: " + message.format(f=folder)
+    with pytest.raises(PretrainedError) as also:  # and on a node, for a job stated in full
+        build_stage_of(ModelConfig("llama", 4, 32, 4, 16, pretrained=str(folder)), 0, 0, 3)
+    assert str(also.value) == message.format(f=folder)
+
+
+WEIGHT_CASES = [
+    ("no weights", lambda f: (f / "model.safetensors").unlink(), 0,
+     "{f} holds neither model.safetensors nor model.safetensors.index.json; gwtf reads "
+     "safetensors checkpoints only (save_pretrained writes them)"),
+    ("a tensor short", lambda f: drop_tensor(f, "model.layers.3.mlp.up_proj.weight"), 2,
+     "{f} holds no tensor model.layers.3.mlp.up_proj.weight; is the checkpoint complete?"),
+    ("shapes", lambda f: edit_config(f, intermediate_size=64), 1,
+     "{f}/model.safetensors: model.layers.2.mlp.gate_proj.weight has shape [48, 32] but "
+     "config.json implies [64, 32]"),
+    ("damaged", lambda f: (f / "model.safetensors").write_bytes(b"\x08" + bytes(7) + b"{}"), 0,
+     "{f}/model.safetensors is not a readable safetensors file: "),  # then safetensors' words
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "damage", "stage", "message"), WEIGHT_CASES,
+                         ids=[c[0] for c in WEIGHT_CASES])  # fmt: skip
+def test_weights_a_stage_cannot_read_are_one_sentence(
+    tmp_path: Path, case: str, damage: Any, stage: int, message: str
+) -> None:
+    folder = tmp_path / "hf"
+    tiny_llama(folder)
+    model = read_model_config(folder, seq_len=SEQ)
+    damage(folder)
+    model = model if case != "shapes" else read_model_config(folder, seq_len=SEQ)
+    with pytest.raises(PretrainedError) as refused:
+        build_stage_of(model, 0, stage, 3)
+    text, expected = str(refused.value), message.format(f=folder)
+    assert (text.startswith(expected) if expected.endswith(": ") else text == expected), text
+    assert "\n" not in text
+
+
+# -- out ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_an_unchanged_model_goes_back_out_tensor_for_tensor(kind: str, tmp_path: Path) -> None:
+    theirs = MAKERS[kind](tmp_path / "in")
+    model = read_model_config(tmp_path / "in", seq_len=16)
+    params = merge_stages([dict(s.named_parameters()) for s in three_stages(model)])
+    export_hf(params, model, tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    original, loaded = theirs.state_dict(), back.state_dict()
+    assert set(loaded) == set(original) and "lm_head.weight" in load_file(
+        tmp_path / "out" / "model.safetensors"
+    )
+    assert all(torch.equal(loaded[n], original[n]) for n in original)  # GPT-2's head: wte
+    assert type(back) is type(theirs) and back.config.tie_word_embeddings is False
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_trained_model_exported_computes_the_same_logits_in_transformers(
+    kind: str, tmp_path: Path
+) -> None:
+    MAKERS[kind](tmp_path / "in")
+    model = read_model_config(tmp_path / "in", seq_len=16, dropout=0.0)
+    whole = build_model(model, 0)
+    randomise(whole, 9)  # as if trained: the head no longer equals the embedding, either
+    params = dict(whole.named_parameters())
+    assert not torch.equal(params["head.out.weight"], params["embed.tok.weight"])
+    export_hf(params, model, tmp_path / "out")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ids = tokens(length=16)
+    with torch.no_grad():
+        ours = whole(ids, None)
+    assert gap(ours, their_logits(back, ids)) < ATOL
+    assert torch.equal(back.state_dict()["lm_head.weight"], params["head.out.weight"])
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_a_model_trained_from_scratch_exports_too(kind: str, tmp_path: Path) -> None:
+    model = ModelConfig(kind, layers=3, width=32, heads=4, seq_len=16, vocab=VOCAB, dropout=0.0)
+    whole = build_model(model, 5)
+    export_hf(dict(whole.named_parameters()), model, tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = tokens(length=16)
+    with torch.no_grad():
+        assert gap(whole(ids, None), their_logits(back, ids)) < ATOL
+    # And back in: the folder is a pretrained model like any other.
+    again = read_model_config(tmp_path, seq_len=16, dropout=0.0)
+    reread = build_model(again, 0).state_dict()
+    assert all(torch.equal(reread[n], t) for n, t in whole.state_dict().items())
+
+
+def test_what_has_no_hugging_face_form_is_refused(tmp_path: Path) -> None:
+    grouped = ModelConfig("gpt", layers=2, width=32, heads=4, seq_len=16, kv_heads=2)
+    params = dict(build_model(grouped, 0).named_parameters())
+    with pytest.raises(ExportError, match="GPT-2 has no grouped-query attention"):
+        export_hf(params, grouped, tmp_path)
+    model = ModelConfig("llama", layers=2, width=32, heads=4, seq_len=16)
+    stage0 = dict(build_stage_of(model, 0, 0, 2).named_parameters())
+    with pytest.raises(ExportError) as partial:
+        hf_tensors(stage0, model)
+    assert str(partial.value) == (
+        "the parameters lack blocks.1.norm1.weight (and 8 more): export needs the whole model, "
+        "every stage merged"
+    )
+    assert not (tmp_path / "config.json").exists()
+
+
+def test_gwtf_export_writes_a_checkpoint_as_a_hugging_face_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny_gpt2(tmp_path / "gpt2")
+    job = load_job(job_file(tmp_path, 'pretrained = "gpt2"\nseq_len = 16\ndropout = 0.0\n'))
+    whole = build_model(job.model, job.seed)
+    save_model(tmp_path / "ckpt", dict(whole.named_parameters()), job, 0)
+    assert main(["export", str(tmp_path / "ckpt"), "--hf", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out == (
+        f"{tmp_path / 'out'}: config.json and model.safetensors, a gpt of 4 layers after 0 "
+        f"iterations of job {job.job_id}\n"
+    )
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ids = tokens(length=16)
+    with torch.no_grad():
+        assert gap(whole(ids, None), their_logits(back, ids)) < ATOL
+    capsys.readouterr()  # transformers' progress bars
+    assert main(["export", str(tmp_path / "none"), "--hf", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"gwtf export: {tmp_path / 'none'} holds no model.safetensors\n"
+
+
+def test_a_pretrained_job_trains_from_the_folder_s_weights(tmp_path: Path) -> None:
+    """Iteration 0's loss is transformers' loss of the folder's model on the same microbatches."""
+    theirs = tiny_llama(tmp_path / "llama")
+    (tmp_path / "text.txt").write_bytes(bytes(range(256)) * 8)
+    job = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 24\ndropout = 0.0\n'))
+    job = JobConfig(model=job.model, iterations=2, microbatches=2, microbatch_size=2,
+                    data=str(tmp_path / "text.txt"))  # fmt: skip
+    result = train_reference(job)
+    corpus = job_corpus(job)
+    losses = []
+    for m in range(job.microbatches):
+        ids, labels = job_microbatch(corpus, job, 0, m)
+        logits = their_logits(theirs, ids)
+        losses.append(float(F.cross_entropy(logits.flatten(0, 1), labels.flatten())))
+    assert abs(result.loss[0] - sum(losses) / len(losses)) < ATOL
+    start = build_model(job.model, job.seed).state_dict()
+    assert not torch.equal(result.parameters["blocks.0.up.weight"], start["blocks.0.up.weight"])
