@@ -325,8 +325,13 @@ def _add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     submit.add_argument("--to", type=_address, required=True, metavar="HOST:PORT",
                         help="any node of the swarm")
-    submit.add_argument("--job", required=True, metavar="JOB",
-                        help="a TOML job file, or a preset: tiny-gpt, tiny-llama")
+    what = submit.add_mutually_exclusive_group(required=True)
+    what.add_argument("--job", metavar="JOB",
+                      help="a TOML job file, or a preset: tiny-gpt, tiny-llama")
+    what.add_argument("--resume", metavar="DIR",
+                      help="resume the job checkpointed in DIR (by --checkpoint-every) at its "
+                      "iteration, on this swarm, whatever its number of stages; it ends equal to "
+                      "an uninterrupted run")
     submit.add_argument("--iterations", type=_positive_int, metavar="N",
                         help="train N iterations instead of the job's (a different job id)")
     submit.add_argument("--aggregation", metavar="RULE",
@@ -340,8 +345,9 @@ def _add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         "DIR/model.safetensors (the names gwtf reference --checkpoint-dir "
                         "writes) and DIR/job.toml")
     submit.add_argument("--checkpoint-every", type=_positive_int, metavar="K",
-                        help="also write the latest weights to --checkpoint-dir every K "
-                        "iterations while the job trains")
+                        help="also write the latest weights and optimizer state to "
+                        "--checkpoint-dir every K iterations while the job trains (a folder "
+                        "--resume can continue from)")
     submit.add_argument("--json", action="store_true",
                         help="print job_id, iterations_completed, loss, param_checksum, "
                         "throughput_mb_s, dropped_microbatches as JSON (at the end with --wait)")

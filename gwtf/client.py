@@ -173,6 +173,8 @@ class JobResult:
     paused_s: float = 0.0
     excluded: tuple[Excluded, ...] = ()
     """Replicas excluded from the job as bad peers (a robust aggregation only), in order."""
+    resumed_from: int = 0
+    """The iteration the job resumed at from a checkpoint (`loss` begins there); 0: none."""
 
     @property
     def over(self) -> bool:
@@ -205,6 +207,7 @@ class JobResult:
             "restarts": self.restarts,
             "dropped": {str(k): list(ids) for k, ids in self.dropped},
             "excluded": [dataclasses.asdict(e) for e in self.excluded],
+            "resumed_from": self.resumed_from,
         }
 
 
@@ -240,6 +243,7 @@ def job_result(pb: Any) -> JobResult:
         paused=pb.paused,
         paused_s=pb.paused_s,
         excluded=tuple(Excluded(e.node, e.stage, e.iteration, e.reason) for e in pb.excluded),
+        resumed_from=pb.resumed_from,
     )
 
 
@@ -373,14 +377,84 @@ class AsyncGwtfClient(_Node):
     async def download(self, job_id: str, directory: str | Path) -> Path:
         """Write the job's latest weights into `directory` as one model: `model.safetensors`
         (the parameter names of the whole model, the same file `gwtf reference
-        --checkpoint-dir` writes for the same training) and `job.toml`. Each stage's weights
-        come from one of its replicas (the next one if a replica cannot serve them), streamed in
-        chunks; every stage must be at the same iteration (a running job's stages step together:
-        a download that straddles a step is done again). Once the job completed, the weights
-        must have the checksum the swarm reported. The path of the model file."""
+        --checkpoint-dir` writes for the same training) and `job.toml`; for a running job also
+        `optimizer.safetensors` (AdamW's state), so that the folder can be resumed from
+        (`resume`). Each stage comes from one of its replicas (the next one if a replica cannot
+        serve it), streamed in chunks; every stage must be at the same iteration (a running
+        job's stages step together: a download that straddles a step is done again). Once the
+        job completed, the weights must have the checksum the swarm reported. The path of the
+        model file."""
         from gwtf.train.checkpoint import CheckpointError, merge_stages, save_model
-        from gwtf.train.job import JobError, job_from_dict
-        from gwtf.v1 import job_pb2, node_pb2, node_pb2_grpc
+        from gwtf.train.resume import save_optimizer
+        from gwtf.v1 import job_pb2
+
+        record = await self._record(job_id)
+        job = self._job_of(record)
+        replicas = await self._replicas()
+        running = record.state == job_pb2.JOB_STATE_RUNNING
+        for _ in range(3):
+            parts = [await self._stage_part(job, s, replicas[s], full=running)
+                     for s in range(len(replicas))]  # fmt: skip
+            iterations = {iteration for iteration, _, _ in parts}
+            if len(iterations) == 1:
+                break
+        else:
+            raise ClientError(f"the stages of job {job_id} kept stepping while they were "
+                              f"read ({sorted(iterations)}); download it again")
+        (iteration,) = iterations
+        done = record.state == job_pb2.JOB_STATE_COMPLETED and iteration == job.iterations
+        optimizers = [optimizer for _, _, optimizer in parts if optimizer is not None]
+        try:
+            if len(optimizers) == len(parts):
+                save_optimizer(directory, {n: t for o in optimizers for n, t in o.items()},
+                               job, iteration)  # fmt: skip
+            return save_model(directory, merge_stages([p for _, p, _ in parts]), job, iteration,
+                              expect_checksum=record.param_checksum if done else None)
+        except CheckpointError as err:
+            raise ClientError(str(err)) from None
+
+    async def resume(self, directory: str | Path, *, timeout_s: float = 300.0) -> str:
+        """Resume the job checkpointed in `directory` (written by `download` while it ran) on
+        this swarm, at the checkpoint's iteration: every node of every stage is sent its stage's
+        weights and optimizer state (cut for this swarm's number of stages, whatever the
+        checkpointed swarm's was), then the job is submitted to start there. It ends equal to an
+        uninterrupted run. The job's id (the same job: the same id)."""
+        from gwtf.train.checkpoint import CheckpointError
+        from gwtf.train.resume import load_resumable, stage_state
+        from gwtf.v1 import job_pb2
+
+        try:
+            checkpoint = await asyncio.to_thread(load_resumable, directory)
+        except (CheckpointError, ValueError) as err:  # a JobError is a ValueError
+            raise ClientError(str(err), EXIT_USAGE) from None
+        job = checkpoint.job
+        if checkpoint.iteration >= job.iterations:
+            raise ClientError(f"job {job.job_id} in {directory} trained all its "
+                              f"{job.iterations} iterations already; nothing to resume",
+                              EXIT_USAGE)  # fmt: skip
+        replicas = await self._replicas()
+        for stage, addresses in replicas.items():
+            try:
+                data = await asyncio.to_thread(stage_state, checkpoint, stage, len(replicas))
+            except (CheckpointError, ValueError) as err:
+                raise ClientError(f"cannot cut {directory} for this swarm: {err}",
+                                  EXIT_USAGE) from None  # fmt: skip
+            if not addresses:
+                raise ClientError(f"stage {stage} of this swarm has no live node; start one "
+                                  "and resume again")  # fmt: skip
+            await asyncio.gather(*(self._send_state(a, job.job_id, stage, checkpoint.iteration,
+                                                    data) for a in addresses))  # fmt: skip
+        request = job_pb2.SubmitRequest(job_json=json.dumps(job.to_dict(), sort_keys=True),
+                                        resume_iteration=checkpoint.iteration)  # fmt: skip
+
+        async def call(stub: Any) -> Any:
+            return await stub.Submit(request, timeout=timeout_s)
+
+        reply = await self._call(call, timeout_s)
+        return str(reply.job_id)
+
+    async def _record(self, job_id: str) -> Any:
+        from gwtf.v1 import job_pb2
 
         async def listing(stub: Any) -> Any:
             return await stub.List(job_pb2.ListRequest(), timeout=self.timeout_s)
@@ -389,10 +463,21 @@ class AsyncGwtfClient(_Node):
                        if p.job_id == job_id), None)  # fmt: skip
         if record is None:
             raise ClientError(f"{self.address} knows no job {job_id}")
+        return record
+
+    def _job_of(self, record: Any) -> Any:
+        from gwtf.train.job import JobError, job_from_dict
+
         try:
-            job = job_from_dict(json.loads(record.job_json))
+            return job_from_dict(json.loads(record.job_json))
         except (JobError, ValueError, TypeError) as err:
-            raise ClientError(f"{self.address} sent job {job_id} unreadable: {err}") from None
+            raise ClientError(
+                f"{self.address} sent job {record.job_id} unreadable: {err}"
+            ) from None
+
+    async def _replicas(self) -> dict[int, list[str]]:
+        """Stage -> the addresses of its live nodes (sorted by id), as this node sees them."""
+        from gwtf.v1 import node_pb2, node_pb2_grpc
 
         async def members(stub: Any) -> Any:
             status = node_pb2_grpc.StatusStub(self._channel)
@@ -404,31 +489,45 @@ class AsyncGwtfClient(_Node):
         for member in sorted(view.members, key=lambda m: m.id):
             if member.state == node_pb2.MEMBER_STATE_ALIVE and member.stage < stages:
                 replicas[member.stage].append(member.address)
-        for _ in range(3):
-            parts = [await self._stage_weights(job_id, s, replicas[s]) for s in range(stages)]
-            iterations = {iteration for iteration, _ in parts}
-            if len(iterations) == 1:
-                break
-        else:
-            raise ClientError(f"the stages of job {job_id} kept stepping while they were "
-                              f"read ({sorted(iterations)}); download it again")
-        (iteration,) = iterations
-        done = record.state == job_pb2.JOB_STATE_COMPLETED and iteration == job.iterations
-        try:
-            return save_model(directory, merge_stages([p for _, p in parts]), job, iteration,
-                              expect_checksum=record.param_checksum if done else None)
-        except CheckpointError as err:
-            raise ClientError(str(err)) from None
+        return replicas
 
-    async def _stage_weights(
-        self, job_id: str, stage: int, addresses: list[str]
-    ) -> tuple[int, dict[str, Any]]:
-        """(iteration, parameters) of one stage, from the first of its replicas that has them."""
+    async def _send_state(
+        self, address: str, job_id: str, stage: int, iteration: int, data: bytes
+    ) -> None:
+        from grpc import aio
+
+        from gwtf.node.jobs import STATE_CHUNK_BYTES
+        from gwtf.node.security import open_channel
+        from gwtf.node.transport import channel_options
+        from gwtf.v1 import job_pb2, job_pb2_grpc
+
+        def chunks() -> Any:
+            for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
+                yield job_pb2.StateChunk(
+                    seq=seq, stage=stage, iteration=iteration, total_bytes=len(data),
+                    job_id=job_id, sender="client", payload=data[offset:offset + STATE_CHUNK_BYTES],
+                )
+
+        try:
+            async with open_channel(address, self.credentials,
+                                    options=channel_options()) as channel:  # fmt: skip
+                await job_pb2_grpc.JobServiceStub(channel).Resume(chunks(), timeout=WEIGHTS_CALL_S)
+        except aio.AioRpcError as err:
+            raise _rpc_error(address, err, WEIGHTS_CALL_S) from None
+
+    async def _stage_part(
+        self, job: Any, stage: int, addresses: list[str], *, full: bool
+    ) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+        """(iteration, parameters, optimizer state by name or None) of one stage, from the first
+        of its replicas that has them: the whole state (FetchState) when `full`, else the
+        weights (FetchWeights: a completed job's nodes keep only those)."""
         from grpc import aio
 
         from gwtf.node.security import open_channel
         from gwtf.node.transport import channel_options
         from gwtf.train.checkpoint import CheckpointError, weights_from_bytes
+        from gwtf.train.resume import unpack_stage
+        from gwtf.train.state import StateError
         from gwtf.v1 import job_pb2, job_pb2_grpc
 
         said: list[str] = []
@@ -436,10 +535,14 @@ class AsyncGwtfClient(_Node):
             try:
                 async with open_channel(address, self.credentials,
                                         options=channel_options()) as channel:  # fmt: skip
-                    stream = job_pb2_grpc.JobServiceStub(channel).FetchWeights(
-                        job_pb2.WeightsRequest(job_id=job_id, stage=stage),
-                        timeout=WEIGHTS_CALL_S,
-                    )
+                    stub = job_pb2_grpc.JobServiceStub(channel)
+                    stream = (
+                        stub.FetchState(job_pb2.StateRequest(sender="client", job_id=job.job_id,
+                                                             stage=stage), timeout=WEIGHTS_CALL_S)
+                        if full else
+                        stub.FetchWeights(job_pb2.WeightsRequest(job_id=job.job_id, stage=stage),
+                                          timeout=WEIGHTS_CALL_S)
+                    )  # fmt: skip
                     chunks = [chunk async for chunk in stream]
             except aio.AioRpcError as err:
                 said.append(f"{address}: {(err.details() or err.code().name).splitlines()[0]}")
@@ -451,11 +554,15 @@ class AsyncGwtfClient(_Node):
                 said.append(f"{address}: the stream was cut short")
                 continue
             try:
-                return int(chunks[0].iteration), weights_from_bytes(data)
-            except CheckpointError as err:
+                if full:
+                    iteration, params, optimizer = await asyncio.to_thread(unpack_stage, data, job)
+                    return iteration, params, optimizer
+                return int(chunks[0].iteration), weights_from_bytes(data), None
+            except (CheckpointError, StateError) as err:
                 said.append(f"{address}: {err}")
-        raise ClientError(f"no replica of stage {stage} could send its weights of job {job_id}"
-                          + (f" ({'; '.join(said)})" if said else " (it has no live node)"))
+        raise ClientError(f"no replica of stage {stage} could send its weights of job "
+                          f"{job.job_id}" + (f" ({'; '.join(said)})" if said
+                                             else " (it has no live node)"))
 
     async def wait(
         self,
@@ -556,6 +663,10 @@ class GwtfClient(_Node):
         """See `AsyncGwtfClient.download`."""
         return self._run(lambda c: c.download(job_id, directory))
 
+    def resume(self, directory: str | Path, *, timeout_s: float = 300.0) -> str:
+        """See `AsyncGwtfClient.resume`."""
+        return self._run(lambda c: c.resume(directory, timeout_s=timeout_s))
+
     def wait(
         self,
         job_id: str,
@@ -596,8 +707,8 @@ def _submitted_job(args: argparse.Namespace) -> Any:
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    """`gwtf submit --to HOST:PORT --job JOB [--iterations N] [--aggregation RULE] [--wait]
-    [--json]`."""
+    """`gwtf submit --to HOST:PORT (--job JOB [--iterations N] [--aggregation RULE] | --resume
+    DIR) [--wait [--checkpoint-dir DIR [--checkpoint-every K]]] [--json]`."""
     from gwtf.node.security import SecurityError, credentials_from_args
 
     try:
@@ -626,8 +737,16 @@ def run_submit(args: argparse.Namespace) -> int:
             client.download(job_id, checkpoint)
 
     try:
-        job = _submitted_job(args)
-        job_id = client.submit(job)
+        if args.resume is not None:
+            if args.iterations is not None or args.aggregation is not None:
+                raise ClientError("--resume continues the checkpointed job as it is: leave out "
+                                  "--iterations and --aggregation", EXIT_USAGE)  # fmt: skip
+            job_id = client.resume(args.resume)
+            iterations = client.progress(job_id).iterations
+        else:
+            job = _submitted_job(args)
+            job_id = client.submit(job)
+            iterations = job.iterations
         if not (args.wait or args.json):
             print(f"submitted {job_id} to {args.to}; follow it with gwtf submit --wait or "
                   f"gwtf status --to {args.to}", flush=True)
@@ -637,7 +756,7 @@ def run_submit(args: argparse.Namespace) -> int:
         elif args.json:
             result = client.wait(job_id, on_progress=keep)
         else:
-            result = _follow(client, job_id, job.iterations, also=keep)
+            result = _follow(client, job_id, iterations, also=keep)
         if checkpoint is not None and result.state == "completed":
             model = client.download(job_id, checkpoint)
             if not args.json:
@@ -686,7 +805,8 @@ def _follow(
         def update(result: JobResult) -> None:
             nonlocal shown
             for k in range(shown, len(result.loss)):
-                bar.console.print(f"iteration {k + 1:>4}/{result.iterations}  "
+                bar.console.print(f"iteration {result.resumed_from + k + 1:>4}/"
+                                  f"{result.iterations}  "
                                   f"loss {result.loss[k]:.4f}")
             shown = len(result.loss)
             loss = f"loss {result.loss[-1]:.4f}" if result.loss else result.state
@@ -702,6 +822,8 @@ def format_result(result: JobResult) -> str:
              f"{result.iterations} iterations in {result.elapsed_s:.1f} s"]
     if result.error:
         lines.append(f"error           {result.error}")
+    if result.resumed_from:
+        lines.append(f"resumed         from a checkpoint of iteration {result.resumed_from}")
     if result.loss:
         first, last = result.loss[0], result.loss[-1]
         lines.append(f"loss            {first:.4f} -> {last:.4f}")

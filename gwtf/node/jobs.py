@@ -142,6 +142,33 @@ def _state_name(state: int) -> str:
     return job_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()
 
 
+async def _read_state(
+    chunks: AsyncIterator[job_pb2.StateChunk], what: str
+) -> tuple[job_pb2.StateChunk, bytes]:
+    """A streamed stage state: its first chunk (stage, iteration, job, sender) and its bytes;
+    InvalidMessage if the chunks come out of order, too many, or short."""
+    parts: list[bytes] = []
+    first: job_pb2.StateChunk | None = None
+    size = 0
+    async for chunk in chunks:
+        if chunk.seq != len(parts):
+            raise InvalidMessage(f"state chunk {chunk.seq} came where {len(parts)} was due")
+        if first is None:
+            first = chunk
+            if chunk.total_bytes > MAX_STATE_BYTES:
+                raise InvalidMessage(f"a stage state over {MAX_STATE_BYTES} bytes")
+        size += len(chunk.payload)
+        if size > first.total_bytes:
+            raise InvalidMessage(f"the {what} runs past its {first.total_bytes} bytes")
+        parts.append(chunk.payload)
+    if first is None:
+        raise InvalidMessage(f"an empty {what}")
+    data = b"".join(parts)
+    if len(data) != first.total_bytes:
+        raise InvalidMessage(f"the {what} holds {len(data)} of {first.total_bytes} bytes")
+    return first, data
+
+
 class JobManager:
     """The jobs of one node: see the module docstring."""
 
@@ -154,6 +181,8 @@ class JobManager:
         self._data_servicer: Any = None
         self._submitting = asyncio.Lock()
         self._backups: dict[tuple[str, int], tuple[int, bytes]] = {}
+        self._resumes: dict[str, tuple[int, bytes]] = {}
+        """job id -> (iteration, this stage's state) a client sent to resume from (Resume)."""
         """(job, stage) -> (iteration, state) of a lone replica, kept for a joiner."""
         self._final_weights: tuple[str, int, asyncio.Future[tuple[int, bytes]]] | None = None
         """(job, stage, its final weights): what this node serves of the latest job it
@@ -292,10 +321,15 @@ class JobManager:
 
     async def submit(self, request: job_pb2.SubmitRequest) -> job_pb2.SubmitReply:
         job = await self._parse(request.job_json)
+        if request.resume_iteration >= job.iterations:
+            raise InvalidMessage(
+                f"cannot resume job {job.job_id} at iteration {request.resume_iteration}: it has "
+                f"{job.iterations} iterations"
+            )
         async with self._submitting:
-            return await self._submit(job)
+            return await self._submit(job, request.resume_iteration)
 
-    async def _submit(self, job: Any) -> job_pb2.SubmitReply:
+    async def _submit(self, job: Any, resume: int = 0) -> job_pb2.SubmitReply:
         from gwtf.train.partition import PartitionError, partition
 
         host = self.host
@@ -340,7 +374,9 @@ class JobManager:
             "job %s submitted: %d iterations of %d microbatches; preparing %d members",
             job_id, job.iterations, job.microbatches, len(members),
         )
-        prepare = job_pb2.PrepareRequest(sender=host.node_id, job_json=job_json)
+        prepare = job_pb2.PrepareRequest(
+            sender=host.node_id, job_json=job_json, resume_iteration=resume
+        )
         replies = await asyncio.gather(
             *(self._prepare_at(m, prepare) for m in members), return_exceptions=True
         )
@@ -461,19 +497,39 @@ class JobManager:
         module = await self._load()
         from gwtf.train.data import DataError
         from gwtf.train.partition import PartitionError
+        from gwtf.train.state import StateError
 
-        host.log.info("job %s: building stage %d", job.job_id, host.own_stage())
-        try:
-            executor, corpus = await asyncio.to_thread(
-                module.StageWorker.build,
-                job,
-                host.own_stage(),
-                host.num_stages(),
-                host.memory_slots,
-                self.placement,
+        stage = host.own_stage()
+        resume = request.resume_iteration
+        build: tuple[Any, ...] = (
+            module.StageWorker.build, job, stage, host.num_stages(), host.memory_slots,
+            self.placement,
+        )
+        if resume:
+            kept = self._resumes.get(job.job_id)
+            if kept is None or kept[0] != resume:
+                raise Refusal(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{host.node_id} was sent no state of stage {stage} at iteration {resume} "
+                    f"to resume job {job.job_id} from; submit --resume again",
+                )
+            build = (
+                module.StageWorker.build_from_state, job, stage, host.num_stages(),
+                host.memory_slots, kept[1], self.placement,
             )
-        except (PartitionError, DataError) as err:
+        host.log.info("job %s: building stage %d%s", job.job_id, stage,
+                      f" from its checkpoint of iteration {resume}" if resume else "")
+        try:
+            executor, corpus = await asyncio.to_thread(*build)
+        except (PartitionError, DataError, StateError) as err:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+        if executor.iteration != resume:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the state sent to {host.node_id} is of iteration {executor.iteration}, "
+                f"not {resume}",
+            )
+        self._resumes.pop(job.job_id, None)
         if self._active is not active:
             raise Refusal(grpc.StatusCode.ABORTED, "another job arrived meanwhile")
         worker = self._new_worker(module, job, executor, corpus)
@@ -486,6 +542,8 @@ class JobManager:
                 state=job_pb2.JOB_STATE_PREPARING,
                 iterations=job.iterations,
                 job_json=job_json,
+                iterations_completed=resume,
+                resumed_from=resume,
             )
         )
         return self._prepared(active)
@@ -562,6 +620,7 @@ class JobManager:
                 num_stages=stages,
                 holders=holders,
                 weights=dict(zip(holders, weights, strict=True)) if weights else None,
+                iteration=progress.resumed_from,
             ))
             active.coord.start()
         worker = active.worker
@@ -1033,21 +1092,7 @@ class JobManager:
 
     async def backup(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
         """A lone replica's state, kept here so that a node joining its empty stage finds it."""
-        parts: list[bytes] = []
-        first: job_pb2.StateChunk | None = None
-        async for chunk in chunks:
-            if chunk.seq != len(parts):
-                raise InvalidMessage(f"state chunk {chunk.seq} came where {len(parts)} was due")
-            if first is None:
-                first = chunk
-                if chunk.total_bytes > MAX_STATE_BYTES:
-                    raise InvalidMessage(f"a stage state over {MAX_STATE_BYTES} bytes")
-            parts.append(chunk.payload)
-        if first is None:
-            raise InvalidMessage("an empty backup")
-        data = b"".join(parts)
-        if len(data) != first.total_bytes:
-            raise InvalidMessage(f"the backup holds {len(data)} of {first.total_bytes} bytes")
+        first, data = await _read_state(chunks, "backup")
         active = self._active
         if active is None or active.job_id != first.job_id or active.participants.get(
             first.sender
@@ -1056,6 +1101,22 @@ class JobManager:
         self._backups[(first.job_id, first.stage)] = (first.iteration, data)
         self.host.log.info("job %s: keeping stage %d's state of iteration %d (from %s)",
                            first.job_id, first.stage, first.iteration, first.sender)
+        return job_pb2.BackupAck(received_bytes=len(data))
+
+    async def resume(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
+        """A client's checkpoint of this node's stage (gwtf submit --resume), kept until a
+        Prepare with `resume_iteration` builds the stage from it. One per job: the latest."""
+        first, data = await _read_state(chunks, "resume state")
+        check_name("job id", first.job_id)
+        own = self.host.own_stage()
+        if first.stage != own:
+            raise InvalidMessage(
+                f"{self.host.node_id} holds stage {own}, not stage {first.stage}; send each node "
+                "its own stage's state"
+            )
+        self._resumes = {first.job_id: (first.iteration, data)}
+        self.host.log.info("job %s: keeping a checkpoint of stage %d at iteration %d to resume "
+                           "from (%d bytes)", first.job_id, own, first.iteration, len(data))
         return job_pb2.BackupAck(received_bytes=len(data))
 
     def _send_backup(self, job_id: str) -> None:

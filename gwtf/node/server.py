@@ -359,6 +359,15 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         except (InvalidMessage, Refusal) as err:
             await _fail(context, err)
 
+    async def Resume(
+        self, request_iterator: AsyncIterator[job_pb2.StateChunk],
+        context: aio.ServicerContext,
+    ) -> job_pb2.BackupAck:
+        try:
+            return await self._node.jobs.resume(request_iterator)
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
     async def Contribute(
         self, request_iterator: AsyncIterator[job_pb2.ContributionChunk],
         context: aio.ServicerContext,

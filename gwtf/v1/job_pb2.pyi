@@ -22,10 +22,12 @@ JOB_STATE_COMPLETED: JobState
 JOB_STATE_FAILED: JobState
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("job_json",)
+    __slots__ = ("job_json", "resume_iteration")
     JOB_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESUME_ITERATION_FIELD_NUMBER: _ClassVar[int]
     job_json: str
-    def __init__(self, job_json: _Optional[str] = ...) -> None: ...
+    resume_iteration: int
+    def __init__(self, job_json: _Optional[str] = ..., resume_iteration: _Optional[int] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("job_id",)
@@ -42,7 +44,7 @@ class RouteCount(_message.Message):
     def __init__(self, path: _Optional[_Iterable[str]] = ..., microbatches: _Optional[int] = ...) -> None: ...
 
 class JobProgress(_message.Message):
-    __slots__ = ("job_id", "name", "state", "iterations", "iterations_completed", "loss", "param_checksum", "throughput_mb_s", "dropped_microbatches", "error", "microbatches_trained", "elapsed_s", "coordinator", "job_json", "routes", "checksum_mismatches", "iteration_s", "crashes", "leaves", "joins", "rerouted_microbatches", "replayed_microbatches", "replayed_s", "compute_s", "dropped", "lost_microbatches", "restarts", "paused", "paused_s", "excluded")
+    __slots__ = ("job_id", "name", "state", "iterations", "iterations_completed", "loss", "param_checksum", "throughput_mb_s", "dropped_microbatches", "error", "microbatches_trained", "elapsed_s", "coordinator", "job_json", "routes", "checksum_mismatches", "iteration_s", "crashes", "leaves", "joins", "rerouted_microbatches", "replayed_microbatches", "replayed_s", "compute_s", "dropped", "lost_microbatches", "restarts", "paused", "paused_s", "excluded", "resumed_from")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +75,7 @@ class JobProgress(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     PAUSED_S_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     state: JobState
@@ -103,7 +106,8 @@ class JobProgress(_message.Message):
     paused: str
     paused_s: float
     excluded: _containers.RepeatedCompositeFieldContainer[Exclusion]
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., iterations: _Optional[int] = ..., iterations_completed: _Optional[int] = ..., loss: _Optional[_Iterable[float]] = ..., param_checksum: _Optional[str] = ..., throughput_mb_s: _Optional[float] = ..., dropped_microbatches: _Optional[int] = ..., error: _Optional[str] = ..., microbatches_trained: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., coordinator: _Optional[str] = ..., job_json: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteCount, _Mapping]]] = ..., checksum_mismatches: _Optional[int] = ..., iteration_s: _Optional[_Iterable[float]] = ..., crashes: _Optional[int] = ..., leaves: _Optional[int] = ..., joins: _Optional[int] = ..., rerouted_microbatches: _Optional[int] = ..., replayed_microbatches: _Optional[int] = ..., replayed_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., lost_microbatches: _Optional[int] = ..., restarts: _Optional[int] = ..., paused: _Optional[str] = ..., paused_s: _Optional[float] = ..., excluded: _Optional[_Iterable[_Union[Exclusion, _Mapping]]] = ...) -> None: ...
+    resumed_from: int
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., iterations: _Optional[int] = ..., iterations_completed: _Optional[int] = ..., loss: _Optional[_Iterable[float]] = ..., param_checksum: _Optional[str] = ..., throughput_mb_s: _Optional[float] = ..., dropped_microbatches: _Optional[int] = ..., error: _Optional[str] = ..., microbatches_trained: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., coordinator: _Optional[str] = ..., job_json: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteCount, _Mapping]]] = ..., checksum_mismatches: _Optional[int] = ..., iteration_s: _Optional[_Iterable[float]] = ..., crashes: _Optional[int] = ..., leaves: _Optional[int] = ..., joins: _Optional[int] = ..., rerouted_microbatches: _Optional[int] = ..., replayed_microbatches: _Optional[int] = ..., replayed_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., lost_microbatches: _Optional[int] = ..., restarts: _Optional[int] = ..., paused: _Optional[str] = ..., paused_s: _Optional[float] = ..., excluded: _Optional[_Iterable[_Union[Exclusion, _Mapping]]] = ..., resumed_from: _Optional[int] = ...) -> None: ...
 
 class Exclusion(_message.Message):
     __slots__ = ("node", "stage", "iteration", "reason")
@@ -172,12 +176,14 @@ class Participant(_message.Message):
     def __init__(self, id: _Optional[str] = ..., stage: _Optional[int] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
-    __slots__ = ("sender", "job_json")
+    __slots__ = ("sender", "job_json", "resume_iteration")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     JOB_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESUME_ITERATION_FIELD_NUMBER: _ClassVar[int]
     sender: str
     job_json: str
-    def __init__(self, sender: _Optional[str] = ..., job_json: _Optional[str] = ...) -> None: ...
+    resume_iteration: int
+    def __init__(self, sender: _Optional[str] = ..., job_json: _Optional[str] = ..., resume_iteration: _Optional[int] = ...) -> None: ...
 
 class PrepareReply(_message.Message):
     __slots__ = ("corpus_digest", "flow_units", "flows_settled")

@@ -59,6 +59,11 @@ class JobServiceStub:
                 request_serializer=gwtf_dot_v1_dot_job__pb2.WeightsRequest.SerializeToString,
                 response_deserializer=gwtf_dot_v1_dot_job__pb2.StateChunk.FromString,
                 _registered_method=True)
+        self.Resume = channel.stream_unary(
+                '/gwtf.v1.JobService/Resume',
+                request_serializer=gwtf_dot_v1_dot_job__pb2.StateChunk.SerializeToString,
+                response_deserializer=gwtf_dot_v1_dot_job__pb2.BackupAck.FromString,
+                _registered_method=True)
         self.Prepare = channel.unary_unary(
                 '/gwtf.v1.JobService/Prepare',
                 request_serializer=gwtf_dot_v1_dot_job__pb2.PrepareRequest.SerializeToString,
@@ -192,6 +197,14 @@ class JobServiceServicer:
 
     def FetchWeights(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request_iterator, context):
+        """A stage's state from a checkpoint (weights, optimizer, iteration), sent to every node of the
+        stage before a Submit with resume_iteration; the node keeps the latest per job and stage.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -345,6 +358,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.FetchWeights,
                     request_deserializer=gwtf_dot_v1_dot_job__pb2.WeightsRequest.FromString,
                     response_serializer=gwtf_dot_v1_dot_job__pb2.StateChunk.SerializeToString,
+            ),
+            'Resume': grpc.stream_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=gwtf_dot_v1_dot_job__pb2.StateChunk.FromString,
+                    response_serializer=gwtf_dot_v1_dot_job__pb2.BackupAck.SerializeToString,
             ),
             'Prepare': grpc.unary_unary_rpc_method_handler(
                     servicer.Prepare,
@@ -582,6 +600,33 @@ class JobService:
             '/gwtf.v1.JobService/FetchWeights',
             gwtf_dot_v1_dot_job__pb2.WeightsRequest.SerializeToString,
             gwtf_dot_v1_dot_job__pb2.StateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/gwtf.v1.JobService/Resume',
+            gwtf_dot_v1_dot_job__pb2.StateChunk.SerializeToString,
+            gwtf_dot_v1_dot_job__pb2.BackupAck.FromString,
             options,
             channel_credentials,
             insecure,
