@@ -97,7 +97,8 @@ class LocalSwarm:
             "--compute-s", repr(compute_s),
             "--heartbeat-s", repr(self.heartbeat_s),
             "--failure-timeout-s", repr(self.failure_timeout_s),
-            "--threads", "1",  # the reference's count: swarms are compared with it bit for bit
+            # The reference's device and thread count: swarms are compared with it bit for bit.
+            "--device", "cpu", "--threads", "1",
             *self.extra,
             *args,
         ]  # fmt: skip
