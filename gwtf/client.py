@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -385,7 +386,7 @@ class AsyncGwtfClient(_Node):
         job completed, the weights must have the checksum the swarm reported. The path of the
         model file."""
         from gwtf.train.checkpoint import CheckpointError, merge_stages, save_model
-        from gwtf.train.resume import save_optimizer
+        from gwtf.train.resume import remove_optimizer, save_optimizer
         from gwtf.v1 import job_pb2
 
         record = await self._record(job_id)
@@ -408,6 +409,8 @@ class AsyncGwtfClient(_Node):
             if len(optimizers) == len(parts):
                 save_optimizer(directory, {n: t for o in optimizers for n, t in o.items()},
                                job, iteration)  # fmt: skip
+            else:  # the weights alone: an older optimizer file would no longer match them
+                remove_optimizer(directory)
             return save_model(directory, merge_stages([p for _, p, _ in parts]), job, iteration,
                               expect_checksum=record.param_checksum if done else None)
         except CheckpointError as err:
@@ -519,8 +522,17 @@ class AsyncGwtfClient(_Node):
         self, job: Any, stage: int, addresses: list[str], *, full: bool
     ) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
         """(iteration, parameters, optimizer state by name or None) of one stage, from the first
-        of its replicas that has them: the whole state (FetchState) when `full`, else the
-        weights (FetchWeights: a completed job's nodes keep only those)."""
+        of its replicas that has them: the whole state (FetchState) when `full`, else, or when
+        no replica has it (the job completed meanwhile: its nodes keep only the final weights),
+        the weights (FetchWeights)."""
+        if full:
+            with contextlib.suppress(ClientError):
+                return await self._stage_from(job, stage, addresses, full=True)
+        return await self._stage_from(job, stage, addresses, full=False)
+
+    async def _stage_from(
+        self, job: Any, stage: int, addresses: list[str], *, full: bool
+    ) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
         from grpc import aio
 
         from gwtf.node.security import open_channel

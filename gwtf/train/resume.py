@@ -45,6 +45,7 @@ __all__ = [
     "Resumable",
     "load_resumable",
     "optimizer_by_name",
+    "remove_optimizer",
     "save_optimizer",
     "stage_state",
     "unpack_stage",
@@ -110,6 +111,15 @@ def save_optimizer(
             f"cannot write the optimizer state into {folder}: {err.strerror or err}"
         ) from None
     return path
+
+
+def remove_optimizer(directory: str | Path) -> None:
+    """Remove `optimizer.safetensors` from `directory` (weights written without it)."""
+    path = Path(directory) / OPTIMIZER_FILE
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as err:
+        raise CheckpointError(f"cannot remove the old {path}: {err.strerror or err}") from None
 
 
 class Resumable:

@@ -175,6 +175,16 @@ def test_a_gpt_job_equals_the_reference_bit_for_bit_whatever_the_routes(
     assert saved.iteration == GPT_ITERATIONS and saved.checksum == ref.param_checksum
     assert sorted(saved.parameters) == sorted(ref.parameters)
     assert all(torch.equal(saved.parameters[n], ref.parameters[n]) for n in ref.parameters)
+    # A download that asks for the whole state (as one of a running job does) of a job that
+    # completed meanwhile gets the final weights: the nodes keep only those (no optimizer).
+
+    async def whole_state() -> tuple[int, dict[str, Any], Any]:
+        async with AsyncGwtfClient(swarm.procs["a1"].address) as late:
+            return await late._stage_part(job, 1, [swarm.procs["a1"].address], full=True)
+
+    iteration, stage_params, optimizer = asyncio.run(whole_state())
+    assert iteration == GPT_ITERATIONS and optimizer is None
+    assert all(torch.equal(t, ref.parameters[n]) for n, t in stage_params.items())
     # The same job submitted again, anywhere, is the job that completed: not trained twice.
     assert GwtfClient(swarm.procs["z1"].address).submit(job) == job_id
     again = client.progress(job_id)
