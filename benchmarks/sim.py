@@ -20,7 +20,7 @@ from gwtf.sim.scenario import POLICIES, load_scenario
 from gwtf.sim.simulator import SimResult
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ["homogeneous", "geo10_hetero_links", "geo10_spot", "high_churn"]
+SCENARIOS = ["homogeneous", "geo10_hetero_links", "geo10_spot", "high_churn", "spot_waves"]
 QUICK = (["homogeneous", "geo10_hetero_links"], 1800.0)
 OUT = ROOT / "benchmarks" / "out" / "sim"
 

@@ -715,7 +715,18 @@ class Simulation:
             n = mb.node[t]
             if n is not None and n.alive and mb.st[t] >= FWD_Q:
                 return n
+        if self.policy.exact_commit:
+            # No later stage holds it (they died too): any live data holder rebuilds its token
+            # ids from (seed, iteration, id) and redoes stage 0 itself, which breaks the wait
+            # of stage 0 for stage 1 and of stage 1 for stage 0 (docs/design.md 4, rule 3).
+            return self._rebuilder()
         return None
+
+    def _rebuilder(self) -> SimNode | None:
+        """The live data holder that rebuilds a microbatch no later stage holds: the one with
+        the fewest microbatches in hand (then by id)."""
+        holders = [n for n in self.active_nodes(0) if not n.detected]
+        return min(holders, key=lambda n: (len(n.slot_mbs), n.id), default=None)
 
     def _try_recover(self, mb: MB, s: int) -> None:
         rule = mb.need[s]
@@ -734,7 +745,8 @@ class Simulation:
                 replay_now = False
             else:
                 return
-        target = self.policy.pick(source, s, mb)
+        # A data holder that rebuilds the tokens itself redoes stage 0 itself.
+        target = source if source.stage == 0 == s else self.policy.pick(source, s, mb)
         if target is None:
             mb.waiting = True
             self.waiting[s][mb.id] = mb
@@ -751,7 +763,7 @@ class Simulation:
         mode = Rule(rule).mode
         if s > 0:
             source.ledger.activation_sent(mb.id, target.id, mode)
-        else:
+        elif source is not target:
             source.ledger.gradient_target(mb.id, target.id, mode)
         arrive = self.transfer(source, target, act if s > 0 else 0)
         down = mb.node[s + 1] if s < self.S - 1 else None

@@ -202,3 +202,20 @@ def test_no_policy_beats_the_oracle_flow(tmp_path: Path) -> None:
         result = run(sc, policy)
         assert result.throughput_mean <= bound, policy
         assert result.throughput_mean <= oracle.throughput_mean * 1.10, policy
+
+
+@pytest.mark.parametrize("policy", ["gwtf", "oracle"])
+def test_a_wave_that_kills_every_holder_of_finished_work_does_not_stall(
+    tmp_path: Path, policy: str
+) -> None:
+    """Stages 1 and 2 are wiped and a data holder dies with them, after microbatches finished:
+    a finished microbatch of s0a then has no live node anywhere on its path. Stage 0 waited for
+    a later stage to send its token ids and the later stages for stage 0's activation, forever;
+    now the surviving data holder rebuilds the tokens and redoes the path once nodes join."""
+    rows = "6,crash,s1a\n6,crash,s1b\n6,crash,s2a\n6,crash,s2b\n6,crash,s0a\n"
+    rows += "60,join,n1,1,Ohio\n60,join,n2,2,Ohio\n"
+    result = run(scenario(tmp_path, duration=600, trace=trace_with(rows)), policy)
+    assert result.iterations_completed >= 3, (policy, result.commit_times)
+    assert result.audit["conserved_iterations"] == result.iterations_completed
+    assert result.lost_microbatches == 0
+    assert result.recoveries["replay"] + result.recoveries["recompute"] > 0
