@@ -193,9 +193,9 @@ def configure(
     before any work: the count is process-wide). DeviceError if this machine cannot run it."""
     placement = Placement.of(device, precision)
     if placement.device.type == "cpu" and placement.precision == "fp16":
-        # Measured (benchmarks/RESULTS.md, device): fp16 autocast on a CPU ran a stage 10x
-        # slower than fp32, where bf16 ran 1.6x faster. The executor still runs it (tests do).
-        raise DeviceError("--precision fp16 has no fast kernels on a CPU (10x slower than fp32 "
+        # Measured (benchmarks/RESULTS.md, device): fp16 autocast on a CPU ran a stage 28x
+        # slower than fp32, where bf16 ran 1.9x faster. The executor still runs it (tests do).
+        raise DeviceError("--precision fp16 has no fast kernels on a CPU (28x slower than fp32 "
                           "here); use bf16 or fp32 there")
     torch.set_num_threads(resolve_threads(threads, placement.device))
     return placement
