@@ -139,6 +139,9 @@ _FINAL_CODES = (
 )
 # Outcomes of one send attempt.
 _SENT, _BUSY, _RETRY, _GIVE_UP = range(4)
+# Sends refused by a node that no longer takes part in the job, before this node has heard that
+# it left or was excluded: with the backoff, several seconds for the news to arrive.
+_UNHEARD_ATTEMPTS = 8
 
 
 class WorkerStopped(Exception):
@@ -1041,6 +1044,19 @@ class StageWorker:
             if err.code() in _FINAL_CODES:
                 if "is over here" in (err.details() or ""):
                     return _GIVE_UP  # the receiver moved on (a restart): so will this node
+                if "does not take part" in (err.details() or "") and (
+                    target in self._departed or attempt < _UNHEARD_ATTEMPTS
+                ):
+                    # The receiver stopped its part: it was excluded or it left, and that news
+                    # reaches every node a moment later. Until then the tensors are kept and
+                    # sent again; once it is heard, the recovery of that departure redirects
+                    # them (the same as for a death). Refused on and on, unheard of, it fails.
+                    self.host.log.info(
+                        "job %s it %d mb %d: %s no longer takes part in the job; the %s is "
+                        "kept for its recovery", self.job_id, it.number, m, target, direction,
+                        extra=job_event(self.job_id, it.number, m),
+                    )
+                    return _RETRY
                 self._fail(f"{target} refused microbatch {m} of iteration {it.number}: "
                            f"{err.details()}")
                 return _GIVE_UP
