@@ -11,7 +11,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,13 +27,6 @@ pytestmark = pytest.mark.integration
 ITERATIONS = 16
 WAIT_S = 240.0
 
-
-@pytest.fixture()
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_a_job_resumed_after_every_node_died_equals_an_uninterrupted_run(

@@ -77,14 +77,6 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def one_thread() -> Iterator[None]:
-    """The reference runs with the nodes' thread count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def reference(job: JobConfig) -> ReferenceResult:
     return train_reference(job)

@@ -5,12 +5,10 @@ its digest at prepare, and the swarm ends equal to `train_reference` bit for bit
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from cluster import LocalSwarm
 
 from gwtf.client import GwtfClient
@@ -37,14 +35,6 @@ def make_tokenizer(path: Path) -> int:
     tokenizer.save(str(path))
     return int(tokenizer.get_vocab_size())
 
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """The reference runs with the nodes' thread count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_a_tokenized_jsonl_job_equals_the_reference(

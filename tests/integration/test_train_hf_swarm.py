@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,13 +48,6 @@ dropout = 0.1
 lr = 0.01
 """
 
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def write_llama(folder: Path) -> LlamaForCausalLM:

@@ -18,7 +18,6 @@ Moving tensors between the layouts (copy, transpose, concatenate, split) is exac
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +52,8 @@ ATOL = 1e-5
 VOCAB = 320  # at least 256: the tests' data is byte-level
 SEQ = 24
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Small, and the same bits on every run."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# One torch thread for every test here (tests/conftest.py): small, and the same bits each run.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def randomise(model: torch.nn.Module, seed: int) -> None:
