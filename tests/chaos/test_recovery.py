@@ -49,7 +49,12 @@ WAIT_S = 150.0
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
     logs = tmp_path_factory.mktemp("chaos")
     with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=3.0, train=True) as s:
-        s.start(NODES, num_stages=3)
+        # The job's own activation size (tiny-gpt: 8 x 64 x 64 float32), so that arc costs are
+        # the nodes' compute and latency. With the default 8 MiB, the bandwidth term (loopback
+        # read between 0.7 and 15 Gbit/s on a busy machine: 4 to 90 ms) outweighed the compute
+        # differences, and a joining holder measured slow got no flow at all: its fault never
+        # fired (the test then timed out waiting for it, once in four CI runs).
+        s.start(NODES, 3, "--activation-bytes", "131072")
         s.wait_formed()
         yield s
 

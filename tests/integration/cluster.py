@@ -146,10 +146,14 @@ class LocalSwarm:
                 if match:
                     proc.address = match.group(1)
 
-    def start(self, nodes: list[tuple[str, int, float]], num_stages: int) -> None:
-        """Start a swarm: the first node creates it, the others join through it."""
+    def start(
+        self, nodes: list[tuple[str, int, float]], num_stages: int, *swarm_args: str
+    ) -> None:
+        """Start a swarm: the first node creates it (with `swarm_args`, e.g. the activation
+        size), the others join through it."""
         first_id, first_stage, first_c = nodes[0]
-        first = self.spawn(first_id, first_stage, first_c, "--stages", str(num_stages))
+        first = self.spawn(first_id, first_stage, first_c, "--stages", str(num_stages),
+                           *swarm_args)  # fmt: skip
         self.wait_listening(first)
         self.bootstrap = first.address
         rest = [self.spawn(i, s, c) for i, s, c in nodes[1:]]
