@@ -557,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cores; --quick: under a minute. Leaves no process behind.",
     )
     demo.add_argument("--quick", action="store_true",
-                      help="a short run (6 nodes, 10 iterations, a crash every 3 s)")
+                      help="a short run (6 nodes, 20 iterations, a crash every 3 s)")
     demo.add_argument("--nodes", type=_positive_int, metavar="N", help="nodes (default 8)")
     demo.add_argument("--stages", type=_positive_int, metavar="S", help="stages (default 3)")
     demo.add_argument("--iterations", type=_positive_int, metavar="K",
