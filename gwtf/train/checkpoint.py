@@ -120,6 +120,30 @@ def _toml_value(value: Any) -> str:
     raise CheckpointError(f"cannot write {value!r} in a job file")
 
 
+def write_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: dict[str, str]) -> None:
+    """A safetensors file written through a temporary file renamed into place, so a reader
+    never sees half of it. Raises OSError (the caller says which file in its own words)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({name: tensors[name].detach().to("cpu").contiguous() for name in tensors},
+              str(tmp), metadata=metadata)  # fmt: skip
+    os.replace(tmp, path)
+
+
+def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """A safetensors file's tensors and metadata. FileNotFoundError passes through (the caller
+    says what is missing); anything unreadable is a CheckpointError."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta = handle.metadata() or {}
+        return load_file(str(path)), meta
+    except FileNotFoundError:
+        raise
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {err}") from None
+
+
 def save_model(
     directory: str | Path, params: Mapping[str, Tensor], job: JobConfig, iteration: int,
     *, expect_checksum: str | None = None,
@@ -138,14 +162,10 @@ def save_model(
     try:
         folder.mkdir(parents=True, exist_ok=True)
         model = folder / MODEL_FILE
-        tmp = folder / f".{MODEL_FILE}.tmp"
-        tensors = {n: params[n].detach().to("cpu").contiguous()
-                   for n in canonical_order(list(params))}  # fmt: skip
-        save_file(tensors, str(tmp), metadata={
+        write_tensors(model, {n: params[n] for n in canonical_order(list(params))}, {
             "format": "gwtf-model/1", "job_id": job.job_id, "iteration": str(iteration),
             "param_checksum": checksum,
         })  # fmt: skip
-        os.replace(tmp, model)
         tmp_job = folder / f".{JOB_FILE}.tmp"
         tmp_job.write_text(job_toml(job), encoding="utf-8")
         os.replace(tmp_job, folder / JOB_FILE)
@@ -159,18 +179,13 @@ def save_model(
 def load_model(directory: str | Path) -> SavedModel:
     """The weights and job of a checkpoint folder; CheckpointError if it is missing, damaged,
     or its weights are not the ones it says it holds."""
-    from safetensors import safe_open
-
     folder = Path(directory)
     model = folder / MODEL_FILE
     try:
-        with safe_open(str(model), framework="pt") as handle:
-            meta = handle.metadata() or {}
-        params = _canonical(load_file(str(model)))
+        tensors, meta = read_tensors(model)
     except FileNotFoundError:
         raise CheckpointError(f"{folder} holds no {MODEL_FILE}") from None
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{model} is not a readable safetensors file: {err}") from None
+    params = _canonical(tensors)
     job = load_job(folder / JOB_FILE)
     checksum = param_checksum(params)
     if meta.get("param_checksum") not in (None, checksum):

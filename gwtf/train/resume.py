@@ -22,17 +22,20 @@ At iteration 0 AdamW has no state yet: an empty optimizer file resumes as the se
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from gwtf.train.checkpoint import CheckpointError, SavedModel, load_model
+from gwtf.train.checkpoint import (
+    CheckpointError,
+    SavedModel,
+    load_model,
+    read_tensors,
+    write_tensors,
+)
 from gwtf.train.executor import make_optimizer
 from gwtf.train.job import JobConfig
 from gwtf.train.partition import stage_spec
@@ -99,13 +102,11 @@ def save_optimizer(
     place). Call it before `checkpoint.save_model`, whose rename then completes the pair."""
     folder = Path(directory)
     path = folder / OPTIMIZER_FILE
-    tmp = folder / f".{OPTIMIZER_FILE}.tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        save_file({name: tensors[name].contiguous() for name in sorted(tensors)}, str(tmp),
-                  metadata={"format": "gwtf-optimizer/1", "job_id": job.job_id,
-                            "iteration": str(iteration)})  # fmt: skip
-        os.replace(tmp, path)
+        write_tensors(path, {name: tensors[name] for name in sorted(tensors)},
+                      {"format": "gwtf-optimizer/1", "job_id": job.job_id,
+                       "iteration": str(iteration)})  # fmt: skip
     except OSError as err:
         raise CheckpointError(
             f"cannot write the optimizer state into {folder}: {err.strerror or err}"
@@ -145,16 +146,12 @@ def load_resumable(directory: str | Path) -> Resumable:
     saved = load_model(folder)
     path = folder / OPTIMIZER_FILE
     try:
-        with safe_open(str(path), framework="pt") as handle:
-            meta = handle.metadata() or {}
-        tensors = load_file(str(path))
+        tensors, meta = read_tensors(path)
     except FileNotFoundError:
         raise CheckpointError(
             f"{folder} holds no {OPTIMIZER_FILE}: only a checkpoint written while the job ran "
             "(gwtf submit --checkpoint-every) can be resumed from"
         ) from None
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is not a readable safetensors file: {err}") from None
     if meta.get("job_id") != saved.job.job_id:
         raise CheckpointError(f"{path} is of job {meta.get('job_id')}, not of the model's")
     if meta.get("iteration") != str(saved.iteration):
