@@ -16,7 +16,7 @@ import grpc
 from grpc import aio
 
 from gwtf.node.codec import InvalidMessage
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import Refusal, drain
 from gwtf.node.jobs import JobManager
 from gwtf.v1 import (
     data_pb2,
@@ -374,18 +374,23 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     ) -> job_pb2.ContributionAck:
         jobs = self._node.jobs
         if not jobs.loaded:
+            await drain(request_iterator)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no job runs here")
         # torch is loaded once a job runs here.
         from gwtf.node.gradsync import ContributionAssembler, ContributionError
 
         assembler = ContributionAssembler(jobs.contribution_expect)
+        reading = True
         try:
             async for chunk in request_iterator:
                 assembler.add(chunk)
+            reading = False
             screened = assembler.header is not None and jobs.screens(assembler.header.job_id)
             header, flat = assembler.finish(allow_non_finite=screened)
             jobs.on_contribution(header, flat)
         except (ContributionError, InvalidMessage, Refusal) as err:
+            if reading:
+                await drain(request_iterator)
             await _fail(context, err)
         return job_pb2.ContributionAck(received_bytes=assembler.received_bytes)
 
@@ -398,6 +403,7 @@ def add_data_plane(server: aio.Server, node: Node) -> None:
     async def send(request_iterator: Any, context: aio.ServicerContext) -> data_pb2.DataAck:
         servicer = node.jobs.data_servicer()
         if servicer is None:
+            await drain(request_iterator)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no job runs here")
         reply: data_pb2.DataAck = await servicer.Send(request_iterator, context)
         return reply

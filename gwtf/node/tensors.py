@@ -62,7 +62,7 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from gwtf.node.config import MAX_ID_LENGTH, MAX_STAGES
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import Refusal, drain
 from gwtf.v1 import data_pb2, data_pb2_grpc
 
 __all__ = [
@@ -726,12 +726,16 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
 
     async def Send(self, request_iterator: Any, context: aio.ServicerContext) -> data_pb2.DataAck:
         assembler = Assembler(self._limits, self._expect)
+        reading = True
         try:
             async for chunk in request_iterator:
                 assembler.add(chunk)
+            reading = False
             tag, tensors = assembler.finish()
             await self._handler(tag, tensors)
         except Exception as err:
+            if reading:
+                await drain(request_iterator)
             await _refuse(context, assembler, err)
         return data_pb2.DataAck(received_bytes=assembler.received_bytes)
 

@@ -610,6 +610,15 @@ def test_bad_streams_get_invalid_argument_and_the_server_keeps_serving(wire: boo
                 grpc.StatusCode.INVALID_ARGUMENT, stub.Send(iter(chunks), timeout=10)
             )
             assert "chunk 3 arrived where chunk 2 was expected" in details
+            # The sender is still writing a long stream when the receiver refuses it: it hears
+            # the refusal, not grpc's INTERNAL for a write to a finished call (3 in 200 did
+            # before the receiver drained refused streams).
+            long = list(encode(TAG, {"act": torch.ones(20_000)}, chunk_bytes=64))
+            del long[2]
+            for _ in range(20):
+                await expect_code(
+                    grpc.StatusCode.INVALID_ARGUMENT, stub.Send(iter(long), timeout=10)
+                )
             await expect_code(grpc.StatusCode.INVALID_ARGUMENT, stub.Send(iter([]), timeout=10))
             # The next valid stream is served as if nothing had happened.
             await send(stub, TAG, {"act": torch.ones(3)}, timeout=10)
