@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+from grpc import aio
 
 __all__ = ["DRAIN_BYTES", "Refusal", "drain"]
 
@@ -41,5 +42,7 @@ async def drain(request_iterator: Any) -> None:
             seen += len(chunk) if isinstance(chunk, bytes) else chunk.ByteSize()
             if seen > DRAIN_BYTES:
                 return
+    except aio.AbortError:
+        raise  # the stream's own check refused a chunk: that refusal is the call's status
     except Exception:  # a chunk that does not parse ends the drain, not the refusal
         return

@@ -733,6 +733,8 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
             reading = False
             tag, tensors = assembler.finish()
             await self._handler(tag, tensors)
+        except aio.AbortError:
+            raise
         except Exception as err:
             if reading:
                 await drain(request_iterator)
