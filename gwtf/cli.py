@@ -529,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--policy",
         metavar="P[,P...]",
-        help="policies to run: gwtf, swarm, swarm-rebalance, dtfm, oracle "
+        help="policies to run: gwtf, gwtf-fixed, swarm, swarm-rebalance, dtfm, oracle "
         "(default: the scenario's list)",
     )
     simulate.add_argument(

@@ -28,13 +28,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gwtf.flow.bus import flow_config, node_views, peer_edits, with_epochs
+from gwtf.flow.bus import COST_HEADROOM, node_views, peer_edits, with_epochs
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
 from gwtf.flow.oracle import solve_oracle
+from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
 from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
 from gwtf.sim.engine import Kind, returns_events
-from gwtf.sim.scenario import Scenario
+from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation
 
 __all__ = ["Policy", "make_policy", "simulation"]
@@ -119,6 +120,11 @@ class Policy:
     def on_link_change(self, loc_a: str, loc_b: str) -> None:
         pass
 
+    def place(self, info: NodeInfo) -> int | None:
+        """The stage a joiner whose stage the trace leaves open takes (None: the scenario's,
+        the stage with the fewest live nodes)."""
+        return None
+
 
 class _FlowPolicy(Policy):
     """Routing by rates: smooth weighted round-robin over a node's out-flows, pacing at holders."""
@@ -186,8 +192,15 @@ class GwtfPolicy(_FlowPolicy):
 
     name = "gwtf"
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: Simulation, placement: bool = True) -> None:
         super().__init__(sim)
+        self.placement = placement
+        self.name = "gwtf" if placement else "gwtf-fixed"
+        # Placement (gwtf.flow.placement): moves are weighed at a commit after the swarm
+        # changed, one move at a time.
+        self.changes = 0
+        self.weighed = -1  # the first commit weighs the swarm as it started
+        self.mover: SimNode | None = None
         self.flow: dict[str, FlowNode] = {}
         self.tick_at: dict[str, float] = {}
         self.inbox: dict[str, tuple[float, list[FlowMessage]]] = {}
@@ -217,11 +230,20 @@ class GwtfPolicy(_FlowPolicy):
                 else:
                     links[key] = LinkSpec(max(old.rtt_ms, event.rtt_ms),
                                           min(old.bandwidth_gbps, event.bandwidth_gbps))
-        nodes = [NodeSpec.make(i.id, i.stage, sc.compute_s(i), i.location)
-                 for i in sc.nodes.values()]
-        # A peer moved by nothing here keeps its stage; joiners of every stage are included.
-        universe = Topology.build(sc.activation_bytes, nodes, links, sc.intra)
-        return flow_config(universe)
+        # Joiners of every stage are included. With placement a machine may hold any stage:
+        # its slowest and its fastest stage bound the costs of its arcs.
+        costs: list[int] = []
+        for pick in (max, min):
+            nodes = [
+                NodeSpec.make(i.id, i.stage, pick(
+                    sc.compute_s(i, s) for s in (range(sc.stages) if self.placement else [i.stage])
+                ), i.location)
+                for i in sc.nodes.values()
+            ]
+            universe = Topology.build(sc.activation_bytes, nodes, links, sc.intra)
+            costs += [a.cost_units for a in universe.arcs]
+        costs = costs or [1]
+        return FlowConfig.for_costs(sc.stages, COST_HEADROOM * max(costs), min(costs))
 
     # -- the bus
     def _send(self, msgs: list[FlowMessage]) -> None:
@@ -333,6 +355,26 @@ class GwtfPolicy(_FlowPolicy):
         self._maybe_end_phase()
 
     def on_death(self, node: SimNode, was_active: bool) -> None:
+        self.changes += 1
+        self._retire(node)
+        if self.placement and was_active:
+            self._fill_empty_stages()
+
+    def _fill_empty_stages(self) -> None:
+        """A stage with no node left pauses the job: a node moves there now, in the middle
+        of the iteration (`Simulation.relocate`), rather than at a commit that cannot come."""
+        sim = self.sim
+        while True:
+            swarm = self._swarm()
+            if all(swarm.count(s) for s in range(sim.S)):
+                return
+            move = propose_move(swarm, self._movable(), lambda node_id, stage: 0.0, 0.0)
+            if move is None:
+                return
+            sim.relocate(sim.nodes[move.node], move.stage)
+
+    def _retire(self, node: SimNode) -> None:
+        """The node's flow machine goes; its peers drop their arcs to it."""
         machine = self.flow.pop(node.id, None)
         self.tick_at.pop(node.id, None)
         if machine is None:
@@ -346,8 +388,11 @@ class GwtfPolicy(_FlowPolicy):
         self._maybe_end_phase()
 
     def on_activate(self, node: SimNode) -> None:
+        self.changes += 1
         topo = self.sim.topology()
         if topo is None:
+            if self.placement:
+                self._fill_empty_stages()  # the joiner may let a stage spare a node
             return
         views = node_views(topo)
         clock = self.sim.engine.clock
@@ -370,6 +415,50 @@ class GwtfPolicy(_FlowPolicy):
             self._send(machine.start())
             self._tick(machine)
         self._maybe_end_phase()
+
+    # -- placement (gwtf.flow.placement, docs/design.md 2.11)
+    def _seat(self, info: NodeInfo, stage: int) -> NodeSpec:
+        sim = self.sim
+        return NodeSpec.make(info.id, stage, sim.sc.compute_s(info, stage), info.location,
+                             sim.capacity_at(info, stage))
+
+    def _swarm(self) -> Swarm:
+        """The swarm as its members know it: every node not yet known dead, downloading
+        joiners and movers at the stage they are entering."""
+        sim = self.sim
+        nodes = tuple(self._seat(n.info, n.stage) for n in sorted(sim.nodes.values(),
+                                                                  key=lambda n: n.id)
+                      if not n.detected)
+        return Swarm(sim.S, sim.sc.activation_bytes, nodes, dict(sim.links), sim.sc.intra)
+
+    def _movable(self) -> dict[str, Seat]:
+        """The nodes that may move: those whose stage keeps another live node (a node checks
+        that a peer of its stage answers before it leaves the stage)."""
+        sim = self.sim
+        return {n.id: (lambda stage, info=n.info: self._seat(info, stage))
+                for n in sim.active_nodes() if len(sim.active_nodes(n.stage)) > 1}
+
+    def place(self, info: NodeInfo) -> int | None:
+        if not self.placement:
+            return None
+        return best_stage(self._swarm(), lambda stage: self._seat(info, stage))
+
+    def on_commit(self, it: Iteration) -> None:
+        sim = self.sim
+        if not self.placement or self.weighed == self.changes:
+            return
+        if self.mover is not None and self.mover.alive and not self.mover.active:
+            return  # one move at a time: the last one is still downloading
+        self.weighed = self.changes
+        move = propose_move(self._swarm(), self._movable(),
+                            lambda node_id, stage: sim.transfer_s(sim.nodes[node_id], stage),
+                            sim.sc.placement_horizon_s)
+        if move is None:
+            return
+        node = sim.nodes[move.node]
+        self._retire(node)
+        sim.move(node, move.stage)
+        self.mover = node
 
     def on_link_change(self, loc_a: str, loc_b: str) -> None:
         """The arcs over the link get the new capacity and cost at both ends, as a new
@@ -419,7 +508,6 @@ class SwarmPolicy(Policy):
         self.name = "swarm-rebalance" if rebalance else "swarm"
         self.balancers: dict[tuple[str, int], SwarmBalancer] = {}
         self.dead: set[str] = set()
-        self.moves = 0
 
     def _balancer(self, node: SimNode, stage: int) -> SwarmBalancer:
         key = (node.id, stage)
@@ -524,15 +612,10 @@ class SwarmPolicy(Policy):
                 continue
             stage = node.move_to
             node.move_to = None
-            node.active = False
             for bal in self.balancers.values():
                 bal.ban(node.id)
                 bal.banned.discard(node.id)
-            node.stage = stage
-            node.set_compute(sim.sc.compute_s(node.info, stage))
-            node.wrr.clear()
-            self.moves += 1
-            sim.schedule_ready(node)
+            sim.move(node, stage)
 
 
 class DtfmPolicy(Policy):
@@ -644,6 +727,8 @@ def simulation(scenario: Scenario, policy_name: str, seed: int | None = None) ->
 def make_policy(name: str, sim: Simulation) -> Policy:
     if name == "gwtf":
         return GwtfPolicy(sim)
+    if name == "gwtf-fixed":
+        return GwtfPolicy(sim, placement=False)
     if name == "oracle":
         return OraclePolicy(sim)
     if name == "swarm":

@@ -50,8 +50,9 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     jitter = 0.1                        # each control message's delay x (1 + jitter * U(0, 1))
 
     [policies]
-    names = ["gwtf", "swarm", "swarm-rebalance", "dtfm", "oracle"]
+    names = ["gwtf", "gwtf-fixed", "swarm", "swarm-rebalance", "dtfm", "oracle"]
     swarm_rebalance_period_s = 300.0
+    placement_horizon_s = 600.0         # gwtf: a move must pay its state download back in this
     swarm_ema_alpha = 0.1
     swarm_refresh_s = 30.0
     dtfm_search_evaluations = 4000
@@ -90,7 +91,7 @@ __all__ = [
     "parse_scenario",
 ]
 
-POLICIES = ("gwtf", "swarm", "swarm-rebalance", "dtfm", "oracle")
+POLICIES = ("gwtf", "gwtf-fixed", "swarm", "swarm-rebalance", "dtfm", "oracle")
 TXL_LARGE_PARAMS = 257e6
 """Parameters of Transformer-XL large (WikiText-103), the model of the measured tokens/s."""
 _V100 = "LambdaCloud V100 16GB"
@@ -110,6 +111,8 @@ class NodeInfo:
     gpu: str
     speed: float
     """Training speed relative to a V100."""
+    pinned: bool = False
+    """The trace names the stage (as `gwtf node --stage K`): placement leaves the joiner there."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class Scenario:
     control_jitter: float
     policies: tuple[str, ...]
     swarm_rebalance_period_s: float
+    placement_horizon_s: float
     swarm_ema_alpha: float
     swarm_refresh_s: float
     dtfm_search_evaluations: int
@@ -189,8 +193,8 @@ _SECTIONS = {
               "session_distribution", "leave_fraction", "link_trace", "detection_timeout_s",
               "restart_delay_s"),
     "control": ("phase_end_s", "message_bytes", "batch_s", "jitter"),
-    "policies": ("names", "swarm_rebalance_period_s", "swarm_ema_alpha", "swarm_refresh_s",
-                 "dtfm_search_evaluations"),
+    "policies": ("names", "swarm_rebalance_period_s", "placement_horizon_s", "swarm_ema_alpha",
+                 "swarm_refresh_s", "dtfm_search_evaluations"),
 }
 
 
@@ -417,6 +421,7 @@ def parse_scenario(
     node_stage: dict[str, int] = {}
 
     def make(node_id: str, stage: int | None, location: str | None) -> NodeInfo:
+        pinned = stage is not None
         if stage is None:
             stage = min(range(stages), key=lambda s: (alive_per_stage[s], s))
         if stage >= stages:
@@ -425,7 +430,7 @@ def parse_scenario(
             )
         loc = location or locations[int(rng.integers(len(locations)))]
         gpu = gpu_names[int(rng.integers(len(gpu_names)))]
-        return NodeInfo(node_id, stage, loc, gpu, gpus[gpu][0])
+        return NodeInfo(node_id, stage, loc, gpu, gpus[gpu][0], pinned)
 
     explicit = {e.node: e for e in events if e.kind == "join" and e.time_s <= 0}
     for node_id in initial_ids:
@@ -445,7 +450,7 @@ def parse_scenario(
             info = make(event.node, event.stage, event.location)
             if base_info is not None:  # a rejoin keeps the machine, not the stage
                 info = NodeInfo(event.node, info.stage, base_info.location, base_info.gpu,
-                                base_info.speed)
+                                base_info.speed, info.pinned)
             infos[event.node] = info
             alive_per_stage[info.stage] += 1
             node_stage[event.node] = info.stage
@@ -516,6 +521,7 @@ def parse_scenario(
         control_jitter=jitter,
         policies=names,
         swarm_rebalance_period_s=pol.number("swarm_rebalance_period_s", 300.0, positive=True),
+        placement_horizon_s=pol.number("placement_horizon_s", 600.0, positive=True),
         swarm_ema_alpha=pol.number("swarm_ema_alpha", 0.1, positive=True),
         swarm_refresh_s=pol.number("swarm_refresh_s", 30.0, positive=True),
         dtfm_search_evaluations=pol.integer("dtfm_search_evaluations", 4000, minimum=1),

@@ -40,7 +40,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -163,6 +163,7 @@ class SimResult:
     recoveries: dict[str, int]
     crashes: int
     joins: int
+    moves: int
     restarts: int
     paused_s: float
     commit_times: list[float]
@@ -202,6 +203,7 @@ class SimResult:
             "recoveries": dict(self.recoveries),
             "crashes": self.crashes,
             "joins": self.joins,
+            "moves": self.moves,
             "restarts": self.restarts,
             "paused_s": round(self.paused_s, 3),
         }
@@ -243,6 +245,8 @@ class PolicyHooks(Protocol):
     def activate_now(self, node: SimNode) -> bool: ...
 
     def on_link_change(self, loc_a: str, loc_b: str) -> None: ...
+
+    def place(self, info: NodeInfo) -> int | None: ...
 
 
 class Simulation:
@@ -286,6 +290,7 @@ class Simulation:
         self.recoveries["orphan"] = 0
         self.crashes = 0
         self.joins = 0
+        self.moves = 0
         self.restarts = 0
         self.finished_count = 0
         self.series: list[tuple[float, float, int, int, int]] = []
@@ -293,6 +298,13 @@ class Simulation:
         self.audit = {"injected": 0, "finished": 0, "dropped": 0, "abandoned": 0,
                       "commit_checks": 0, "conserved_iterations": 0}
         self.hop_estimate = self._hop_estimate()
+        # The median machine of each stage, for the time a microbatch spends downstream.
+        universe = list(scenario.nodes.values())
+        self._medians = [
+            statistics.median(scenario.compute_s(i, t) for i in universe if i.stage == t)
+            if any(i.stage == t for i in universe) else scenario.compute_s_v100[t]
+            for t in range(self.S)
+        ]
         self._caps: dict[tuple[str, int], float] = {}
         self.policy = make_policy(self, policy_name)
 
@@ -330,16 +342,14 @@ class Simulation:
     def capacity(self, node: SimNode) -> float:
         """Microbatches/s the node can sustain: compute, and memory slots over the time a
         microbatch stays there (its own compute plus the rest of the pipeline and back)."""
-        s = node.stage
-        medians = [
-            statistics.median(self.sc.compute_s(i, t) for i in self.sc.nodes.values()
-                              if i.stage == t) if any(i.stage == t for i in self.sc.nodes.values())
-            else self.sc.compute_s_v100[t]
-            for t in range(self.S)
-        ]
-        residence = node.compute_s + sum(medians[s + 1:]) + 2 * (self.S - 1 - s) * \
+        return self.capacity_at(node.info, node.stage)
+
+    def capacity_at(self, info: NodeInfo, s: int) -> float:
+        """`capacity` of the machine `info` holding stage `s`."""
+        compute_s = self.sc.compute_s(info, s)
+        residence = compute_s + sum(self._medians[s + 1:]) + 2 * (self.S - 1 - s) * \
             self.hop_estimate
-        return min(1.0 / node.compute_s, node.slots / residence)
+        return min(1.0 / compute_s, self.sc.memory_slots / residence)
 
     def active_nodes(self, stage: int | None = None) -> list[SimNode]:
         return [n for n in self.nodes.values()
@@ -438,6 +448,7 @@ class Simulation:
             recoveries=self.recoveries,
             crashes=self.crashes,
             joins=self.joins,
+            moves=self.moves,
             restarts=self.restarts,
             paused_s=self.paused_s,
             commit_times=self.commit_times,
@@ -830,25 +841,54 @@ class Simulation:
         old = self.nodes.get(event.node)
         if old is not None and old.alive:
             return
+        stage = None if info.pinned else self.policy.place(info)
+        if stage is not None and stage != info.stage:
+            info = replace(info, stage=stage)
         node = self._new_node(info)
         self.joins += 1
         self.schedule_ready(node)
 
-    def schedule_ready(self, node: SimNode) -> None:
-        """`node` downloads its stage's state from the best-connected live peer, then is ready."""
-        node.ready = False
-        peers = [n for n in self.nodes.values() if n.alive and n.ready and n.stage == node.stage
+    def transfer_s(self, node: SimNode, stage: int) -> float:
+        """Seconds `node` takes to download the state of `stage` from its best-connected live
+        peer of that stage (or the stage's checkpoint, stored near it, when it has none)."""
+        peers = [n for n in self.nodes.values() if n.alive and n.ready and n.stage == stage
                  and n is not node]
-        nbytes = self.sc.params_per_stage[node.stage] * self.sc.state_bytes_per_param
+        nbytes = self.sc.params_per_stage[stage] * self.sc.state_bytes_per_param
         if peers:
             best = max(peers, key=lambda p: ((self.link(p, node) or self.sc.intra).bandwidth_gbps,
                                              p.id))
             link = self.link(best, node) or self.sc.intra
         else:
-            link = self.sc.intra  # from the stage's checkpoint, stored near the joiner
-        ready_at = self.engine.now + link.rtt_ms / 1000 + nbytes * 8 / (link.bandwidth_gbps * 1e9)
+            link = self.sc.intra
+        return link.rtt_ms / 1000 + nbytes * 8 / (link.bandwidth_gbps * 1e9)
+
+    def schedule_ready(self, node: SimNode) -> None:
+        """`node` downloads its stage's state (`transfer_s`), then is ready."""
+        node.ready = False
+        ready_at = self.engine.now + self.transfer_s(node, node.stage)
         self.sink.emit(ready_at, Kind.JOIN, self._on_ready,
                              (node, node.epoch, self.committed))
+
+    def move(self, node: SimNode, stage: int) -> None:
+        """`node` leaves its stage for `stage` at an iteration boundary (nothing of its own is
+        in flight then): it stops taking work, downloads the new stage's state and enters it as
+        a joiner would, in a new life for the flow machines."""
+        node.active = False
+        node.ready = False
+        node.stage = stage
+        node.set_compute(self.sc.compute_s(node.info, stage))
+        node.wrr.clear()
+        self._incarnations[node.id] = self._incarnations.get(node.id, 0) + 1
+        self.moves += 1
+        self.schedule_ready(node)
+
+    def relocate(self, node: SimNode, stage: int) -> None:
+        """A move in the middle of an iteration: the machine leaves gracefully (its work of
+        the iteration is recovered by the crash rules) and joins `stage` at once."""
+        self._crash(node, graceful=True)
+        fresh = self._new_node(replace(node.info, stage=stage))
+        self.moves += 1
+        self.schedule_ready(fresh)
 
     @returns_events
     def _on_ready(self, payload: tuple[SimNode, int, int]) -> None:
