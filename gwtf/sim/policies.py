@@ -22,6 +22,7 @@ data holder inject, when is a crash noticed, what happens then) and keeps its ow
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Sequence
@@ -435,7 +436,7 @@ class GwtfPolicy(_FlowPolicy):
         """The nodes that may move: those whose stage keeps another live node (a node checks
         that a peer of its stage answers before it leaves the stage)."""
         sim = self.sim
-        return {n.id: (lambda stage, info=n.info: self._seat(info, stage))
+        return {n.id: functools.partial(self._seat, n.info)
                 for n in sim.active_nodes() if len(sim.active_nodes(n.stage)) > 1}
 
     def place(self, info: NodeInfo) -> int | None:
