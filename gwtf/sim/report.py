@@ -125,10 +125,12 @@ def _plots(out: Path, scenario: Scenario, results: Sequence[SimResult]) -> list[
 
 
 def markdown_table(scenario: Scenario, results: Sequence[SimResult]) -> list[str]:
-    """One markdown table row per policy, with ratios against oracle, swarm and dtfm."""
+    """One markdown table row per policy, with ratios against oracle, swarm and SWARM with
+    rebalancing (the strongest baseline that moves peers, as gwtf's placement does)."""
     by = {r.policy: r for r in results}
     oracle = by.get("oracle")
     swarm = by.get("swarm")
+    rebalance = by.get("swarm-rebalance")
 
     def progress(r: SimResult | None) -> float:
         return float(r.summary()["progress_throughput"]) if r is not None else 0.0
@@ -140,6 +142,7 @@ def markdown_table(scenario: Scenario, results: Sequence[SimResult]) -> list[str
         # short runs need: committed throughput moves in steps of one iteration.
         vs_oracle = f"{progress(r) / progress(oracle):.3f}" if progress(oracle) else ""
         vs_swarm = f"{progress(r) / progress(swarm):.3f}" if progress(swarm) else ""
+        vs_rebalance = f"{progress(r) / progress(rebalance):.3f}" if progress(rebalance) else ""
         ttt = s["time_to_train_s"]
         ttt_text = f"{ttt:.0f}" if ttt is not None else (
             f"({s['projected_time_to_train_s']:.0f})" if s["projected_time_to_train_s"] else "-")
@@ -147,7 +150,7 @@ def markdown_table(scenario: Scenario, results: Sequence[SimResult]) -> list[str
             f"| {scenario.name} | {r.policy} | {r.throughput_mean:.3f} | "
             f"{s['progress_throughput']:.3f} | "
             f"{vs_oracle} | "
-            f"{vs_swarm} | {r.iterations_completed} | {ttt_text} | "
+            f"{vs_swarm} | {vs_rebalance} | {r.iterations_completed} | {ttt_text} | "
             f"{100 * r.wasted_compute_fraction:.2f}% | {r.dropped_microbatches} | "
             f"{r.lost_microbatches} | {r.control_messages} | {r.events} | "
             f"{r.sim_wall_s:.1f} | {s['events_per_s']} |"
@@ -157,8 +160,8 @@ def markdown_table(scenario: Scenario, results: Sequence[SimResult]) -> list[str
 
 TABLE_HEADER = [
     "| scenario | policy | throughput (mb/s) | progress (mb/s) | / oracle | / swarm | "
-    "iterations | "
+    "/ swarm-rebalance | iterations | "
     "time to train (s) | wasted | dropped | lost | control msgs | events | wall (s) | "
     "events/s |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
 ]
