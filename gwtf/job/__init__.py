@@ -7,6 +7,8 @@ What a training job's nodes decide, written once so that every driver decides it
                 joiners and the exclusion of bad replicas, as the job's coordinator sees them
     nexthop     next hops: the weights of the next-stage candidates (from the flows once they
                 are settled, else from capacities) and smooth weighted round-robin over them
+    roster      who takes part: the nodes per stage, the fit of a start, the coordinator's
+                successor, the last replica of a stage and the keeper of its backup
 
 The node (gwtf.node) drives these over gRPC and wall time. Nothing here imports gwtf.node,
 gwtf.sim or gwtf.train; the arrows point job -> recovery, flow.

@@ -33,8 +33,14 @@ I/O):
     jobcoord    JobCoordinator: the coordinator's calls: commit phases, crash recovery with
                 gwtf.recovery (evidence, plan_crash, recoveries), the watchdog, joiners, and a
                 new coordinator taking over
-    jobs        JobManager: submission, spreading a job, the coordinator's and participants'
-                calls, state transfer and backups, joining a running job, progress
+    jobs        JobManager: the job runtime as the node and its servicers see it, and the
+                job's life (iterations completed, exclusions, failure, members down, take-over)
+    jobstate    JobBook: every job's progress and the job in hand (CurrentJob)
+    jobprep     JobLauncher: torch loaded once, a job read, submitted, prepared and started
+    jobcalls    JobCalls: the coordinator's and participants' calls, checked
+    jobwire     JobWire: retried calls, progress and failures spread, reports to the coordinator
+    jobtransfer StateTransfer: stage states to joiners, backups, resumes, final weights
+    jobjoin     Joiner: entering a running job, adopting one whose holders all died
     worker      StageWorker: the torch side of a job on a node: compute queue, memory slots,
                 forward and backward over the data plane, the ledger and kept tensors, carrying
                 out recoveries, the commit with the stage's replicas

@@ -55,7 +55,7 @@ __all__ = ["ActiveJob", "JobCoordinator", "Manager"]
 
 
 class ActiveJob(Protocol):
-    """The running job as the coordinator reads it (gwtf.node.jobs keeps it)."""
+    """The running job as the coordinator reads it (gwtf.node.jobstate.CurrentJob)."""
 
     job: Any  # gwtf.train.JobConfig (torch is loaded lazily)
     job_id: str

@@ -20,7 +20,8 @@ import pytest
 from gwtf.job.iterations import CommitOrder
 from gwtf.node.codec import InvalidMessage, member_to_pb
 from gwtf.node.config import NodeConfig
-from gwtf.node.jobs import JobManager, _Active
+from gwtf.node.jobs import JobManager
+from gwtf.node.jobstate import CurrentJob as _Active
 from gwtf.node.membership import MemberInfo, Membership, State
 from gwtf.v1 import job_pb2
 

@@ -1,0 +1,324 @@
+"""JobCalls: the calls a running job's nodes make to this one, checked, and handed to the job's
+coordinator or to this node's stage worker (docs/design.md 3.7, 4).
+
+    coordinator's calls  done, replayed, prepared, committed, enter: what participants report to
+                         the coordinator (`gwtf.node.jobcoord` acts on them)
+    participants' calls  commit, step, report, recover, redirect, restart, sync, admit: what the
+                         coordinator orders every participant (`gwtf.node.worker` acts on them)
+    the data plane       microbatches and stage peers' contributions, for the worker
+
+A call is refused (`Refusal`, `InvalidMessage`) when this node does not hold the role it is made
+for, or when what it carries does not fit the job; a coordinator that took over is recognised
+here once this node sees its predecessor dead (`_participating`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from gwtf.job.iterations import (
+    CommitOrder,
+    CommittedReport,
+    IterationOutcome,
+    ReportError,
+    StepOrder,
+    weights_of,
+)
+from gwtf.job.roster import flow_to_stage, orphaned, weights_fit
+from gwtf.node.codec import InvalidMessage, check_name, members_from_pb
+from gwtf.node.errors import Refusal
+from gwtf.node.jobcoord import JobCoordinator
+from gwtf.node.jobhost import JobsHost
+from gwtf.node.jobstate import OVER, CurrentJob, JobBook, state_name, stop_worker
+from gwtf.v1 import job_pb2
+
+if TYPE_CHECKING:
+    from gwtf.node.worker import StageWorker
+
+__all__ = ["JobCalls"]
+
+
+class JobCalls:
+    """The running job's calls to this node: see the module docstring. `completed` records an
+    iteration that committed (the job manager's, which spreads it)."""
+
+    def __init__(
+        self,
+        host: JobsHost,
+        book: JobBook,
+        completed: Callable[[CurrentJob, IterationOutcome], None],
+    ) -> None:
+        self.host = host
+        self.book = book
+        self._completed = completed
+
+    # ================================================================== this node's worker
+
+    def worker_for(self, job_id: str) -> StageWorker:
+        """This node's worker of the job; FAILED_PRECONDITION if it has none or the job is
+        over."""
+        active = self.book.active
+        if active is None or active.job_id != job_id or active.worker is None:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.host.node_id} does not take part in job {job_id[:40]!r}",
+            )
+        progress = self.book.records[job_id]
+        if progress.state in OVER:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {job_id} is {state_name(progress.state)} on {self.host.node_id}",
+            )
+        return active.worker
+
+    def expect(self, tag: Any, name: str) -> Any:
+        return self.worker_for(tag.job_id).expect(tag, name)
+
+    async def on_tensors(self, tag: Any, tensors: Any) -> None:
+        await self.worker_for(tag.job_id).on_tensors(tag, tensors)
+
+    def screens(self, job_id: str) -> bool:
+        """Does the job here screen its stage peers' sums (a robust aggregation)?"""
+        active = self.book.current(job_id)
+        return bool(active is not None and active.job.aggregation.robust)
+
+    def contribution_expect(self, header: Any) -> int:
+        return int(self.worker_for(header.job_id).contribution_numel(header))
+
+    def on_contribution(self, header: Any, flat: Any) -> None:
+        self.worker_for(header.job_id).on_contribution(header, flat)
+
+    def holder_flow(self) -> int | None:
+        """The flow units out of this holder to the job's stage-1 nodes; None while the
+        swarm's flows are not settled (the coordinator weights the holders' shares by them)."""
+        active = self.book.active
+        if active is None or not self.host.settled():
+            return None
+        return flow_to_stage(self.host.routes(), active.participants, active.departed)
+
+    def excluded_here(self, active: CurrentJob, nodes: Iterable[str]) -> None:
+        """A participant hears of exclusions: nothing goes to those nodes any more; a node
+        that hears of its own stops its part of the job."""
+        me = self.host.node_id
+        for node in nodes:
+            if node not in active.participants or node in active.departed:
+                continue
+            active.departed.add(node)
+            if node == me:
+                self.host.log.warning(
+                    "job %s: this node was excluded from the job by its coordinator; it takes "
+                    "no further part", active.job_id,
+                )
+                stop_worker(self.host, active)
+                continue
+            if active.worker is not None:
+                active.worker.exclude(node)
+            if active.coord is None:
+                self.host.log.info("job %s: %s is excluded from the job; nothing more goes to it",
+                                   active.job_id, node)
+
+    # ================================================================== coordinator's calls
+
+    def _coordinating(self, job_id: str) -> tuple[CurrentJob, JobCoordinator]:
+        active = self.book.active
+        if (
+            active is not None
+            and active.job_id == job_id
+            and not active.participants
+            and self.book.records[job_id].state == job_pb2.JOB_STATE_PREPARING
+        ):
+            # Its start is still on the way here (it travels on another call): retried.
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"job {job_id} has not started here yet")
+        if active is None or active.job_id != job_id or active.coord is None:
+            if active is not None and active.job_id == job_id and active.taking_over:
+                raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                              f"{self.host.node_id} is taking over job {job_id}")
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.host.node_id} does not coordinate job {job_id[:40]!r}",
+            )
+        if self.book.records[job_id].state != job_pb2.JOB_STATE_RUNNING:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} is not running")
+        return active, active.coord
+
+    def done(self, request: job_pb2.DoneRequest) -> job_pb2.DoneReply:
+        _, coord = self._coordinating(request.job_id)
+        try:
+            coord.done(request)
+        except ReportError as err:
+            raise InvalidMessage(str(err)) from None
+        return job_pb2.DoneReply()
+
+    def replayed(self, request: job_pb2.ReplayedRequest) -> job_pb2.ReplayedReply:
+        _, coord = self._coordinating(request.job_id)
+        try:
+            coord.replayed(request)
+        except ReportError as err:
+            raise InvalidMessage(str(err)) from None
+        return job_pb2.ReplayedReply()
+
+    def prepared(self, request: job_pb2.PreparedRequest) -> job_pb2.PreparedReply:
+        _, coord = self._coordinating(request.job_id)
+        for entry in request.losses:
+            if not math.isfinite(entry.loss):
+                raise InvalidMessage(f"{request.sender[:40]!r} sent an invalid loss")
+        try:
+            coord.prepared(request)
+        except ReportError as err:
+            raise InvalidMessage(str(err)) from None
+        return job_pb2.PreparedReply()
+
+    def committed(self, request: job_pb2.CommittedRequest) -> job_pb2.CommittedReply:
+        active, coord = self._coordinating(request.job_id)
+        report = CommittedReport(
+            sender=request.sender,
+            iteration=request.iteration,
+            stage=request.stage,
+            checksum=request.checksum,
+            digests={d.name: d.digest for d in request.digests},
+        )
+        try:
+            outcomes = coord.committed(report)
+        except ReportError as err:
+            raise InvalidMessage(str(err)) from None
+        for outcome in outcomes:
+            self._completed(active, outcome)
+        return job_pb2.CommittedReply()
+
+    def enter(self, request: job_pb2.EnterRequest) -> job_pb2.EnterReply:
+        check_name("sender", request.sender)
+        _, coord = self._coordinating(request.job_id)
+        try:
+            return coord.enter(request)
+        except ReportError as err:
+            raise InvalidMessage(str(err)) from None
+
+    # ================================================================== participants' calls
+
+    def _participating(self, job_id: str, sender: str) -> tuple[CurrentJob, StageWorker]:
+        """This node's worker for a call from the job's coordinator (a new coordinator that
+        took over is recognised once this node sees its predecessor dead)."""
+        worker = self.worker_for(job_id)
+        active = self.book.active
+        assert active is not None
+        if sender != active.coordinator:
+            if active.participants.get(sender) != 0:
+                member = self.host.member(sender)
+                orphan = orphaned(active.participants, active.departed,
+                                  lambda p: self.host.member(p) is not None)
+                if not (orphan and member is not None and member.stage == 0):
+                    raise InvalidMessage(f"{sender[:40]!r} does not coordinate the job")
+                # Every holder had died: a stage-0 joiner took the job over
+                # (gwtf.node.jobjoin.Joiner._adopt).
+                active.participants[sender] = 0
+                active.departed.discard(sender)
+                worker.undepart(sender)
+                worker.admit({sender: 0})
+            elif self.host.member(active.coordinator) is not None and (
+                sender > active.coordinator
+            ):
+                raise Refusal(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"{self.host.node_id} still sees {active.coordinator} coordinate the job",
+                )
+            active.coordinator = sender
+        return active, worker
+
+    def commit(self, request: job_pb2.CommitRequest) -> job_pb2.CommitReply:
+        verdicts = members_from_pb(request.departed, self.host.num_stages())
+        if any(info.alive for info in verdicts):
+            raise InvalidMessage("the commit names a departed participant that is alive")
+        _, worker = self._participating(request.job_id, request.sender)
+        # The coordinator left these out of the attempt because they died or left: hear of
+        # it before acting on the attempt, as the coordinator did (node.Node._on_events).
+        self.host.hear_verdicts(verdicts)
+        job = self.book.active.job if self.book.active is not None else None
+        assert job is not None
+        ids = tuple(request.microbatches)
+        if any(m >= job.microbatches for m in ids) or len(set(ids)) != len(ids):
+            raise InvalidMessage("the commit names microbatches outside the job's, or twice")
+        if request.iteration >= job.iterations:
+            raise InvalidMessage(f"iteration {request.iteration} is past the job's last")
+        members = {p.id: p.stage for p in request.members}
+        active = self.book.active
+        assert active is not None
+        self.excluded_here(active, request.excluded)
+        if self.book.active is None or self.book.active.worker is not worker:
+            return job_pb2.CommitReply()  # this node was the one excluded
+        worker.order_commit(CommitOrder(
+            request.iteration, ids, request.final, tuple(request.next_holders), request.round,
+            request.attempt, members,
+        ))
+        return job_pb2.CommitReply()
+
+    def step(self, request: job_pb2.StepRequest) -> job_pb2.StepReply:
+        active, worker = self._participating(request.job_id, request.sender)
+        participants = {p.id: p.stage for p in request.participants}
+        if any(participants.get(h) != 0 for h in request.next_holders):
+            raise InvalidMessage("the step names next holders that are not data holders")
+        if not weights_fit(request.next_holders, request.next_weights):
+            raise InvalidMessage("the step's weights do not match its holders")
+        active.participants.update(participants)
+        self.excluded_here(active, request.excluded)
+        if active.worker is not worker:
+            return job_pb2.StepReply()  # this node was the one excluded
+        worker.step(StepOrder(
+            iteration=request.iteration, round=request.round, attempt=request.attempt,
+            final=request.final, next_holders=tuple(request.next_holders),
+            participants=participants, loss=request.loss, trained=request.trained,
+            dropped=tuple(request.dropped), next_weights=tuple(request.next_weights),
+        ))
+        return job_pb2.StepReply()
+
+    async def report(self, request: job_pb2.ReportRequest) -> job_pb2.ReportReply:
+        _, worker = self._participating(request.job_id, request.sender)
+        report = await worker.report(request.iteration, request.round, request.dead)
+        return job_pb2.ReportReply(
+            node=report.node, stage=report.stage,
+            evidence=[job_pb2.EvidenceEntry(microbatch=m, evidence=int(e))
+                      for m, e in report.evidence],
+        )
+
+    def recover(self, request: job_pb2.RecoverRequest) -> job_pb2.RecoverReply:
+        _, worker = self._participating(request.job_id, request.sender)
+        if request.rule not in (1, 2, 3):
+            raise InvalidMessage(f"recovery rule {request.rule} is not 1, 2 or 3")
+        worker.recover(request)
+        return job_pb2.RecoverReply()
+
+    def redirect(self, request: job_pb2.RedirectRequest) -> job_pb2.RedirectReply:
+        self.worker_for(request.job_id).redirect(request)
+        return job_pb2.RedirectReply()
+
+    def restart(self, request: job_pb2.RestartRequest) -> job_pb2.RestartReply:
+        active, worker = self._participating(request.job_id, request.sender)
+        participants = {p.id: p.stage for p in request.participants}
+        active.participants.update(participants)
+        weights = tuple(request.weights)
+        if not weights_fit(request.holders, weights):
+            raise InvalidMessage("the restart's weights do not match its holders")
+        worker.restart(request.iteration, request.round, tuple(request.holders),
+                       weights_of(tuple(request.holders), weights), participants)
+        return job_pb2.RestartReply()
+
+    def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply:
+        worker = self.worker_for(request.job_id)
+        reply = worker.sync()
+        if self.book.active is not None:
+            reply.coordinator = self.book.active.coordinator
+        return reply
+
+    def admit(self, request: job_pb2.AdmitRequest) -> job_pb2.AdmitReply:
+        active, worker = self._participating(request.job_id, request.sender)
+        participants = {p.id: p.stage for p in request.participants}
+        for node in participants:
+            check_name("participant id", node)
+            active.departed.discard(node)
+            worker.undepart(node)
+        active.participants.update(participants)
+        worker.admit(participants)
+        return job_pb2.AdmitReply()

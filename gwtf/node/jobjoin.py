@@ -1,0 +1,271 @@
+"""Joiner: a node that joins the swarm while a job runs enters the job (docs/design.md 3.8, 4.3
+rule 5).
+
+It learns the jobs its bootstrap node knows (`catch_up`), or hears of a running one from the
+coordinator's progress (`hear_running`), then asks the coordinator for donors (`Enter`), fetches
+its stage's state from one (another if one dies mid-transfer), builds its stage from it and asks
+again with the iteration it holds; a state that a step made stale is fetched again. When every
+data holder died, a stage-0 joiner takes stage 0's state from the node keeping its backup and
+coordinates the job itself (`adopt`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from types import ModuleType
+from typing import Any
+
+from grpc import aio
+
+from gwtf.node.jobhost import JobsHost
+from gwtf.node.jobprep import JobLauncher
+from gwtf.node.jobstate import CurrentJob, JobBook
+from gwtf.node.jobtransfer import StateTransfer
+from gwtf.node.jobwire import JobWire
+from gwtf.node.transport import Stubs
+from gwtf.v1 import job_pb2
+
+__all__ = ["Joiner"]
+
+
+def _enter_call(request: job_pb2.EnterRequest) -> Callable[[Stubs, float], Awaitable[Any]]:
+    def call(stubs: Stubs, timeout: float) -> Awaitable[Any]:
+        return stubs.jobs.Enter(request, timeout=timeout)
+
+    return call
+
+
+def _sync_call(request: job_pb2.SyncRequest) -> Callable[[Stubs, float], Awaitable[Any]]:
+    def call(stubs: Stubs, timeout: float) -> Awaitable[Any]:
+        return stubs.jobs.Sync(request, timeout=timeout)
+
+    return call
+
+
+class Joiner:
+    """This node entering a running job: see the module docstring. `fail` fails the job
+    everywhere; `take_over` makes this node the job's coordinator (the job manager's)."""
+
+    def __init__(
+        self,
+        host: JobsHost,
+        book: JobBook,
+        wire: JobWire,
+        launcher: JobLauncher,
+        transfer: StateTransfer,
+        fail: Callable[[str, str], None],
+        take_over: Callable[[CurrentJob, str], Awaitable[None]],
+    ) -> None:
+        self.host = host
+        self.book = book
+        self.wire = wire
+        self.launcher = launcher
+        self.transfer = transfer
+        self._fail = fail
+        self._take_over = take_over
+        self._joining = False
+
+    async def catch_up(self, address: str) -> None:
+        """A joiner learns the jobs its bootstrap node knows, and enters a running one."""
+        try:
+            reply = await self.host.stubs_at(address).jobs.List(
+                job_pb2.ListRequest(), timeout=self.host.config.rpc_timeout_s
+            )
+        except aio.AioRpcError:
+            return
+        running: job_pb2.JobProgress | None = None
+        records = self.book.records
+        for progress in reply.jobs:
+            if progress.job_id and progress.job_id not in records:
+                records[progress.job_id] = progress
+                if progress.state == job_pb2.JOB_STATE_RUNNING:
+                    running = progress
+        self.book.notify()
+        if running is not None and self.host.trains and self.book.active is None and (
+            not self._joining
+        ):
+            self._joining = True
+            await self._join_running(running)
+
+    def hear_running(self, progress: job_pb2.JobProgress) -> None:
+        """The job of `progress` runs: a node that joined while it was being prepared, and so
+        holds no part of it, enters it."""
+        if (
+            self.book.active is None
+            and progress.state == job_pb2.JOB_STATE_RUNNING
+            and self.host.trains
+            and not self._joining
+        ):
+            self._joining = True
+            self.host.spawn(self._join_running(progress), "join job")
+
+    async def _join_running(self, progress: job_pb2.JobProgress) -> None:
+        """This node joined the swarm while a job runs: fetch its stage's state from a live
+        peer (another if the donor dies mid-transfer) and enter the job at an iteration
+        boundary; a state that a step made stale is fetched again."""
+        try:
+            await self._enter_running(progress)
+        finally:
+            self._joining = False
+            active = self.book.current(progress.job_id)
+            if active is not None and active.worker is None:
+                self.book.active = None  # it did not enter: a later progress may try again
+
+    async def _enter_running(self, progress: job_pb2.JobProgress) -> None:
+        host = self.host
+        launcher = self.launcher
+        job = await launcher.parse(progress.job_json)
+        module = await launcher.load()
+        from gwtf.train.data import DataError
+        from gwtf.train.state import StateError
+
+        stage = host.own_stage()
+        deadline = time.monotonic() + host.config.prepare_timeout_s
+        self.book.active = CurrentJob(job, job.job_id, progress.job_json, None,
+                                      coordinator=progress.coordinator)
+        while time.monotonic() < deadline:
+            record = self.book.records.get(job.job_id)
+            if record is None or record.state != job_pb2.JOB_STATE_RUNNING:
+                return
+            coordinator = host.member(record.coordinator)
+            if coordinator is None:
+                # Its coordinator died: the next one's progress brings its name here, unless
+                # every data holder died, and this node is a holder that can take over.
+                if await self._adopt(job, module, stage):
+                    return
+                await asyncio.sleep(0.5)
+                continue
+            ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage)
+            try:
+                reply = await self.wire.call(
+                    _enter_call(ask), coordinator,
+                    host.config.rpc_timeout_s,
+                )
+            except RuntimeError as err:
+                host.log.warning("job %s: %s did not answer the entry: %s", job.job_id,
+                                 record.coordinator, err)
+                await asyncio.sleep(0.5)
+                continue
+            state: tuple[int, bytes] | None = None
+            for donor in reply.donors:
+                try:
+                    state = await self.transfer.fetch_from(donor, job.job_id, stage)
+                    break
+                except RuntimeError as err:
+                    host.log.warning("job %s: the state of stage %d from %s failed: %s; "
+                                     "another donor", job.job_id, stage, donor, err)
+            if state is None:
+                await asyncio.sleep(0.5)
+                continue
+            iteration, data = state
+            try:
+                executor, corpus = await asyncio.to_thread(
+                    module.StageWorker.build_from_state, job, stage, host.num_stages(),
+                    host.memory_slots, data, launcher.placement,
+                )
+            except (StateError, DataError) as err:
+                self._fail(job.job_id, f"{host.node_id} could not use its stage's state: {err}")
+                return
+            ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage,
+                                       has_state=True, state_iteration=iteration)
+            try:
+                reply = await self.wire.call(
+                    _enter_call(ask), coordinator,
+                    host.config.rpc_timeout_s,
+                )
+            except RuntimeError:
+                continue
+            if not reply.admitted:
+                host.log.info("job %s: the state of iteration %d is stale (now %d): again",
+                              job.job_id, iteration, reply.iteration)
+                await asyncio.sleep(0.2)
+                continue
+            worker = launcher.new_worker(module, job, executor, corpus)
+            active = self.book.current(job.job_id)
+            if active is None:
+                await worker.stop()
+                return
+            active.worker = worker
+            active.participants = {p.id: p.stage for p in reply.participants}
+            active.coordinator = reply.coordinator
+            active.holders = tuple(reply.holders)
+            active.started = active.last_iteration_end = time.monotonic()
+            worker.start(active.participants, active.holders, None, reply.round)
+            host.log.info("job %s: entered stage %d at iteration %d round %d", job.job_id,
+                          stage, iteration, reply.round)
+            return
+        host.log.warning("job %s: could not enter within %.0f s", job.job_id,
+                         host.config.prepare_timeout_s)
+
+    async def _adopt(self, job: Any, module: ModuleType, stage: int) -> bool:
+        """Every data holder of the running job died (the job waits, rule 5) and this joiner
+        is the first live stage-0 node: take stage 0's state from whichever node keeps the
+        last holder's backup, and coordinate the job from the iteration it is at."""
+        from gwtf.train.data import DataError
+        from gwtf.train.state import StateError
+
+        host = self.host
+        me = host.node_id
+        if stage != 0:
+            return False
+        # Two holders joining at once must not both take over: wait for gossip to show each
+        # other, leave it to the smallest id, and to one the participants follow already.
+        await asyncio.sleep(4 * host.config.heartbeat_s)
+        live = host.live_members()
+        if any(m.stage == 0 and m.id < me for m in live):
+            return False
+        request = job_pb2.SyncRequest(sender=me, job_id=job.job_id)
+        replies: dict[str, tuple[int, job_pb2.SyncReply]] = {}
+        for member in live:
+            try:
+                reply = await self.wire.call(_sync_call(request), member,
+                                             host.config.rpc_timeout_s, attempts=1)
+            except RuntimeError:
+                continue
+            replies[member.id] = (member.stage, reply)
+        if not replies or any(s == 0 for s, _ in replies.values()):
+            return False  # nobody runs it here, or a holder still does
+        followed = {r.coordinator for _, r in replies.values()}
+        if any(c != me and host.member(c) is not None for c in followed):
+            return False  # another holder took it over: enter through it
+        top = max(r.iteration for _, r in replies.values())
+        state: tuple[int, bytes] | None = None
+        for member in sorted(live, key=lambda m: m.id):
+            try:
+                state = await self.transfer.fetch_from(member.id, job.job_id, 0)
+                break
+            except RuntimeError:
+                continue
+        if state is None or state[0] != top:
+            host.log.warning(
+                "job %s: every data holder died and no node keeps stage 0's state of iteration "
+                "%d; the job waits", job.job_id, top,
+            )
+            return False
+        try:
+            executor, corpus = await asyncio.to_thread(
+                module.StageWorker.build_from_state, job, 0, host.num_stages(),
+                host.memory_slots, state[1], self.launcher.placement,
+            )
+        except (StateError, DataError) as err:
+            self._fail(job.job_id, f"{me} could not use stage 0's state: {err}")
+            return False
+        active = self.book.current(job.job_id)
+        if active is None:
+            return False
+        worker = self.launcher.new_worker(module, job, executor, corpus)
+        participants = {node: s for node, (s, _) in replies.items()}
+        participants[me] = 0
+        round_ = max((r.round for _, r in replies.values() if r.iteration == top), default=0)
+        active.worker = worker
+        active.participants = participants
+        active.coordinator = me
+        active.last_iteration_end = time.monotonic()
+        worker.start(participants, (), None, round_)
+        host.log.warning("job %s: every data holder had died; %s takes stage 0 over from its "
+                         "backup of iteration %d", job.job_id, me, top)
+        self.book.records[job.job_id].joins += 1
+        await self._take_over(active, "")
+        return True

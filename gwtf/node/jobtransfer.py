@@ -1,0 +1,273 @@
+"""StateTransfer: a stage's state between nodes (docs/design.md 3.8, 4.6, 10).
+
+    fetch_state     streams this node's stage state (a live replica's, or a backup it keeps) to
+                    a joiner; `fetch_from` is the joiner's side
+    keep_backup     the last live replica of a stage sends its state to a keeper (4.6); `backup`
+                    is the keeper's side, `keeper_of` and `backup_iteration` what the
+                    coordinator asks of it
+    resume          a client's checkpoint of this node's stage (gwtf submit --resume), kept until
+                    a Prepare builds the stage from it
+    fetch_weights   a stage's weights for a client: the live ones of a running job, or the final
+                    ones of the latest job this node completed (`keep_final_weights`)
+
+States travel in chunks of STATE_CHUNK_BYTES, each stream at most MAX_STATE_BYTES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
+
+import grpc
+from grpc import aio
+
+from gwtf.job.roster import backup_keeper
+from gwtf.node.codec import InvalidMessage, check_name
+from gwtf.node.errors import Refusal
+from gwtf.node.jobhost import JobsHost
+from gwtf.node.jobstate import JobBook
+from gwtf.v1 import job_pb2
+
+if TYPE_CHECKING:
+    from gwtf.node.worker import StageWorker
+
+__all__ = ["MAX_STATE_BYTES", "STATE_CHUNK_BYTES", "StateTransfer"]
+
+STATE_CHUNK_BYTES = 2**20
+"""A stage's state travels in chunks of 1 MiB (STYLE: 1-4 MiB, under the 4 MiB message limit)."""
+MAX_STATE_BYTES = 8 * 2**30
+"""Largest stage state a joiner or a backup keeper accepts."""
+
+
+def _chunks(
+    data: bytes, stage: int, iteration: int, job_id: str = "", sender: str = ""
+) -> Iterator[job_pb2.StateChunk]:
+    """`data` as a stream of chunks (one empty chunk for no data: the first carries the
+    header)."""
+    for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
+        yield job_pb2.StateChunk(
+            seq=seq, stage=stage, iteration=iteration, total_bytes=len(data),
+            payload=data[offset: offset + STATE_CHUNK_BYTES], job_id=job_id, sender=sender,
+        )
+
+
+async def _read_state(
+    chunks: AsyncIterator[job_pb2.StateChunk], what: str
+) -> tuple[job_pb2.StateChunk, bytes]:
+    """A streamed stage state: its first chunk (stage, iteration, job, sender) and its bytes;
+    InvalidMessage if the chunks come out of order, too many, or short."""
+    parts: list[bytes] = []
+    first: job_pb2.StateChunk | None = None
+    size = 0
+    async for chunk in chunks:
+        if chunk.seq != len(parts):
+            raise InvalidMessage(f"state chunk {chunk.seq} came where {len(parts)} was due")
+        if first is None:
+            first = chunk
+            if chunk.total_bytes > MAX_STATE_BYTES:
+                raise InvalidMessage(f"a stage state over {MAX_STATE_BYTES} bytes")
+        size += len(chunk.payload)
+        if size > first.total_bytes:
+            raise InvalidMessage(f"the {what} runs past its {first.total_bytes} bytes")
+        parts.append(chunk.payload)
+    if first is None:
+        raise InvalidMessage(f"an empty {what}")
+    data = b"".join(parts)
+    if len(data) != first.total_bytes:
+        raise InvalidMessage(f"the {what} holds {len(data)} of {first.total_bytes} bytes")
+    return first, data
+
+
+class StateTransfer:
+    """Stage states in and out of this node: see the module docstring."""
+
+    def __init__(self, host: JobsHost, book: JobBook) -> None:
+        self.host = host
+        self.book = book
+        self.backups: dict[tuple[str, int], tuple[int, bytes]] = {}
+        """(job, stage) -> (iteration, state) of a lone replica, kept for a joiner."""
+        self.resumes: dict[str, tuple[int, bytes]] = {}
+        """job id -> (iteration, this stage's state) a client sent to resume from (Resume)."""
+        self._final_weights: tuple[str, int, asyncio.Future[tuple[int, bytes]]] | None = None
+        """(job, stage, its final weights): what this node serves of the latest job it
+        completed, once the worker that trained them is gone."""
+
+    # ================================================================== to joiners
+
+    async def fetch_state(
+        self, request: job_pb2.StateRequest
+    ) -> AsyncIterator[job_pb2.StateChunk]:
+        """Stream this stage's state (a live replica) or the backup this node keeps."""
+        active = self.book.current(request.job_id)
+        if active is None:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{self.host.node_id} holds no state of job {request.job_id[:40]!r}")
+        worker = active.worker
+        if worker is not None and worker.stage == request.stage:
+            iteration, data = await worker.state_bytes()
+        elif (request.job_id, request.stage) in self.backups:
+            iteration, data = self.backups[(request.job_id, request.stage)]
+        else:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{self.host.node_id} holds no state of stage {request.stage}")
+        fault = self.host.fault
+        for chunk in _chunks(data, request.stage, iteration):
+            yield chunk
+            if chunk.seq == 0 and fault is not None:
+                fault.hit("state-transfer", iteration)  # the first chunk is on its way
+
+    async def fetch_from(self, donor: str, job_id: str, stage: int) -> tuple[int, bytes]:
+        """The state of `stage` streamed from `donor`: (its iteration, its bytes);
+        RuntimeError if the donor is gone or its stream breaks off."""
+        member = self.host.member(donor)
+        if member is None:
+            raise RuntimeError(f"{donor} is not alive")
+        parts: list[bytes] = []
+        iteration = -1
+        total = 0
+        request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage)
+        try:
+            async for chunk in self.host.stubs(member).jobs.FetchState(
+                request, timeout=self.host.config.prepare_timeout_s
+            ):
+                if chunk.seq != len(parts):
+                    raise RuntimeError(f"{donor} sent state chunk {chunk.seq} out of order")
+                if chunk.seq == 0:
+                    iteration, total = chunk.iteration, chunk.total_bytes
+                    if total > MAX_STATE_BYTES:
+                        raise RuntimeError(f"{donor} offers a state of {total} bytes")
+                parts.append(chunk.payload)
+        except aio.AioRpcError as err:
+            raise RuntimeError(err.details() or err.code().name) from None
+        data = b"".join(parts)
+        if iteration < 0 or len(data) != total:
+            raise RuntimeError(f"{donor}'s state stream ended after {len(data)} of {total} bytes")
+        return iteration, data
+
+    # ================================================================== backups (4.6)
+
+    def keeper_of(self, job_id: str, stage: int) -> str:
+        """Who keeps the backup of `stage`'s state for this coordinator ("" if nobody)."""
+        active = self.book.active
+        if active is None:
+            return ""
+        if (job_id, stage) in self.backups:
+            return self.host.node_id
+        return active.keepers.get(stage, "")
+
+    def backup_iteration(self, job_id: str, stage: int) -> int | None:
+        """The iteration of the backup of `stage` this node keeps, if any."""
+        kept = self.backups.get((job_id, stage))
+        return kept[0] if kept is not None else None
+
+    async def backup(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
+        """A lone replica's state, kept here so that a node joining its empty stage finds it."""
+        first, data = await _read_state(chunks, "backup")
+        active = self.book.active
+        if active is None or active.job_id != first.job_id or active.participants.get(
+            first.sender
+        ) != first.stage:
+            raise InvalidMessage(f"{first.sender[:40]!r} is no stage-{first.stage} participant")
+        self.backups[(first.job_id, first.stage)] = (first.iteration, data)
+        self.host.log.info("job %s: keeping stage %d's state of iteration %d (from %s)",
+                           first.job_id, first.stage, first.iteration, first.sender)
+        return job_pb2.BackupAck(received_bytes=len(data))
+
+    def send_backup(self, job_id: str) -> None:
+        """This node became the last live replica of its stage mid-iteration: keep its state
+        (of the iteration's start: parameters only change at a step) at another node now."""
+        active = self.book.current(job_id)
+        if active is None or active.worker is None:
+            return
+        worker = active.worker
+
+        async def send() -> None:
+            iteration, data = await worker.state_bytes()
+            await self.keep_backup(job_id, worker.stage, iteration, data)
+
+        self.host.spawn(send(), "backup")
+
+    async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
+        """Send a lone replica's state to the job's coordinator (or, for the coordinator's own
+        stage, to the first live participant of another stage) and remember who keeps it."""
+        active = self.book.current(job_id)
+        if active is None or iteration >= active.job.iterations:
+            return
+        keeper = backup_keeper(active.participants, active.departed, stage, active.coordinator,
+                               lambda p: self.host.member(p) is not None)
+        member = self.host.member(keeper) if keeper else None
+        if member is None:
+            return
+        try:
+            await self.host.stubs(member).jobs.Backup(
+                _chunks(data, stage, iteration, job_id, self.host.node_id),
+                timeout=self.host.config.prepare_timeout_s,
+            )
+        except aio.AioRpcError as err:
+            self.host.log.warning("job %s: the backup of stage %d at %s failed: %s", job_id,
+                                  stage, keeper, err.details())
+            return
+        active.keepers[stage] = keeper
+
+    # ================================================================== resuming (10)
+
+    async def resume(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
+        """A client's checkpoint of this node's stage (gwtf submit --resume), kept until a
+        Prepare with `resume_iteration` builds the stage from it. One per job: the latest."""
+        first, data = await _read_state(chunks, "resume state")
+        check_name("job id", first.job_id)
+        own = self.host.own_stage()
+        if first.stage != own:
+            raise InvalidMessage(
+                f"{self.host.node_id} holds stage {own}, not stage {first.stage}; send each node "
+                "its own stage's state"
+            )
+        self.resumes = {first.job_id: (first.iteration, data)}
+        self.host.log.info("job %s: keeping a checkpoint of stage %d at iteration %d to resume "
+                           "from (%d bytes)", first.job_id, own, first.iteration, len(data))
+        return job_pb2.BackupAck(received_bytes=len(data))
+
+    # ================================================================== weights for a client
+
+    def keep_final_weights(self, job_id: str, worker: StageWorker) -> None:
+        """The job's last iteration stepped here: keep the worker's weights to serve, then
+        stop it."""
+        final: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        self._final_weights = (job_id, worker.stage, final)
+
+        async def finish() -> None:
+            try:
+                final.set_result(await worker.weights())
+            except Exception as err:  # a download then says why it cannot
+                final.set_exception(err)
+            finally:
+                await worker.stop()
+
+        self.host.spawn(finish(), "keep the final weights, stop the worker")
+
+    async def fetch_weights(
+        self, request: job_pb2.WeightsRequest
+    ) -> AsyncIterator[job_pb2.StateChunk]:
+        """Stream this node's weights of the job's stage: the live ones of a running job, or the
+        final ones of the latest job it completed."""
+        check_name("job id", request.job_id)
+        active = self.book.active
+        final = self._final_weights
+        if (active is not None and active.job_id == request.job_id and active.worker is not None
+                and active.worker.stage == request.stage):
+            iteration, data = await active.worker.weights()
+        elif final is not None and final[:2] == (request.job_id, request.stage):
+            try:
+                iteration, data = await final[2]
+            except Exception as err:  # the worker failed to read them
+                raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                              f"{self.host.node_id} could not keep its weights: {err}") from None
+        else:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.host.node_id} holds no weights of stage {request.stage} of job "
+                f"{request.job_id[:40]!r}",
+            )
+        for chunk in _chunks(data, request.stage, iteration):
+            yield chunk
