@@ -146,7 +146,7 @@ class Node:
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (until, last delay)
-        self.prober = LinkProber(self, config, clock, self._spawn)
+        self.prober = LinkProber(self, config, clock, self.spawn)
         self._was_quiet = False
         self._swarm_scaling = True
         self._phases: PhaseCoordinator | None = None
@@ -225,7 +225,7 @@ class Node:
         self._on_events(
             [MemberEvent("alive", m, "known at start") for m in self._members.alive()]
         )
-        self._spawn(self._heartbeat_loop(), "heartbeat")
+        self.spawn(self._heartbeat_loop(), "heartbeat")
         self._phases = PhaseCoordinator(
             self,
             num_stages=self.swarm.num_stages,
@@ -234,11 +234,11 @@ class Node:
             clock=self._clock,
             log=self.log,
         )
-        self._spawn(self._phases.run(), "phases")
+        self.spawn(self._phases.run(), "phases")
         if self.swarm.flow.quiet_s is not None:
-            self._spawn(self._tick_loop(), "ticks")
+            self.spawn(self._tick_loop(), "ticks")
         if self._joined_via:
-            self._spawn(self.jobs.catch_up(self._joined_via), "jobs catch-up")
+            self.spawn(self.jobs.catch_up(self._joined_via), "jobs catch-up")
         self._after_change()
 
     async def leave(self) -> None:
@@ -257,7 +257,7 @@ class Node:
         request = node_pb2.LeaveRequest(id=me.id, epoch=me.epoch)
         results = await asyncio.gather(
             *(
-                self._stubs(m).membership.Leave(request, timeout=self.config.leave_timeout_s)
+                self.stubs(m).membership.Leave(request, timeout=self.config.leave_timeout_s)
                 for m in members
             ),
             return_exceptions=True,
@@ -280,7 +280,7 @@ class Node:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -411,7 +411,7 @@ class Node:
         via = ""
         for address in self.settings.bootstrap:
             try:
-                config_reply = await self._stubs_at(address).membership.Config(
+                config_reply = await self.stubs_at(address).membership.Config(
                     node_pb2.ConfigRequest(stage=self.settings.stage),
                     timeout=self.config.rpc_timeout_s,
                 )
@@ -443,7 +443,7 @@ class Node:
         epoch = time.time_ns()
         me = self._me(compute_s, epoch)
         try:
-            reply = await self._stubs_at(via).membership.Join(
+            reply = await self.stubs_at(via).membership.Join(
                 node_pb2.JoinRequest(member=member_to_pb(me)), timeout=self.config.rpc_timeout_s
             )
         except aio.AioRpcError as err:
@@ -495,11 +495,11 @@ class Node:
         assert self._driver is not None, "not in a swarm yet"
         return self._driver
 
-    def _stubs(self, member: MemberInfo) -> Stubs:
+    def stubs(self, member: MemberInfo) -> Stubs:
         assert self._pool is not None
         return self._pool.stubs(member.address, member.id, member.location)
 
-    def _stubs_at(self, address: str) -> Stubs:
+    def stubs_at(self, address: str) -> Stubs:
         assert self._pool is not None
         return self._pool.stubs(address)
 
@@ -518,12 +518,6 @@ class Node:
     def known_member(self, node_id: str) -> MemberInfo | None:
         return self.members.get(node_id)
 
-    def stubs(self, member: MemberInfo) -> Stubs:
-        return self._stubs(member)
-
-    def stubs_at(self, address: str) -> Stubs:
-        return self._stubs_at(address)
-
     def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
         """How long the emulated WAN holds `nbytes` to `member` (streams are not intercepted:
         their senders wait this long before the first chunk)."""
@@ -533,9 +527,6 @@ class Node:
 
     def routes(self) -> dict[str, int]:
         return self.driver.routes()
-
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        return self._spawn(coro, name)
 
     @property
     def memory_slots(self) -> int:
@@ -554,9 +545,7 @@ class Node:
         return self.settings.fault
 
     def require_ready(self) -> None:
-        self._require_ready()
-
-    def _require_ready(self) -> None:
+        """Refuses a peer's call (UNAVAILABLE) until the node is in a swarm, and once it leaves."""
         if not self._ready or self._stopping:
             raise Refusal(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id} is not serving")
 
@@ -610,11 +599,8 @@ class Node:
             self.jobs.on_member_down(event.member, "left" if event.kind == "left" else "died")
         self._after_change()
 
-    def _refused(self, member: MemberInfo) -> None:
-        self._on_events(self.members.refused(member.id, member.epoch))
-
     def refused(self, member: MemberInfo) -> None:
-        self._refused(member)
+        self._on_events(self.members.refused(member.id, member.epoch))
 
     def hear_verdicts(self, infos: list[MemberInfo]) -> None:
         self._on_events(self.members.merge(i for i in infos if not i.alive))
@@ -667,10 +653,10 @@ class Node:
             for m in to_ping:
                 calls.setdefault(m.id, m)
             for m in calls.values():
-                self._spawn(self._gossip_with(m), "gossip")
+                self.spawn(self._gossip_with(m), "gossip")
             if self._wan is not None:
                 for m in targets:
-                    self._spawn(self._calibrate(m), "calibrate")
+                    self.spawn(self._calibrate(m), "calibrate")
 
     async def _calibrate(self, member: MemberInfo) -> None:
         assert self._wan is not None
@@ -687,12 +673,12 @@ class Node:
         self._stats.gossip_bytes += request.ByteSize()
         self._stats.gossip_calls += 1
         try:
-            reply = await self._stubs(member).membership.Gossip(
+            reply = await self.stubs(member).membership.Gossip(
                 request, timeout=self.config.rpc_timeout_s
             )
         except aio.AioRpcError as err:
             if is_refused(err):
-                self._refused(member)
+                self.refused(member)
             return
         try:
             infos = members_from_pb(reply.members, self.swarm.num_stages)
@@ -743,12 +729,12 @@ class Node:
         metadata = ((UNDELAYED, "1"),) if undelayed else None
         start = time.perf_counter()
         try:
-            await self._stubs(member).probe.Echo(
+            await self.stubs(member).probe.Echo(
                 request, timeout=self.config.rpc_timeout_s, metadata=metadata
             )
         except aio.AioRpcError as err:
             if is_refused(err):
-                self._refused(member)
+                self.refused(member)
             return None
         return time.perf_counter() - start
 
@@ -823,7 +809,7 @@ class Node:
                 continue
             out = driver.take(peer)
             if out is not None:
-                self._spawn(self._send(driver, out), "send")
+                self.spawn(self._send(driver, out), "send")
 
     def _back_off(self, peer: str) -> None:
         cfg = self.config
@@ -845,13 +831,13 @@ class Node:
             sender_epoch=driver.epoch,
         )
         try:
-            ack = await self._stubs(member).flow.Exchange(
+            ack = await self.stubs(member).flow.Exchange(
                 request, timeout=self.config.rpc_timeout_s
             )
         except aio.AioRpcError as err:
             driver.failed(out)
             if is_refused(err):
-                self._refused(member)
+                self.refused(member)
             self._back_off(out.peer)
             return
         except asyncio.CancelledError:
@@ -868,7 +854,7 @@ class Node:
         self._after_change()
 
     def on_exchange(self, request: flow_pb2.FlowBatch) -> flow_pb2.FlowAck:
-        self._require_ready()
+        self.require_ready()
         driver = self.driver
         arcs, messages = batch_from_pb(request, self.node_id)
         errors = []
@@ -911,7 +897,7 @@ class Node:
     async def nudge_coordinator(self, coordinator: MemberInfo) -> None:
         request = flow_pb2.NudgeRequest(sender=self.node_id, wants_rescale=self.wants_rescale())
         with contextlib.suppress(aio.AioRpcError):
-            await self._stubs(coordinator).flow.Nudge(request, timeout=self.config.rpc_timeout_s)
+            await self.stubs(coordinator).flow.Nudge(request, timeout=self.config.rpc_timeout_s)
 
     async def call_phase(self, member: MemberInfo, command: Command) -> PhaseReportData | None:
         request = flow_pb2.PhaseCommand(
@@ -921,13 +907,13 @@ class Node:
             scaling=command.scaling,
         )
         try:
-            reply = await self._stubs(member).flow.Phase(
+            reply = await self.stubs(member).flow.Phase(
                 request, timeout=self.config.rpc_timeout_s
             )
             report = report_from_pb(reply)
         except aio.AioRpcError as err:
             if is_refused(err):
-                self._refused(member)
+                self.refused(member)
             return None
         except InvalidMessage:
             return None
@@ -940,7 +926,7 @@ class Node:
             self._phases.nudged()
 
     def on_phase(self, request: flow_pb2.PhaseCommand) -> flow_pb2.PhaseReport:
-        self._require_ready()
+        self.require_ready()
         # Checked before anything moves: a command names a live member as its coordinator, at
         # most the phases a scaling has (each one is a tighten call: a huge count from a bad
         # peer would hold the event loop), and a round at most a few ahead of this node's (a
@@ -1004,7 +990,7 @@ class Node:
             )
 
     def on_config(self, request: node_pb2.ConfigRequest) -> node_pb2.ConfigReply:
-        self._require_ready()
+        self.require_ready()
         self._check_joinable_stage(request.stage)
         return node_pb2.ConfigReply(swarm=swarm_to_pb(self.swarm))
 
@@ -1016,7 +1002,7 @@ class Node:
             )
 
     def on_join(self, request: node_pb2.JoinRequest) -> node_pb2.JoinReply:
-        self._require_ready()
+        self.require_ready()
         self._check_joinable_stage(request.member.stage)
         joiner = member_from_pb(request.member, self.swarm.num_stages)
         if not joiner.alive:
@@ -1047,12 +1033,12 @@ class Node:
         )
 
     def on_leave(self, request: node_pb2.LeaveRequest) -> node_pb2.LeaveReply:
-        self._require_ready()
+        self.require_ready()
         self._on_events(self.members.leave(request.id, request.epoch))
         return node_pb2.LeaveReply()
 
     def on_gossip(self, request: node_pb2.GossipRequest) -> node_pb2.GossipReply:
-        self._require_ready()
+        self.require_ready()
         self._check_swarm(request.swarm_id)
         infos = members_from_pb(request.members, self.swarm.num_stages)
         self._on_events(self.members.merge(infos))
@@ -1127,7 +1113,7 @@ class Node:
         if request.swarm:
             ask = node_pb2.StatusRequest(swarm=False)
             results = await asyncio.gather(
-                *(self._stubs(m).status.Get(ask, timeout=self.config.status_timeout_s)
+                *(self.stubs(m).status.Get(ask, timeout=self.config.status_timeout_s)
                   for m in members),
                 return_exceptions=True,
             )
