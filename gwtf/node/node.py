@@ -63,6 +63,7 @@ from gwtf.node.jobs import JobManager
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberEvent, MemberInfo, Membership
 from gwtf.node.observe import NodeLog, NodeMetrics
+from gwtf.node.peers import Peers
 from gwtf.node.phases import Command, PhaseReportData
 from gwtf.node.prober import LinkProber
 from gwtf.node.ratelimit import RateLimiter, RateLimitInterceptor
@@ -71,14 +72,12 @@ from gwtf.node.server import HealthServicer, add_servicers
 from gwtf.node.settings import NodeSettings
 from gwtf.node.transport import (
     UNDELAYED,
-    ChannelPool,
     MalformedRequestInterceptor,
     Stubs,
     WanServerInterceptor,
     is_refused,
     server_options,
 )
-from gwtf.node.wan import WanEmulator
 from gwtf.v1 import flow_pb2, node_pb2
 
 __all__ = ["Node", "NodeError", "NodeSettings"]
@@ -123,9 +122,7 @@ class Node:
         self.log: logging.LoggerAdapter[logging.Logger] = NodeLog(
             LOG, {"node": settings.node_id or "-", "stage": settings.stage}
         )
-        self._wan: WanEmulator | None = None
-        if settings.links is not None and settings.location:
-            self._wan = WanEmulator(settings.location, settings.links, clock)
+        self._peers = Peers(settings, config, clock)
         self._health = HealthServicer()
         self.metrics = NodeMetrics()
         self.limiter = RateLimiter(settings.rate_limit, clock)
@@ -134,7 +131,6 @@ class Node:
         self._refusals: dict[str, int] = {}
         self.metrics.add_source(self._refusal_metrics)
         self._server: aio.Server | None = None
-        self._pool: ChannelPool | None = None
         self.node_id = settings.node_id or ""
         self.address = ""
         self.port = 0
@@ -145,7 +141,6 @@ class Node:
         self._ready = False
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (until, last delay)
         self.prober = LinkProber(self, config, clock, self.spawn)
         self._was_quiet = False
         self._swarm_scaling = True
@@ -170,8 +165,8 @@ class Node:
             # After the token: a stranger cannot spend a member's calls.
             interceptors.append(RateLimitInterceptor(self.limiter))
         interceptors.append(MalformedRequestInterceptor())
-        if self._wan is not None:
-            interceptors.append(WanServerInterceptor(self._wan))
+        if self._peers.wan is not None:
+            interceptors.append(WanServerInterceptor(self._peers.wan))
         server = aio.server(options=server_options(), interceptors=interceptors)
         add_servicers(server, self, self._health)
         host = self.settings.host
@@ -203,9 +198,7 @@ class Node:
         self.log = NodeLog(
             LOG, {"node": self.node_id, "stage": self.settings.stage}
         )
-        self._pool = ChannelPool(
-            self.node_id, self.settings.location, self._wan, self.settings.credentials
-        )
+        self._peers.open(self.node_id)
         seed = self.settings.seed
         if seed is None:
             seed = zlib.crc32(self.node_id.encode())
@@ -271,8 +264,7 @@ class Node:
         await self.jobs.close()
         if self._server is not None:
             await self._server.stop(self.config.shutdown_grace_s)
-        if self._pool is not None:
-            await self._pool.close_all()
+        await self._peers.close()
 
     async def _cancel_tasks(self) -> None:
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
@@ -496,12 +488,10 @@ class Node:
         return self._driver
 
     def stubs(self, member: MemberInfo) -> Stubs:
-        assert self._pool is not None
-        return self._pool.stubs(member.address, member.id, member.location)
+        return self._peers.stubs(member)
 
     def stubs_at(self, address: str) -> Stubs:
-        assert self._pool is not None
-        return self._pool.stubs(address)
+        return self._peers.stubs_at(address)
 
     # ================================================================== what jobs need
 
@@ -519,11 +509,7 @@ class Node:
         return self.members.get(node_id)
 
     def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
-        """How long the emulated WAN holds `nbytes` to `member` (streams are not intercepted:
-        their senders wait this long before the first chunk)."""
-        if self._wan is None:
-            return 0.0
-        return self._wan.delay(member.id, member.location, nbytes)
+        return self._peers.wan_delay(member, nbytes)
 
     def routes(self) -> dict[str, int]:
         return self.driver.routes()
@@ -590,8 +576,7 @@ class Node:
             self.log.warning("member %s (stage %d) %s: %s", m.id, m.stage, verb, event.reason)
             self.prober.stop(m.id)
             self.driver.drop_peer(m.id)
-            if self._wan is not None:
-                self._wan.forget(m.id)
+            self._peers.forget(m.id)
             down.append(event)
         if events:
             self.publish_metrics()
@@ -654,15 +639,16 @@ class Node:
                 calls.setdefault(m.id, m)
             for m in calls.values():
                 self.spawn(self._gossip_with(m), "gossip")
-            if self._wan is not None:
+            if self._peers.wan is not None:
                 for m in targets:
                     self.spawn(self._calibrate(m), "calibrate")
 
     async def _calibrate(self, member: MemberInfo) -> None:
-        assert self._wan is not None
+        wan = self._peers.wan
+        assert wan is not None
         rtt = await self.echo(member, undelayed=True)
         if rtt is not None:
-            self._wan.calibrate(rtt)
+            wan.calibrate(rtt)
 
     async def _gossip_with(self, member: MemberInfo) -> None:
         request = node_pb2.GossipRequest(
@@ -693,7 +679,7 @@ class Node:
         epoch = max(time.time_ns(), old.epoch + 1)
         self.log.warning("declared dead by the swarm; coming back as incarnation %d", epoch)
         self.prober.stop_all()
-        self._backoff.clear()
+        self._peers.reset()
         self.members.reincarnate(epoch)
         previous = self.driver
         self._driver = self._new_driver(
@@ -707,7 +693,7 @@ class Node:
     # ================================================================== links
 
     def _start_link(self, member: MemberInfo) -> None:
-        if self._wan is not None and self._wan.link_to(member.location) is None:
+        if not self._peers.linked(member):
             self.log.warning(
                 "no link from %s to %s in the matrix: no arc to %s",
                 self.settings.location,
@@ -804,18 +790,14 @@ class Node:
         driver = self.driver
         now = self._clock()
         for peer in driver.ready_peers():
-            backoff = self._backoff.get(peer)
-            if backoff is not None and backoff[0] > now:
+            if self._peers.backing_off(peer, now):
                 continue
             out = driver.take(peer)
             if out is not None:
                 self.spawn(self._send(driver, out), "send")
 
     def _back_off(self, peer: str) -> None:
-        cfg = self.config
-        _, delay = self._backoff.get(peer, (0.0, cfg.retry_min_s / 2))
-        delay = min(2 * delay, cfg.retry_max_s)
-        self._backoff[peer] = (self._clock() + delay, delay)
+        delay = self._peers.back_off(peer)
         asyncio.get_running_loop().call_later(delay, self._after_change)
 
     async def _send(self, driver: FlowDriver, out: Outgoing) -> None:
@@ -847,7 +829,7 @@ class Node:
             return  # this node came back as a new incarnation meanwhile
         driver.delivered(out, accepted=ack.ok)
         if ack.ok:
-            self._backoff.pop(out.peer, None)
+            self._peers.succeeded(out.peer)
         else:
             self.log.debug("%s refused an arc: %s", out.peer, ack.error)
             self._back_off(out.peer)
@@ -1050,6 +1032,7 @@ class Node:
 
     def local_status(self) -> node_pb2.NodeStatus:
         driver = self.driver
+        wan = self._peers.wan
         routes = driver.routes()
         status = node_pb2.NodeStatus(
             member=member_to_pb(self.members.me),
@@ -1065,7 +1048,7 @@ class Node:
             gossip_calls_sent=self._stats.gossip_calls,
             uptime_s=time.monotonic() - self._stats.started,
             departed=[m.id for m in self.members.departed()],
-            wan_stack_rtt_ms=self._wan.stack_rtt_s * 1000 if self._wan is not None else 0.0,
+            wan_stack_rtt_ms=wan.stack_rtt_s * 1000 if wan is not None else 0.0,
             busy=driver.busy_reasons()
             + (
                 ["measuring " + ",".join(sorted(self.prober.measuring))]
