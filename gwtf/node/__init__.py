@@ -1,8 +1,8 @@
 """gwtf.node: the real node process, its control plane over gRPC (docs/design.md 3).
 
 One process holds one pipeline stage and runs one `gwtf.flow.decentralized.FlowNode`, driven by
-real messages. Modules, one idea each (pure ones first; only `server`, `transport` and `node` do
-I/O):
+real messages. Modules, one idea each (pure ones first; only `server`, `transport`, `peers`,
+`entry`, `flows`, `control`, `status` and `node` do I/O):
 
     config      NodeConfig (every timeout, with why), SwarmSettings (what the first node decides
                 and every joiner receives), the FlowConfig they imply
@@ -46,14 +46,21 @@ I/O):
                 out recoveries, the commit with the stage's replicas
     gradsync    replicas' gradient sums as a chunked stream, checked
     tensors     the data plane: microbatch tensors as chunked streams, checked
-    node        Node: the asyncio orchestration of all the above, host of prober and coordinator
+    settings    NodeSettings: the `gwtf node` flags
+    state       NodeState: what the parts of a node share (id, swarm, members, driver, tasks)
+    peers       Peers: one channel per peer, the emulated WAN, the flow sends' backoff
+    entry       SwarmEntry: creating or joining a swarm
+    flows       FlowControl: arcs, flow sends, phases; host of prober and coordinator
+    control     MembershipControl: heartbeats, gossip, what a membership change means
+    status      StatusReport: `Status.Get` and the metrics snapshot
+    node        Node: builds and wires all the above and runs the lifecycle
     cli         `gwtf node`;  launch: `gwtf launch` (and the nodes' die-with-launcher);
                 churn: `gwtf launch --churn`, replaying a trace
 
-The import arrows: cli -> node -> server/transport/prober/coordinator/jobs -> driver/membership/
-links/phases/wan -> gwtf.flow; jobs -> jobcoord -> gwtf.job (the pure job protocol: the
-coordinator's bookkeeping, next hops) -> gwtf.recovery; jobs -> worker (lazily) ->
-tensors/gradsync -> gwtf.train, gwtf.recovery.
+The import arrows: cli -> node -> control -> flows/status -> state/peers/prober/coordinator ->
+driver/membership/links/phases/wan -> gwtf.flow; node -> entry, server, jobs; jobs -> jobcoord
+-> gwtf.job (the pure job protocol: the coordinator's bookkeeping, next hops) -> gwtf.recovery;
+jobs -> worker (lazily) -> tensors/gradsync -> gwtf.train, gwtf.recovery.
 Importing the node imports no torch: a node that trains loads `worker` (and torch) before it
 enters its swarm, one that does not (`--no-train`) never does.
 """

@@ -28,7 +28,8 @@ _LOGGED = ("phase over", "rescale asked", "topology changed while scaling")
 
 
 class CoordinatorHost(Protocol):
-    node_id: str
+    @property
+    def node_id(self) -> str: ...
 
     def live_members(self) -> list[MemberInfo]:
         """The live members other than this node."""

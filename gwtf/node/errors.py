@@ -1,4 +1,5 @@
-"""The node's refusals: a call it will not serve, with the gRPC status the caller gets.
+"""The node's refusals: a call it will not serve, with the gRPC status the caller gets; and
+`NodeError`, a problem the user must fix before the node can run.
 
 Domain code (the job runtime, the data plane) raises `Refusal` with the code and one sentence;
 the servicers (`gwtf.node.server`) turn it into the call's status at the RPC edge, so no domain
@@ -13,7 +14,15 @@ from typing import Any
 import grpc
 from grpc import aio
 
-__all__ = ["DRAIN_BYTES", "Refusal", "drain"]
+__all__ = ["DRAIN_BYTES", "NodeError", "Refusal", "drain"]
+
+
+class NodeError(Exception):
+    """A problem the user must fix (one sentence), with the exit code it deserves."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class Refusal(Exception):

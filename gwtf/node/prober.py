@@ -17,8 +17,8 @@ settled when it returned; and a change must persist over `change_persistence_s` 
 (a scaling restarts the count). RTT samples always count: their minimum is the estimate, and
 load only ever adds to a sample.
 
-The prober knows when and what to measure; its host (the Node) knows how to call a peer and
-what an arc is.
+The prober knows when and what to measure; its host (gwtf.node.flows.FlowControl) knows how to
+call a peer and what an arc is.
 """
 
 from __future__ import annotations

@@ -1,0 +1,271 @@
+"""Entering a swarm (docs/design.md 3.1, 3.3): creating one, or joining one through a bootstrap
+member, with every way that can fail as one `NodeError` the user can act on.
+
+A joiner asks a bootstrap member for the swarm's settings (`Config`), checks its stage against
+them, loads torch if it trains and measures its compute (neither while it is a member: both hold
+the interpreter for seconds, in which a member would answer no heartbeat), then `Join`s with a
+fresh epoch and receives the member table and the swarm's phase, so that its flow state machine
+starts warm when the swarm is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any, Protocol
+
+import grpc
+from grpc import aio
+
+from gwtf.node.codec import InvalidMessage, member_to_pb, members_from_pb, swarm_from_pb
+from gwtf.node.config import SwarmSettings
+from gwtf.node.driver import FlowDriver
+from gwtf.node.errors import NodeError
+from gwtf.node.membership import MemberInfo, Membership
+from gwtf.node.peers import Peers
+from gwtf.node.state import NodeState
+from gwtf.v1 import node_pb2
+
+__all__ = ["Preloader", "SwarmEntry", "measure_compute"]
+
+
+class Preloader(Protocol):
+    """The job runtime as entering a swarm uses it (gwtf.node.jobs.JobManager)."""
+
+    placement: Any
+    """Where stages run (a gwtf.train.device.Placement), chosen by `preload`."""
+
+    async def preload(self, device: str, precision: str, threads: int | None) -> None: ...
+
+
+class NewDriver(Protocol):
+    """A flow state machine for this node's incarnation `me` (gwtf.node.flows.FlowControl)."""
+
+    def __call__(
+        self, me: MemberInfo, *, warm: bool, round_: int, tightens: int
+    ) -> FlowDriver: ...
+
+
+class SwarmEntry:
+    """Creates or joins this node's swarm, and sets up its member table and flow driver."""
+
+    def __init__(
+        self, state: NodeState, peers: Peers, jobs: Preloader, new_driver: NewDriver
+    ) -> None:
+        self._state = state
+        self._peers = peers
+        self._jobs = jobs
+        self._new_driver = new_driver
+
+    async def enter(self) -> str:
+        """Create a swarm (no bootstrap) or join one; NodeError if that is impossible. Returns
+        the bootstrap address joined through ("" for a new swarm)."""
+        if self._state.settings.bootstrap:
+            return await self._join()
+        await self._create()
+        return ""
+
+    async def _create(self) -> None:
+        state = self._state
+        s = state.settings
+        if s.num_stages is None:
+            raise NodeError(
+                "the first node of a swarm needs --stages S (or give --bootstrap HOST:PORT "
+                "to join a running swarm)",
+                2,
+            )
+        epoch = time.time_ns()
+        try:
+            swarm = SwarmSettings.create(
+                f"{state.node_id}@{epoch}",
+                s.num_stages,
+                activation_bytes=s.activation_bytes,
+                max_arc_cost_s=s.max_arc_cost_s,
+                min_arc_cost_s=s.min_arc_cost_s,
+                quiet_s=s.quiet_s,
+            )
+        except ValueError as err:
+            raise NodeError(f"cannot create a swarm: {err}", 2) from None
+        self._check_stage(swarm)
+        await self._preload()
+        compute_s = await self._compute_s(swarm)
+        self._setup(swarm, self._me(compute_s, epoch), warm=False, round_=0, tightens=0)
+        state.log.info(
+            "created swarm %s: %d stages, %d-byte activations",
+            swarm.swarm_id,
+            swarm.num_stages,
+            swarm.activation_bytes,
+        )
+
+    async def _preload(self) -> None:
+        """A node that trains loads torch here, once its swarm is known to accept it and
+        before it is a member: importing torch holds the interpreter for seconds, in which a
+        member would answer no heartbeat."""
+        s = self._state.settings
+        if s.train:
+            from gwtf.train.device import DeviceError
+
+            try:
+                await self._jobs.preload(s.device, s.precision, s.threads)
+            except DeviceError as err:
+                raise NodeError(str(err), 2) from None
+            self._state.log.info("stages run on %s with %d torch thread(s)",
+                                 self._jobs.placement, _torch_threads())
+
+    def _check_stage(self, swarm: SwarmSettings) -> None:
+        stage = self._state.settings.stage
+        if not 0 <= stage < swarm.num_stages:
+            raise NodeError(
+                f"stage {stage} is outside the swarm's stages "
+                f"0..{swarm.num_stages - 1}; choose --stage in that range",
+                2,
+            )
+
+    async def _compute_s(self, swarm: SwarmSettings) -> float:
+        s = self._state.settings
+        log = self._state.log
+        if s.compute_s is not None:
+            return s.compute_s
+        log.info("measuring compute: a warm-up of stage %d of %s", s.stage, s.job)
+        try:
+            seconds = await asyncio.to_thread(
+                measure_compute, s.job, s.stage, swarm.num_stages, self._jobs.placement,
+            )
+        except (ValueError, OSError) as err:
+            raise NodeError(f"cannot measure this node's compute time: {err}", 2) from None
+        log.info("compute: %.4f s per microbatch", seconds)
+        return seconds
+
+    def _me(self, compute_s: float, epoch: int) -> MemberInfo:
+        state = self._state
+        return MemberInfo(
+            id=state.node_id,
+            address=state.address,
+            stage=state.settings.stage,
+            location=state.settings.location,
+            compute_s=compute_s,
+            capacity=1.0 / compute_s,
+            epoch=epoch,
+        )
+
+    def _setup(
+        self, swarm: SwarmSettings, me: MemberInfo, *, warm: bool, round_: int, tightens: int
+    ) -> None:
+        state = self._state
+        config = state.config
+        assert state.rng is not None
+        state.swarm = swarm
+        state.members = Membership(
+            me,
+            state.clock,
+            failure_timeout_s=config.failure_timeout_s,
+            ping_interval_s=config.heartbeat_s,
+            tombstone_s=config.tombstone_s,
+            rng=state.rng,
+        )
+        state.driver = self._new_driver(me, warm=warm, round_=round_, tightens=tightens)
+
+    async def _join(self) -> str:
+        state = self._state
+        timeout = state.config.rpc_timeout_s
+        failures: list[str] = []
+        config_reply: node_pb2.ConfigReply | None = None
+        via = ""
+        for address in state.settings.bootstrap:
+            try:
+                config_reply = await self._peers.stubs_at(address).membership.Config(
+                    node_pb2.ConfigRequest(stage=state.settings.stage), timeout=timeout
+                )
+            except aio.AioRpcError as err:
+                _refused_by_bootstrap(address, err)
+                failures.append(f"{address}: {_describe(err)}")
+                continue
+            via = address
+            break
+        if config_reply is None:
+            raise NodeError(
+                f"cannot reach the bootstrap node(s) {'; '.join(failures)}; check the address "
+                "and that a gwtf node runs there",
+                1,
+            )
+        try:
+            swarm = swarm_from_pb(config_reply.swarm)
+        except InvalidMessage as err:
+            raise NodeError(f"the bootstrap node {via} sent an invalid swarm: {err}", 1) from None
+        wanted = state.settings.num_stages
+        if wanted not in (None, swarm.num_stages):
+            raise NodeError(
+                f"the swarm at {via} has {swarm.num_stages} stages, not {wanted}"
+                " (--stages only sets up a new swarm; leave it out to join)",
+                2,
+            )
+        self._check_stage(swarm)
+        await self._preload()
+        compute_s = await self._compute_s(swarm)
+        epoch = time.time_ns()
+        me = self._me(compute_s, epoch)
+        try:
+            reply = await self._peers.stubs_at(via).membership.Join(
+                node_pb2.JoinRequest(member=member_to_pb(me)), timeout=timeout
+            )
+        except aio.AioRpcError as err:
+            _refused_by_bootstrap(via, err)
+            raise NodeError(f"cannot join through {via}: {_describe(err)}", 1) from None
+        try:
+            members = members_from_pb(reply.members, swarm.num_stages)
+        except InvalidMessage as err:
+            raise NodeError(f"the bootstrap node {via} sent invalid members: {err}", 1) from None
+        # A joiner enters at the swarm's phase: at the final epsilon if the swarm is there.
+        self._setup(swarm, me, warm=reply.final, round_=reply.round, tightens=reply.tightens)
+        state.members.merge(members)
+        state.log.info(
+            "joined swarm %s through %s: %d members, stage %d of %d",
+            swarm.swarm_id,
+            via,
+            len(state.members.alive()) + 1,
+            state.settings.stage,
+            swarm.num_stages,
+        )
+        return via
+
+
+def _refused_by_bootstrap(address: str, err: aio.AioRpcError) -> None:
+    """NodeError if the bootstrap node refused this node for a reason the user must fix (the
+    swarm's token, the stage, a taken id); other failures let the next address be tried."""
+    if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+        raise NodeError(f"the swarm at {address} refused this node: {err.details()}", 2)
+    if err.code() in (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.ALREADY_EXISTS,
+    ):
+        raise NodeError(f"the swarm at {address} refused this node: {err.details()}", 2)
+
+
+def _describe(err: aio.AioRpcError) -> str:
+    code = err.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return "nothing answers there (connection refused or unreachable)"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "no answer before the deadline"
+    details = (err.details() or "").splitlines()
+    return f"{code.name.lower()}: {details[0] if details else ''}"
+
+
+def measure_compute(job_spec: str, stage: int, num_stages: int, placement: Any = None) -> float:
+    """Seconds of forward + backward of one microbatch through `stage` of `job_spec`'s model,
+    where the node's stages run (`placement`, a gwtf.train.device.Placement; None: the CPU).
+    ValueError if the job or the cut is wrong."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from gwtf.train import build_stage_of, measure_stage_compute, resolve_job
+
+    job = resolve_job(job_spec)
+    module = build_stage_of(job.model, job.seed, stage, num_stages)
+    return measure_stage_compute(module, job, placement=placement)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -1,0 +1,76 @@
+"""Who a node is and where it goes: the `gwtf node` flags (docs/design.md 3.1).
+
+Apart from the node (gwtf.node.node) so that the parts that build a node from them (entering a
+swarm, gwtf.node.entry; the channels to peers, gwtf.node.peers) name them without naming the
+node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gwtf.flow.topology import LinkSpec
+from gwtf.node.config import (
+    DEFAULT_ACTIVATION_BYTES,
+    DEFAULT_MAX_ARC_COST_S,
+    DEFAULT_MIN_ARC_COST_S,
+)
+from gwtf.node.faults import Fault
+from gwtf.node.ratelimit import RateLimit
+from gwtf.node.security import Credentials
+
+__all__ = ["NodeSettings"]
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Who this node is and where it goes (the `gwtf node` flags)."""
+
+    stage: int
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise: str | None = None
+    """The host peers reach this node at (behind NAT or a wildcard `host`); None: `host`, or the
+    machine's host name when `host` is a wildcard."""
+    node_id: str | None = None
+    """Default: the address it listens on, HOST:PORT (unique in a swarm)."""
+    bootstrap: tuple[str, ...] = ()
+    """Addresses of members to join through; none: this node creates a swarm."""
+    location: str = ""
+    links: Mapping[frozenset[str], LinkSpec] | None = None
+    """The link matrix of the emulated WAN (with `location`), None: no emulation."""
+    compute_s: float | None = None
+    """Seconds per microbatch; None: measured by a warm-up of the stage of `job`."""
+    job: str = "tiny-gpt"
+    # Only for the first node of a swarm:
+    num_stages: int | None = None
+    activation_bytes: int = DEFAULT_ACTIVATION_BYTES
+    max_arc_cost_s: float = DEFAULT_MAX_ARC_COST_S
+    min_arc_cost_s: float = DEFAULT_MIN_ARC_COST_S
+    quiet_s: float | None = None
+    seed: int | None = None
+    """Seed of the gossip partner order; default: derived from the node id."""
+    credentials: Credentials = field(default_factory=Credentials)
+    """The swarm's token and/or TLS certificates (gwtf.node.security); empty: an open swarm."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port of `host` (0: a free one); None: no metrics."""
+    memory_slots: int = 8
+    """Microbatches whose forward state this node keeps at once (training jobs)."""
+    device: str = "auto"
+    """Where this node's stage runs: auto, cpu, cuda, cuda:N or mps (gwtf.train.device)."""
+    precision: str = "fp32"
+    """fp32, or bf16 / fp16 under autocast (gwtf.train.device)."""
+    threads: int | None = None
+    """torch CPU threads; None: auto (gwtf.train.device.resolve_threads)."""
+    train: bool = True
+    """Take part in training jobs: load torch before entering the swarm (importing it takes
+    seconds in which the process answers nothing, which peers would take for a death). False:
+    route only, start fast, and refuse jobs."""
+    emulate_compute: bool = False
+    """Pad each microbatch's stage work to `compute_s` (with sleep), as the emulated WAN pads
+    messages: a local swarm then runs at the speeds its flows were computed for."""
+    fault: Fault | None = None
+    """Crash (SIGKILL itself) at this point of a job: chaos tests (gwtf.node.faults)."""
+    rate_limit: RateLimit = field(default_factory=RateLimit)
+    """Calls per second each peer may make (gwtf.node.ratelimit); rate 0: no limit."""
