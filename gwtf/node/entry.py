@@ -33,8 +33,9 @@ __all__ = ["Preloader", "SwarmEntry", "measure_compute"]
 class Preloader(Protocol):
     """The job runtime as entering a swarm uses it (gwtf.node.jobs.JobManager)."""
 
-    placement: Any
-    """Where stages run (a gwtf.train.device.Placement), chosen by `preload`."""
+    @property
+    def placement(self) -> Any:
+        """Where stages run (a gwtf.train.device.Placement), chosen by `preload`."""
 
     async def preload(self, device: str, precision: str, threads: int | None) -> None: ...
 
