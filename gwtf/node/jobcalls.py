@@ -234,7 +234,8 @@ class JobCalls:
             raise InvalidMessage("the commit names a departed participant that is alive")
         _, worker = self._participating(request.job_id, request.sender)
         # The coordinator left these out of the attempt because they died or left: hear of
-        # it before acting on the attempt, as the coordinator did (gwtf.node.control.MembershipControl.on_events).
+        # it before acting on the attempt, as the coordinator did
+        # (gwtf.node.control.MembershipControl.on_events).
         self.host.hear_verdicts(verdicts)
         job = self.book.active.job if self.book.active is not None else None
         assert job is not None
