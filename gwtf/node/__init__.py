@@ -37,9 +37,10 @@ I/O):
                 calls, state transfer and backups, joining a running job, progress
     worker      StageWorker: the torch side of a job on a node: compute queue, memory slots,
                 forward and backward over the data plane, the ledger and kept tensors, carrying
-                out recoveries, the commit with the stage's replicas; it drives its parts:
-                stage (the state they share), runtime (the compute thread), sender (the data
-                plane's sends), commit (this replica's commit), recoveries (and restarts)
+                out recoveries, the commit with the stage's replicas; it wires its parts:
+                stage (the state they share), runtime (the compute thread), pipeline (the
+                microbatches' life), sender (the data plane's sends), commit (this replica's
+                commit), recoveries (and restarts)
     gradsync    replicas' gradient sums as a chunked stream, checked
     tensors     the data plane: microbatch tensors as chunked streams, checked
     node        Node: the asyncio orchestration of all the above, host of prober and coordinator

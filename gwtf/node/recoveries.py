@@ -7,8 +7,9 @@ microbatch's input (`recover`): that node resends its kept activation to a repla
 its own flows, marked as a plain forward (rule 1), "recompute" (rule 2) or "replay" (rule 3); a
 dead data holder's microbatch is taken up by another holder, from its own copy of the data. A
 replacement that recomputes or replays asks the next-stage node to send the gradient to it instead
-(`ask_redirect`, answered by that node's `redirect`), which resends its kept gradient if it went
-to the dead node already. A `restart` starts the iteration again from scratch as a new round.
+(`DataPlaneSender.ask_redirect`, answered by that node's `redirect`), which resends its kept
+gradient if it went to the dead node already. A `restart` starts the iteration again from scratch
+as a new round.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import grpc
-from grpc import aio
 
 from gwtf.node.commit import CommitParticipant
 from gwtf.node.errors import Refusal
 from gwtf.node.observe import job_event
 from gwtf.node.runtime import COMMIT, ComputeRuntime
 from gwtf.node.sender import DataPlaneSender
-from gwtf.node.stage import FINAL_CODES, Iteration, StageContext
+from gwtf.node.stage import Iteration, StageContext
 from gwtf.node.tensors import TensorError
 from gwtf.recovery import Mode, NeighbourReport, Rule
 from gwtf.v1 import job_pb2
@@ -145,36 +145,8 @@ class RecoveryHandler:
             ctx.job_id, it.number, m, dead, mode.name.lower(),
             extra=job_event(ctx.job_id, it.number, m),
         )
-        ctx.spawn(self.ask_redirect(it, m, downstream, mode), f"redirect {m}", it)
+        ctx.spawn(self._sender.ask_redirect(it, m, downstream, mode), f"redirect {m}", it)
         await self._own_forward(it, m)
-
-    async def ask_redirect(self, it: Iteration, m: int, downstream: str, mode: Mode) -> None:
-        """Ask `downstream` to send `m`'s gradient here (again, if the dead node had it)."""
-        ctx = self._ctx
-        request = job_pb2.RedirectRequest(
-            sender=ctx.host.node_id, job_id=ctx.job_id, iteration=it.number, round=it.round,
-            microbatch=m, stage=ctx.stage, mode=int(mode),
-        )
-        attempt = 0
-        while ctx.current(it):
-            member = ctx.host.member(downstream)
-            if member is None:
-                return  # it died too: its own recovery takes the microbatch from here
-            try:
-                await ctx.host.job_stub(member).Redirect(
-                    request, timeout=ctx.config.rpc_timeout_s
-                )
-                return
-            except aio.AioRpcError as err:
-                if err.code() in FINAL_CODES:
-                    ctx.host.log.warning(
-                        "job %s it %d mb %d: %s refused the redirect: %s", ctx.job_id,
-                        it.number, m, downstream, err.details(),
-                        extra=job_event(ctx.job_id, it.number, m),
-                    )
-                    return
-            await asyncio.sleep(ctx.backoff(attempt))
-            attempt += 1
 
     def redirect(self, request: job_pb2.RedirectRequest) -> None:
         """A replacement of the stage above took over microbatch `m`: its gradient goes there

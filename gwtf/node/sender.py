@@ -1,6 +1,6 @@
 """The data-plane sender of a stage worker: a microbatch's activation to a next-stage node picked
-by the flows, its gradient back up its path, with retries and backoff (docs/design.md 2.8, 3.7
-and 4).
+by the flows, its gradient back up its path, and a replacement's request for that gradient
+(`ask_redirect`), each with retries and backoff (docs/design.md 2.8, 3.7 and 4).
 
 Every send is on the iteration's record (the ledger, and the tensors in `Iteration.kept`) before
 it leaves, so a receiver that dies mid-call is still on the record and the recovery of its death
@@ -23,6 +23,7 @@ from gwtf.node.stage import FINAL_CODES, Iteration, StageContext
 from gwtf.node.tensors import MicrobatchTag, TensorError, send
 from gwtf.node.transport import is_refused
 from gwtf.recovery import Mode, Rule
+from gwtf.v1 import job_pb2
 
 __all__ = ["DataPlaneSender"]
 
@@ -235,3 +236,31 @@ class DataPlaneSender:
             return _GIVE_UP
         self.count_data("sent", direction, tensors)
         return _SENT
+
+    async def ask_redirect(self, it: Iteration, m: int, downstream: str, mode: Mode) -> None:
+        """Ask `downstream` to send `m`'s gradient here (again, if the dead node had it)."""
+        ctx = self._ctx
+        request = job_pb2.RedirectRequest(
+            sender=ctx.host.node_id, job_id=ctx.job_id, iteration=it.number, round=it.round,
+            microbatch=m, stage=ctx.stage, mode=int(mode),
+        )
+        attempt = 0
+        while ctx.current(it):
+            member = ctx.host.member(downstream)
+            if member is None:
+                return  # it died too: its own recovery takes the microbatch from here
+            try:
+                await ctx.host.job_stub(member).Redirect(
+                    request, timeout=ctx.config.rpc_timeout_s
+                )
+                return
+            except aio.AioRpcError as err:
+                if err.code() in FINAL_CODES:
+                    ctx.host.log.warning(
+                        "job %s it %d mb %d: %s refused the redirect: %s", ctx.job_id,
+                        it.number, m, downstream, err.details(),
+                        extra=job_event(ctx.job_id, it.number, m),
+                    )
+                    return
+            await asyncio.sleep(ctx.backoff(attempt))
+            attempt += 1
