@@ -5,6 +5,8 @@ What a training job's nodes decide, written once so that every driver decides it
     iterations  IterationCoordinator: an iteration's plan (the holders' shares, `assign`), its
                 two-phase commit, the recoveries and drops it waits for, restarts of a round,
                 joiners and the exclusion of bad replicas, as the job's coordinator sees them
+    microbatches  MicrobatchTable: what a node holds of the iteration in progress (forwards,
+                gradients, paths, modes, losses), and the checks of an incoming microbatch's tag
     nexthop     next hops: the weights of the next-stage candidates (from the flows once they
                 are settled, else from capacities) and smooth weighted round-robin over them
     roster      who takes part: the nodes per stage, the fit of a start, the coordinator's

@@ -43,7 +43,10 @@ real messages. Modules, one idea each (pure ones first; only `server`, `transpor
     jobjoin     Joiner: entering a running job, adopting one whose holders all died
     worker      StageWorker: the torch side of a job on a node: compute queue, memory slots,
                 forward and backward over the data plane, the ledger and kept tensors, carrying
-                out recoveries, the commit with the stage's replicas
+                out recoveries, the commit with the stage's replicas; it wires its parts:
+                stage (the state they share), runtime (the compute thread), pipeline (the
+                microbatches' life), sender (the data plane's sends), commit (this replica's
+                commit), recoveries (and restarts)
     gradsync    replicas' gradient sums as a chunked stream, checked
     tensors     the data plane: microbatch tensors as chunked streams, checked
     settings    NodeSettings: the `gwtf node` flags

@@ -1,0 +1,359 @@
+"""The commit participant of a stage worker: the two phases of an iteration's commit at one replica
+(docs/design.md 3.7, 4.3 and 4.7).
+
+Phase one (`order_commit`): the node sends its gradient sums to the other members of its stage
+named in the order (gwtf.node.gradsync), collects theirs (`on_contribution`) and reports
+`prepared`; with a robust aggregation it screens the sums it holds first and names the
+out-of-bounds peers. Phase two (`step`): once every member is prepared, the node combines the sums
+in node-id order (or by the job's robust rule), steps AdamW, and reports its stage checksum. A
+member that dies in phase one voids the attempt and the coordinator orders another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import grpc
+import torch
+from grpc import aio
+from torch import Tensor
+
+from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport, StepOrder
+from gwtf.node.errors import Refusal
+from gwtf.node.gradsync import ContributionError, ContributionHeader, encode, flatten, unflatten
+from gwtf.node.runtime import COMMIT, ComputeRuntime
+from gwtf.node.stage import (
+    FINAL_CODES,
+    Iteration,
+    LastStep,
+    StageContext,
+    Stale,
+    WorkerStopped,
+)
+from gwtf.node.tensors import TensorError
+from gwtf.train import ContributionError as CombineError
+from gwtf.train import ExecutorError, GradContribution, combine_contributions
+from gwtf.train.robust import aggregate, norm_outliers
+
+__all__ = ["CommitParticipant"]
+
+
+class CommitParticipant:
+    """This replica's part in its stage's commits: the peers' sums, preparing and stepping."""
+
+    def __init__(
+        self, ctx: StageContext, runtime: ComputeRuntime, advance: Callable[[StepOrder], None]
+    ) -> None:
+        """`advance`: the worker's move to the next iteration once this node stepped."""
+        self._ctx = ctx
+        self._runtime = runtime
+        self._advance = advance
+        executor = ctx.executor
+        self._shapes = {name: tuple(p.shape) for name, p in executor.parameters().items()}
+        self._numel = sum(p.numel() for p in executor.parameters().values())
+        self._grad_dtype = torch.float64 if ctx.job.grad_accum == "float64" else torch.float32
+        self._sums: dict[tuple[int, int, int], dict[str, GradContribution]] = {}
+        """(iteration, round, attempt) -> the stage peers' gradient sums for that attempt."""
+        self.last_step: LastStep | None = None
+
+    def forget(self, before: int) -> None:
+        """Drop the peers' sums of iterations before `before` (stepped, or started over)."""
+        self._sums = {k: v for k, v in self._sums.items() if k[0] >= before}
+
+    # ------------------------------------------------------------------ the peers' sums
+
+    def contribution_numel(self, header: ContributionHeader) -> int:
+        """Checks a peer's contribution header; the number of values it must carry."""
+        ctx = self._ctx
+        if not ctx.started.is_set():
+            # The start and the first commit travel on different calls: the sender retries.
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"job {ctx.job_id} has not started here")
+        if header.job_id != ctx.job_id:
+            raise ContributionError(f"the contribution is for job {header.job_id[:40]!r}")
+        if (
+            ctx.participants.get(header.sender) != ctx.stage
+            or header.stage != ctx.stage
+            or header.sender == ctx.host.node_id
+            or header.sender in ctx.excluded
+        ):
+            raise ContributionError(
+                f"{header.sender[:40]!r} is not a stage-{ctx.stage} replica of job {ctx.job_id}"
+            )
+        if header.dtype != ctx.job.grad_accum:
+            raise ContributionError(
+                f"gradient sums must be {ctx.job.grad_accum}, not {header.dtype}"
+            )
+        if not ctx.it.number <= header.iteration <= ctx.it.number + 1:
+            raise ContributionError(
+                f"a contribution for iteration {header.iteration} cannot be used at "
+                f"iteration {ctx.it.number}"
+            )
+        if any(not 0 <= mb < ctx.job.microbatches for mb in header.microbatches):
+            raise ContributionError("the contribution names microbatches outside the job's")
+        return self._numel
+
+    def on_contribution(self, header: ContributionHeader, flat: Tensor) -> None:
+        """A stage peer's gradient sums for an attempt of this iteration's commit (or the
+        next iteration's)."""
+        ctx = self._ctx
+        self.contribution_numel(header)
+        store = self._sums.setdefault((header.iteration, header.round, header.attempt), {})
+        if header.sender in store:
+            raise ContributionError(
+                f"{header.sender} sent two contributions for iteration {header.iteration} "
+                f"attempt {header.attempt}"
+            )
+        ctx.metrics.count("gwtf_job_bytes_received", ctx.job_id, "gradient_sums",
+                          flat.numel() * flat.element_size())
+        store[header.sender] = GradContribution(
+            node_id=header.sender,
+            stage=ctx.stage,
+            iteration=header.iteration,
+            microbatch_ids=header.microbatches,
+            grad_sums=unflatten(flat, self._shapes) if header.microbatches else {},
+        )
+        ctx.signal()
+
+    # ------------------------------------------------------------------ phase one
+
+    def order_commit(self, order: CommitOrder) -> None:
+        """Phase one of an attempt of the coordinator's commit (a repeated one is ignored)."""
+        if self._ctx.stopped:
+            return
+        self._ctx.spawn(self._prepare(order), f"prepare {order.iteration}/{order.attempt}")
+
+    async def _prepare(self, order: CommitOrder) -> None:
+        ctx = self._ctx
+        began = time.monotonic()
+        deadline = began + ctx.config.commit_timeout_s
+        try:
+            await asyncio.wait_for(ctx.started.wait(), ctx.config.commit_timeout_s)
+            await ctx.reach(order.iteration, order.round, deadline)
+        except (TimeoutError, TensorError, Refusal):
+            return  # over, or never reached: the coordinator orders another attempt
+        it = ctx.it
+        if order.attempt <= it.attempt:
+            return
+        it.attempt = order.attempt
+        it.prepared = None
+        me = ctx.host.node_id
+        try:
+            mine = await self._runtime.compute(
+                COMMIT, lambda: ctx.executor.contribution(me), 0.0, it
+            )
+        except (WorkerStopped, Stale):
+            return
+        if set(mine.microbatch_ids) != set(ctx.ledger.contributions()):
+            ctx.fail(
+                f"{me}'s gradient sums hold microbatches {sorted(mine.microbatch_ids)[:8]} but its "
+                f"ledger says {sorted(ctx.ledger.contributions())[:8]}"
+            )
+            return
+        names = sorted(self._shapes)
+        flat = flatten(mine.grad_sums, names, self._grad_dtype)
+        header = ContributionHeader(
+            sender=me,
+            job_id=ctx.job_id,
+            iteration=it.number,
+            stage=ctx.stage,
+            microbatches=mine.microbatch_ids,
+            dtype=ctx.job.grad_accum,
+            numel=flat.numel(),
+            round=it.round,
+            attempt=order.attempt,
+        )
+        peers = sorted(p for p, s in order.members.items() if s == ctx.stage and p != me)
+        sent = self._poisoned(flat, it.number) if peers else flat
+        for index, peer in enumerate(peers):
+            if index == 1:
+                ctx.hit("aggregation", it.number)
+            ok = await self._contribute(peer, header, sent, deadline, it, order.attempt)
+            if not ok:
+                return
+        if len(peers) == 1:
+            ctx.hit("aggregation", it.number)
+        key = (it.number, it.round, order.attempt)
+        while not set(peers) <= set(self._sums.get(key, {})):
+            if not ctx.current(it) or it.attempt != order.attempt:
+                return
+            if any(ctx.host.member(p) is None for p in peers):
+                return  # a member died: the coordinator voids the attempt and orders another
+            try:
+                await ctx.wait_change(deadline)
+            except TimeoutError:
+                return
+        got = self._sums.get(key, {})
+        held = [mine, *(got[p] for p in peers)]
+        outliers: tuple[str, ...] = ()
+        rule = ctx.job.aggregation
+        if rule.robust:
+            try:
+                outliers = tuple(await self._runtime.compute(
+                    COMMIT, lambda: norm_outliers(held, rule.norm_factor), 0.0, it))
+            except (WorkerStopped, Stale):
+                return
+            if outliers:
+                ctx.host.log.warning(
+                    "job %s iteration %d attempt %d: stage %d screen names %s out of bounds "
+                    "(gradient norm above %g times the median, or not finite)", ctx.job_id,
+                    it.number, order.attempt, ctx.stage, ", ".join(outliers), rule.norm_factor,
+                )
+        it.prepared = (order, held)
+        compute_s, replayed_s = self._runtime.compute_delta()
+        ctx.metrics.observe("gwtf_job_commit_seconds", ctx.job_id, time.monotonic() - began,
+                            "prepare")
+        ctx.host.report_prepared(ctx.job_id, PreparedReport(
+            sender=me,
+            iteration=it.number,
+            round=it.round,
+            attempt=order.attempt,
+            stage=ctx.stage,
+            contributed=ctx.ledger.contributions(),
+            losses=dict(it.losses),
+            routes=dict(it.routes),
+            compute_s=compute_s,
+            replayed_s=replayed_s,
+            outliers=frozenset(outliers),
+        ))
+
+    def _poisoned(self, flat: Tensor, iteration: int) -> Tensor:
+        """What this node sends its stage peers: its sums, unless armed to poison them."""
+        ctx = self._ctx
+        scale = ctx.fault.gradient_scale(iteration) if ctx.fault is not None else None
+        if scale is None:
+            return flat
+        ctx.host.log.warning("fault injected: gradient sums of iteration %d sent scaled by %g",
+                             iteration, scale)
+        return flat * scale
+
+    async def _contribute(
+        self, peer: str, header: ContributionHeader, flat: Tensor, deadline: float,
+        it: Iteration, attempt: int,
+    ) -> bool:
+        ctx = self._ctx
+        for tries in range(ctx.config.send_attempts):
+            if tries:
+                await asyncio.sleep(ctx.backoff(tries - 1))
+            member = ctx.host.member(peer)
+            if member is None or not ctx.current(it) or it.attempt != attempt:
+                return False
+            nbytes = flat.numel() * flat.element_size()
+            delay = ctx.host.wan_delay(member, nbytes)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                await ctx.host.job_stub(member).Contribute(
+                    encode(header, flat), timeout=max(0.001, deadline - time.monotonic())
+                )
+                ctx.metrics.count("gwtf_job_bytes_sent", ctx.job_id, "gradient_sums", nbytes)
+                return True
+            except aio.AioRpcError as err:
+                if err.code() in FINAL_CODES:
+                    ctx.host.log.warning(
+                        "job %s: %s refused the gradient sums for iteration %d attempt %d: %s",
+                        ctx.job_id, peer, header.iteration, attempt, err.details(),
+                    )
+                    return False
+        return False
+
+    # ------------------------------------------------------------------ phase two
+
+    def step(self, order: StepOrder) -> None:
+        """Phase two: every member is prepared, step."""
+        ctx = self._ctx
+        it = ctx.it
+        if (order.iteration, order.round) != (it.number, it.round) or ctx.stopped:
+            return  # a repeated order
+        prepared = it.prepared
+        if prepared is None or prepared[0].attempt != order.attempt:
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{ctx.host.node_id} is not prepared for attempt {order.attempt} of iteration "
+                f"{order.iteration}",
+            )
+        ctx.spawn(self._step(it, order, prepared[0], prepared[1]), f"step {order.iteration}")
+
+    async def _step(
+        self, it: Iteration, order: StepOrder, commit: CommitOrder,
+        contributions: list[GradContribution],
+    ) -> None:
+        ctx = self._ctx
+        executor = ctx.executor
+        began = time.monotonic()
+        expected = commit.microbatches
+        me = ctx.host.node_id
+        alone = not any(
+            s == ctx.stage and p != me and p not in ctx.departed
+            and ctx.host.member(p) is not None
+            for p, s in order.participants.items()
+        )
+
+        rule = ctx.job.aggregation
+        noise = ctx.fault.weight_noise(order.iteration) if ctx.fault is not None else None
+
+        def step() -> tuple[str, dict[str, str], bytes | None]:
+            if rule.robust:
+                aggregated = aggregate(
+                    contributions, rule.rule, expected_ids=expected, trim=rule.trim,
+                    clip_iterations=rule.clip_iterations,
+                )
+            else:
+                aggregated = combine_contributions(contributions, expected_ids=expected)
+            checksum = executor.commit(aggregated)
+            if noise is not None:
+                checksum = self._corrupt(noise, order.iteration)
+            digests = executor.digests() if order.final else {}
+            # The last replica of a stage keeps its new state elsewhere before it does anything
+            # of the next iteration: a node joining the stage after it died starts from there.
+            state = executor.state_bytes() if alone and not order.final else None
+            return checksum, digests, state
+
+        try:
+            checksum, digests, state = await self._runtime.compute(COMMIT, step, 0.0, it)
+        except (WorkerStopped, Stale):
+            return
+        except (CombineError, ExecutorError) as err:
+            ctx.fail(
+                f"stage {ctx.stage} could not commit iteration {order.iteration} on "
+                f"{me}: {err}"
+            )
+            return
+        self.last_step = LastStep(order.iteration, order.loss, order.trained, order.dropped)
+        self._observe_step(order, time.monotonic() - began)
+        report = CommittedReport(
+            sender=me,
+            iteration=it.number,
+            stage=ctx.stage,
+            checksum=checksum,
+            digests=digests,
+        )
+        ctx.participants.update(order.participants)
+        if state is not None:
+            await ctx.host.keep_backup(ctx.job_id, ctx.stage, order.iteration + 1, state)
+        self._advance(order)
+        ctx.host.report_committed(ctx.job_id, report)
+
+    def _observe_step(self, order: StepOrder, seconds: float) -> None:
+        job, metrics = self._ctx.job_id, self._ctx.metrics
+        metrics.observe("gwtf_job_commit_seconds", job, seconds, "step")
+        metrics.count("gwtf_job_iterations_committed", job)
+        metrics.count("gwtf_job_microbatches_trained", job, by=order.trained)
+        metrics.count("gwtf_job_dropped_microbatches", job, by=len(order.dropped))
+        metrics.set("gwtf_job_loss", job, order.loss)
+        metrics.set("gwtf_job_iteration", job, order.iteration + 1)
+
+    def _corrupt(self, scale: float, iteration: int) -> str:
+        """The `poison:weights` fault: noise on this replica's parameters (compute thread)."""
+        executor = self._ctx.executor
+        self._ctx.host.log.warning(
+            "fault injected: stage parameters corrupted after iteration %d", iteration
+        )
+        generator = torch.Generator().manual_seed(iteration)
+        with torch.no_grad():
+            for _, param in sorted(executor.parameters().items()):
+                noise = torch.randn(param.shape, generator=generator, dtype=param.dtype)
+                noise = noise.to(param.device)
+                param.add_(noise * scale * float(param.abs().mean()))
+        return executor.checksum()

@@ -1,0 +1,218 @@
+"""The recovery handler of a stage worker: this node's part when another node dies, and restarts of
+a round (docs/design.md 4.2 to 4.4).
+
+The job's coordinator asks the dead node's live neighbours for their ledgers' evidence (`report`),
+plans with gwtf.recovery.plan_crash, and sends each recovery to the node that holds the
+microbatch's input (`recover`): that node resends its kept activation to a replacement chosen by
+its own flows, marked as a plain forward (rule 1), "recompute" (rule 2) or "replay" (rule 3); a
+dead data holder's microbatch is taken up by another holder, from its own copy of the data. A
+replacement that recomputes or replays asks the next-stage node to send the gradient to it instead
+(`DataPlaneSender.ask_redirect`, answered by that node's `redirect`), which resends its kept
+gradient if it went to the dead node already. A `restart` starts the iteration again from scratch
+as a new round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+import grpc
+
+from gwtf.node.commit import CommitParticipant
+from gwtf.node.errors import Refusal
+from gwtf.node.observe import job_event
+from gwtf.node.runtime import COMMIT, ComputeRuntime
+from gwtf.node.sender import DataPlaneSender
+from gwtf.node.stage import Iteration, StageContext
+from gwtf.node.tensors import TensorError
+from gwtf.recovery import Mode, NeighbourReport, Rule
+from gwtf.v1 import job_pb2
+
+__all__ = ["RecoveryHandler"]
+
+
+class RecoveryHandler:
+    """Recoveries of dead nodes' microbatches at this node, and restarts of the iteration."""
+
+    def __init__(
+        self,
+        ctx: StageContext,
+        runtime: ComputeRuntime,
+        sender: DataPlaneSender,
+        commit: CommitParticipant,
+        *,
+        begin: Callable[[tuple[str, ...], Mapping[str, int] | None], None],
+        own_forward: Callable[[Iteration, int], Coroutine[Any, Any, None]],
+    ) -> None:
+        """`begin`: the worker's start of the iteration's injection (holders); `own_forward`:
+        its forward of a microbatch this holder builds from its data."""
+        self._ctx = ctx
+        self._runtime = runtime
+        self._sender = sender
+        self._commit = commit
+        self._begin = begin
+        self._own_forward = own_forward
+        self._restarts: dict[
+            int, tuple[int, tuple[str, ...], Mapping[str, int] | None]
+        ] = {}
+        """Restarts ordered for an iteration this node has not reached yet."""
+
+    # ------------------------------------------------------------------ recovery
+
+    async def report(self, iteration: int, round_: int, dead: str) -> NeighbourReport:
+        """This node's ledger evidence about `dead` for the iteration in progress."""
+        ctx = self._ctx
+        deadline = time.monotonic() + ctx.config.rpc_timeout_s
+        try:
+            await ctx.reach(iteration, round_, deadline)
+        except TensorError as err:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+        return ctx.ledger.report_about(dead)
+
+    def _check_recovery(self, iteration: int, round_: int, m: int) -> Iteration | None:
+        ctx = self._ctx
+        it = ctx.it
+        if ctx.stopped or (iteration, round_) != (it.number, it.round):
+            return None
+        if not 0 <= m < ctx.job.microbatches:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"no microbatch {m} in the job")
+        return it
+
+    def recover(self, request: job_pb2.RecoverRequest) -> None:
+        """The coordinator's order: carry out one recovery of a dead node's microbatch."""
+        ctx = self._ctx
+        it = self._check_recovery(request.iteration, request.round, request.microbatch)
+        if it is None:
+            return  # the iteration moved on: moot
+        m = request.microbatch
+        rule = Rule(request.rule)
+        mode = rule.mode
+        if request.stage == ctx.stage == 0:
+            if m in it.forwards:
+                return  # recovered here already
+            if not request.gradient_from:
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a stage-0 recovery names no "
+                              "downstream node")
+            ctx.spawn(self._recover_holder(it, m, mode, request.gradient_from, request.dead),
+                      f"recover {m}", it)
+            return
+        if request.stage != ctx.stage + 1:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"stage {ctx.stage} cannot recover stage {request.stage}")
+        if ctx.ledger.activation_receiver(m) != request.dead:
+            return  # already moved on from the dead node (a repeated order)
+        kept = it.kept.get((m, "forward"))
+        if kept is None:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{ctx.host.node_id} keeps no activation of microbatch {m}")
+        downstream = request.gradient_from if mode != Mode.FORWARD else ""
+        last = request.stage == ctx.num_stages - 1
+        if mode != Mode.FORWARD and not downstream and not last:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a recompute or replay names no "
+                          "downstream node")
+        if last and (downstream or mode == Mode.RECOMPUTE):
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the last stage is replayed whole, "
+                          "with no downstream node")
+        ctx.spawn(
+            self._sender.send_forward(it, m, kept[1], mode=mode, dead=request.dead,
+                                      downstream=downstream),
+            f"resend {m}", it,
+        )
+
+    async def _recover_holder(
+        self, it: Iteration, m: int, mode: Mode, downstream: str, dead: str
+    ) -> None:
+        """Stage 0 of a dead holder's microbatch, again, here: the token ids from this holder's
+        copy of the data, forward recomputed, the gradient asked from `downstream`."""
+        ctx = self._ctx
+        free = ctx.free  # a restart replaces it: a slot goes back where it came from
+        await free.acquire()
+        if not ctx.current(it) or m in it.forwards:
+            free.release()
+            return
+        it.forwards[m] = ""
+        it.paths[m] = (ctx.host.node_id,)
+        it.modes[m] = mode
+        it.fwd_done[m] = asyncio.Event()
+        ctx.ledger.activation_sent(m, downstream)
+        self._sender.rerouted += 1
+        ctx.metrics.count("gwtf_job_reroutes", ctx.job_id, Rule(int(mode) + 1).name.lower())
+        ctx.host.log.info(
+            "job %s it %d mb %d: stage 0 of dead %s's microbatch is recovered here (%s)",
+            ctx.job_id, it.number, m, dead, mode.name.lower(),
+            extra=job_event(ctx.job_id, it.number, m),
+        )
+        ctx.spawn(self._sender.ask_redirect(it, m, downstream, mode), f"redirect {m}", it)
+        await self._own_forward(it, m)
+
+    def redirect(self, request: job_pb2.RedirectRequest) -> None:
+        """A replacement of the stage above took over microbatch `m`: its gradient goes there
+        (resent now if it went to the dead node already)."""
+        ctx = self._ctx
+        it = self._check_recovery(request.iteration, request.round, request.microbatch)
+        if it is None:
+            return
+        m = request.microbatch
+        new = request.sender
+        if request.stage != ctx.stage - 1 or ctx.participants.get(new) != request.stage:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{new[:40]!r} is not a stage-{ctx.stage - 1} node of the job")
+        if request.mode not in (Mode.RECOMPUTE, Mode.REPLAY):
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a redirect is for a recompute or "
+                          "a replay")
+        if m not in it.forwards or m not in it.paths:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"microbatch {m} never came to {ctx.host.node_id}")
+        ctx.ledger.gradient_target(m, new, Mode(request.mode))
+        path = list(it.paths[m])
+        path[ctx.stage - 1] = new
+        it.paths[m] = tuple(path)
+        kept = it.kept.get((m, "backward"))
+        if kept is not None:
+            ctx.spawn(self._sender.send_backward(it, m, kept[1]["gradient"]), f"regrad {m}", it)
+
+    # ------------------------------------------------------------------ restarts
+
+    def restart(self, iteration: int, round_: int, holders: tuple[str, ...],
+                weights: Mapping[str, int] | None, participants: Mapping[str, int]) -> None:
+        """Start `iteration` again from scratch as `round_` (see gwtf.node.worker's docstring)."""
+        ctx = self._ctx
+        ctx.participants.update(participants)
+        it = ctx.it
+        if (iteration, round_) <= (it.number, it.round):
+            return
+        if iteration > it.number:
+            self._restarts[iteration] = (round_, holders, weights)
+            return
+        self._abandon(it, round_, holders, weights)
+
+    def pending_restart(
+        self, iteration: int
+    ) -> tuple[int, tuple[str, ...], Mapping[str, int] | None] | None:
+        """(round, holders, weights) of a restart ordered for `iteration` before this node
+        reached it, taken off the list (None: none was)."""
+        return self._restarts.pop(iteration, None)
+
+    def _abandon(self, old: Iteration, round_: int, holders: tuple[str, ...],
+                 weights: Mapping[str, int] | None) -> None:
+        ctx = self._ctx
+        ctx.host.log.warning(
+            "job %s iteration %d starts again as round %d", ctx.job_id, old.number, round_,
+            extra=job_event(ctx.job_id, old.number),
+        )
+        ctx.metrics.count("gwtf_job_restarts", ctx.job_id)
+        self._runtime.round_abandoned()
+        for task in list(old.tasks):
+            task.cancel()
+        ctx.it = Iteration(old.number, round_)
+        self._commit.forget(old.number + 1)
+        ctx.ledger.reset(old.number)
+        stale, ctx.free = ctx.free, asyncio.Semaphore(ctx.slots)
+        for _ in range(ctx.slots):
+            stale.release()  # wake whoever waited for a slot of the old round: it gives up
+        ctx.spawn(self._runtime.compute(COMMIT, ctx.executor.abandon), "abandon")
+        ctx.signal()
+        self._begin(holders, weights)

@@ -1,0 +1,272 @@
+"""What the parts of a stage worker share (docs/design.md 3.7 and 4): the job's stage on this
+node, the iteration in progress, who takes part, and the small rules of waiting for an iteration.
+
+The worker (gwtf.node.worker: receiving, forward and backward) drives four parts around one
+`StageContext`: the compute runtime (gwtf.node.runtime), the data-plane sender
+(gwtf.node.sender), the commit participant (gwtf.node.commit) and the recovery handler
+(gwtf.node.recoveries). Each reads and changes the state here, on the event loop only, so none
+of it needs a lock; none of them imports another's module but the ones it calls, and none imports
+the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+from torch import Tensor
+
+from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport
+from gwtf.job.microbatches import MicrobatchTable, StageRole
+from gwtf.node.errors import Refusal
+from gwtf.node.faults import Fault
+from gwtf.node.membership import MemberInfo
+from gwtf.node.observe import JobMetrics
+from gwtf.node.tensors import DataPlaneStub, TensorError
+from gwtf.recovery import Ledger
+from gwtf.train import GradContribution, JobConfig, StageExecutor
+from gwtf.v1 import job_pb2_grpc
+
+__all__ = [
+    "FINAL_CODES",
+    "FORWARD_SHARE",
+    "Iteration",
+    "LastStep",
+    "Stale",
+    "StageContext",
+    "WorkerConfig",
+    "WorkerHost",
+    "WorkerStopped",
+    "busy",
+]
+
+FORWARD_SHARE = 1 / 3
+"""Share of a microbatch's compute that is its forward (backward is about twice the forward)."""
+
+# gRPC codes of a peer that will refuse a resend too: a bug or a mismatch, never a transient.
+FINAL_CODES = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
+
+
+class WorkerStopped(Exception):
+    """The job ended (completed, failed or aborted) while something was waiting on it."""
+
+
+class Stale(Exception):
+    """The iteration (or its round) moved on while this work waited: its result is moot."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Timeouts of the data plane and the commit, seconds."""
+
+    data_timeout_s: float = 60.0
+    """Deadline of one microbatch's send: it covers the time the receiver holds the stream
+    while it waits for a free slot or for its commit of the previous iteration."""
+    commit_timeout_s: float = 120.0
+    """How long a replica waits for its stage peers' gradient sums."""
+    rpc_timeout_s: float = 3.0
+    send_attempts: int = 5
+    """Sends of a contribution to a peer that does not answer (UNAVAILABLE)."""
+    retry_s: float = 0.2
+    """First wait before a resend; doubles each attempt, up to `retry_max_s`."""
+    retry_max_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class LastStep:
+    """The last step this node took (a coordinator that takes over asks for it)."""
+
+    iteration: int
+    loss: float
+    trained: int
+    dropped: tuple[int, ...]
+
+
+class WorkerHost(Protocol):
+    """What the worker needs from its node (gwtf.node.jobs implements it)."""
+
+    node_id: str
+    log: logging.LoggerAdapter[logging.Logger]
+    metrics: JobMetrics
+
+    def member(self, node_id: str) -> MemberInfo | None:
+        """The live member with this id (None: dead, left or unknown)."""
+        ...
+
+    def refused(self, member: MemberInfo) -> None:
+        """A call to `member` was refused: evidence for the node's failure detector."""
+        ...
+
+    def data_stub(self, member: MemberInfo) -> DataPlaneStub: ...
+
+    def job_stub(self, member: MemberInfo) -> job_pb2_grpc.JobServiceStub: ...
+
+    def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
+        """Seconds the emulated WAN holds `nbytes` to `member` (0 without emulation)."""
+        ...
+
+    def next_hop_weights(self, capacities: Mapping[str, float]) -> tuple[dict[str, int], str]:
+        """Weights over these candidates, from the node's flows or their capacities."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
+
+    def report_done(self, job_id: str, iteration: int, round_: int, microbatches: tuple[int, ...]
+                    ) -> None:
+        """These microbatches finished at this holder: tell the coordinator."""
+        ...
+
+    def report_replayed(self, job_id: str, iteration: int, round_: int, mb: int, stage: int
+                        ) -> None:
+        """This node replayed a dead node's microbatch (rule 3): tell the coordinator."""
+        ...
+
+    def report_prepared(self, job_id: str, report: PreparedReport) -> None:
+        """Phase one of a commit is done here: tell the coordinator."""
+        ...
+
+    def report_committed(self, job_id: str, report: CommittedReport) -> None:
+        """This node committed an iteration: tell the coordinator."""
+        ...
+
+    async def keep_backup(self, job_id: str, stage: int, iteration: int, state: bytes) -> None:
+        """Keep this lone replica's state (of the start of `iteration`) at another node, so
+        that a node joining the stage finds it if this one dies; returns once it is kept (or
+        could not be)."""
+        ...
+
+    def fail(self, job_id: str, reason: str) -> None:
+        """The job cannot go on (one sentence): stop it everywhere."""
+        ...
+
+
+@dataclass
+class Iteration(MicrobatchTable):
+    """The microbatch table (gwtf.job.microbatches) and what this node keeps of the iteration's
+    I/O: the events, tensors and tasks of its microbatches (reset at each step and restart)."""
+
+    fwd_done: dict[int, asyncio.Event] = field(default_factory=dict)
+    """Set when the microbatch's forward is done here: its backward waits for it (a recovered
+    microbatch's gradient may come before the replacement recomputed its forward)."""
+    kept: dict[tuple[int, str], tuple[str, dict[str, Tensor]]] = field(default_factory=dict)
+    """(microbatch, direction) -> (receiver, tensors) of every send: what a recovery resends."""
+    sending: set[tuple[int, str]] = field(default_factory=set)
+    """Sends with a loop running (a redirect only changes its target)."""
+    prepared: tuple[CommitOrder, list[GradContribution]] | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+def busy(message: str) -> Refusal:
+    """A microbatch this node cannot take now (the sender may try again, or another node)."""
+    return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
+
+class StageContext:
+    """The job's stage on this node and the state its worker's parts share."""
+
+    def __init__(
+        self,
+        host: WorkerHost,
+        job: JobConfig,
+        executor: StageExecutor,
+        *,
+        slots: int,
+        config: WorkerConfig,
+        fault: Fault | None,
+    ) -> None:
+        self.host = host
+        self.job = job
+        self.job_id = job.job_id
+        self.executor = executor
+        self.stage = executor.stage
+        self.num_stages = executor.num_stages
+        self.is_first = self.stage == 0
+        self.is_last = self.stage == self.num_stages - 1
+        self.role = StageRole(
+            job_id=job.job_id, node_id=host.node_id, stage=self.stage,
+            num_stages=self.num_stages, microbatches=job.microbatches, iterations=job.iterations,
+        )
+        self.slots = slots
+        self.config = config
+        self.fault = fault
+        self.metrics = host.metrics
+        self.free = asyncio.Semaphore(slots)
+        """Memory slots (the module docstring of gwtf.node.worker); a restart replaces it."""
+        self.participants: dict[str, int] = {}
+        """Every node that took part in the job (a dead one too: paths still name it)."""
+        self.departed: set[str] = set()
+        self.excluded: set[str] = set()
+        """Bad peers excluded from the job: departed for good, and nothing they send is taken."""
+        self.started = asyncio.Event()
+        self.changed = asyncio.Event()
+        """Set (and replaced) whenever the iteration advances or contributions arrive."""
+        self.it = Iteration(executor.iteration)
+        self.ledger = Ledger(host.node_id, self.stage, executor.iteration)
+        self.stopped = False
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str, it: Iteration | None = None
+              ) -> None:
+        """Run `coro` as a task of the job (cancelled when it stops) and, with `it`, of that
+        iteration (cancelled when it starts again)."""
+        task = self.host.spawn(coro, name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        if it is not None:
+            it.tasks.add(task)
+            task.add_done_callback(it.tasks.discard)
+
+    def signal(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    async def wait_change(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), left)
+
+    def fail(self, reason: str) -> None:
+        if not self.stopped:
+            self.host.fail(self.job_id, reason)
+
+    def current(self, it: Iteration) -> bool:
+        return it is self.it and not self.stopped
+
+    def hit(self, point: str, iteration: int, microbatch: int | None = None) -> None:
+        if self.fault is not None:
+            self.fault.hit(point, iteration, microbatch)
+
+    def backoff(self, attempt: int) -> float:
+        return float(min(self.config.retry_max_s, self.config.retry_s * 2 ** max(0, attempt)))
+
+    async def reach(self, iteration: int, round_: int, deadline: float) -> None:
+        """Wait until this node works on `iteration` in `round_` (it may still be committing the
+        one before, or not know of the restart yet); TensorError for one that is over."""
+        while True:
+            if self.stopped:
+                raise TensorError(f"job {self.job_id} has ended here")
+            it = self.it
+            problem = it.too_far(iteration, round_)
+            if problem is not None:
+                raise TensorError(problem)
+            if it.at(iteration, round_):
+                return
+            try:
+                await self.wait_change(deadline)
+            except TimeoutError:
+                raise busy(
+                    f"this node did not reach iteration {iteration} round {round_} in time"
+                ) from None
