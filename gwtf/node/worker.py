@@ -122,18 +122,7 @@ class StageWorker:
         config: WorkerConfig,
         fault: Fault | None = None,
     ) -> None:
-        self.host = host
-        self.job = job
-        self.job_id = job.job_id
-        self.executor = executor
-        self.stage = executor.stage
-        self.num_stages = executor.num_stages
-        self.is_first = self.stage == 0
-        self.is_last = self.stage == self.num_stages - 1
         self.corpus = corpus
-        self.slots = slots
-        self.config = config
-        self.fault = fault
         self._ctx = ctx = StageContext(
             host, job, executor, slots=slots, config=config, fault=fault
         )
@@ -150,6 +139,16 @@ class StageWorker:
         self._metrics.start(self.job_id)
         self._metrics.set("gwtf_job_iteration", self.job_id, executor.iteration)
         self._runtime.start()
+
+    # What the parts share lives in the context; these read it, so nothing is copied twice.
+    host = property(lambda self: self._ctx.host)
+    job = property(lambda self: self._ctx.job)
+    job_id = property(lambda self: self._ctx.job_id)
+    executor = property(lambda self: self._ctx.executor)
+    stage = property(lambda self: self._ctx.stage)
+    num_stages = property(lambda self: self._ctx.num_stages)
+    is_first = property(lambda self: self._ctx.is_first)
+    is_last = property(lambda self: self._ctx.is_last)
 
     # ------------------------------------------------------------------ building
 
