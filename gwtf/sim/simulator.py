@@ -705,6 +705,12 @@ class Simulation:
                 continue
             if mb.st[s] == WAIT_G and s < S - 1 and not mb.g_inflight[s] and node.alive:
                 down = mb.node[s + 1]
+                if down is None and mb.st[s + 1] == DONE and not self.policy.exact_commit:
+                    # SWARM: the gradient this stage waits for died with a downstream peer
+                    # that was marked lost; the trainer gives the microbatch up and takes a
+                    # new one (waiting would stall the iteration for good).
+                    self._abandon(mb, lost=True)
+                    return
                 if down is not None and down.alive and mb.st[s + 1] == DONE:
                     mb.g_inflight[s] = True
                     down.ledger.gradient_sent(mb.id, node.id)
@@ -743,6 +749,11 @@ class Simulation:
         rule = mb.need[s]
         source = self._input_source(mb, s)
         if source is None:
+            if s == 0 and self.policy.exact_commit:
+                # No data holder is active yet to rebuild it (every holder died and the joiner
+                # is still loading): wait for one, or the microbatch is never pumped again.
+                mb.waiting = True
+                self.waiting[0][mb.id] = mb
             return
         grad_source = None
         replay_now = rule == Rule.REPLAY
@@ -956,6 +967,11 @@ class Simulation:
             self._check_paused()
             if self.policy.recovers:
                 self._recover(node)
+            elif self.iteration is not None and self.iteration.aggregating:
+                # The all-reduce waited for this node (`_on_commit`); it held no work of the
+                # policy's (else `on_death` restarted the iteration): run it again without it.
+                self._abort_aggregation()
+                self._maybe_complete()
 
     def _recover(self, dead: SimNode) -> None:
         it = self.iteration
@@ -1026,6 +1042,7 @@ class Simulation:
                 mb.done_count += 1
                 if mb.done_count == self.S and self.iteration is not None:
                     self.iteration.incomplete -= 1
+            self._pump(mb)  # an upstream stage may wait for the gradient that died here
             return
         if mb.st[s] == DONE:
             mb.done_count -= 1
