@@ -13,6 +13,8 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     tokens_per_microbatch = 8192        # required
     hidden_size = 2048                  # required
     activation_dtype_bytes = 2          # bytes per activation value (fp16/bf16)
+    compute = "measured"                # measured | peak: where stage compute comes from (below)
+    utilisation = 0.4                   # peak: the fraction of the GPU's peak a stage reaches
     grad_bytes_per_param = 2            # bytes per parameter in the intra-stage all-reduce
     state_bytes_per_param = 16          # what a joiner downloads (weights + optimizer state)
 
@@ -30,6 +32,8 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     count = 24                          # initial nodes (ignored when the trace has joins at 0)
     gpus = ["LambdaCloud V100 16GB"]    # names from gwtf/data/gpu_train_throughput.csv
     locations = []                      # default: every location of the matrix
+    uplink_gbps = []                    # each node's own uplink, drawn from this list; empty:
+    downlink_gbps = []                  # none (the pair model of gwtf/sim/network.py)
 
     [churn]
     trace = "traces/spot_p3_bamboo.csv" # or a generator below, or nothing (no churn)
@@ -57,11 +61,16 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     swarm_refresh_s = 30.0
     dtfm_search_evaluations = 4000
 
-Compute per stage: a V100 trains Transformer-XL large (257 M parameters) at the measured
-`transformerxl_large_tok_per_s` of gwtf/data/gpu_train_throughput.csv, i.e. 6 * 257e6 * tok/s
-FLOP/s at 6 FLOP per parameter per token (forward + backward). A stage of P parameters and T tokens
-per microbatch therefore takes `6 P T / that` seconds on a V100, and `/ relative_to_v100` on
-another GPU. A microbatch's activation is `tokens * hidden * activation_dtype_bytes` bytes.
+Compute per stage, `compute = "measured"`: a V100 trains Transformer-XL large (257 M
+parameters) at the measured `transformerxl_large_tok_per_s` of
+gwtf/data/gpu_train_throughput.csv, i.e. 6 * 257e6 * tok/s FLOP/s at 6 FLOP per parameter per
+token (forward + backward). A stage of P parameters and T tokens per microbatch therefore takes
+`6 P T / that` seconds on a V100, and `/ relative_to_v100` on another GPU.
+`compute = "peak"`: a GPU runs at `utilisation` times its dense 16-bit tensor peak
+(gwtf/data/gpu_peak_tflops.csv, the vendors' datasheets), so a stage takes
+`6 P T / (peak * utilisation)` seconds; current training stacks reach 30-50% of that peak,
+several times the V100 figure above. A microbatch's activation is `tokens * hidden *
+activation_dtype_bytes` bytes.
 """
 
 from __future__ import annotations
@@ -70,7 +79,7 @@ import csv
 import math
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +104,7 @@ POLICIES = ("gwtf", "gwtf-fixed", "swarm", "swarm-rebalance", "dtfm", "oracle")
 TXL_LARGE_PARAMS = 257e6
 """Parameters of Transformer-XL large (WikiText-103), the model of the measured tokens/s."""
 _V100 = "LambdaCloud V100 16GB"
+_PEAK_FILE = "gpu_peak_tflops.csv"
 
 
 class ScenarioError(ValueError):
@@ -113,6 +123,11 @@ class NodeInfo:
     """Training speed relative to a V100."""
     pinned: bool = False
     """The trace names the stage (as `gwtf node --stage K`): placement leaves the joiner there."""
+    uplink_gbps: float = math.inf
+    """The node's own uplink, shared by everything it sends (inf: the pair model, see
+    gwtf/sim/network.py)."""
+    downlink_gbps: float = math.inf
+    """The node's own downlink, shared by everything it receives."""
 
 
 @dataclass(frozen=True)
@@ -162,9 +177,24 @@ class Scenario:
         return self.links.get(frozenset((loc_a, loc_b)))
 
     def with_policies(self, names: Sequence[str]) -> Scenario:
-        from dataclasses import replace
-
         return replace(self, policies=tuple(names))
+
+
+def gpu_peak_table() -> dict[str, float]:
+    """GPU name -> dense 16-bit tensor peak, TFLOP/s, from the shipped CSV."""
+    with open(data_path(_PEAK_FILE), encoding="utf-8", newline="") as handle:
+        return {row["gpu"]: float(row["dense_fp16_bf16_tflops"])
+                for row in csv.DictReader(handle)}
+
+
+def _rates(where: str, section: _Reader, key: str) -> tuple[float, ...]:
+    rates = section._get(key, [], False)
+    if not isinstance(rates, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        for v in rates
+    ):
+        raise ScenarioError(f"{where} [nodes]: '{key}' must be a list of positive numbers")
+    return tuple(float(v) for v in rates)
 
 
 def gpu_table() -> dict[str, tuple[float, float]]:
@@ -185,10 +215,11 @@ _TOP = ("name", "description", "seed", "duration_s", "model", "training", "netwo
         "churn", "control", "policies")
 _SECTIONS = {
     "model": ("stages", "params_per_stage", "tokens_per_microbatch", "hidden_size",
-              "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param"),
+              "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param",
+              "compute", "utilisation"),
     "training": ("iterations", "microbatches_per_iteration", "memory_slots"),
     "network": ("matrix", "intra_rtt_ms", "intra_bandwidth_gbps"),
-    "nodes": ("count", "gpus", "locations"),
+    "nodes": ("count", "gpus", "locations", "uplink_gbps", "downlink_gbps"),
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
               "session_distribution", "leave_fraction", "link_trace", "detection_timeout_s",
               "restart_delay_s"),
@@ -310,6 +341,21 @@ def parse_scenario(
     gpus = gpu_table()
     v100_speed, v100_tok = gpus[_V100]
     v100_flops = 6 * TXL_LARGE_PARAMS * v100_tok / v100_speed
+    compute_model = model.text("compute", "measured")
+    if compute_model == "peak":
+        utilisation = model.number("utilisation", 0.4, positive=True)
+        if utilisation > 1:
+            raise ScenarioError(f"{where} [model]: 'utilisation' is a fraction of the peak, "
+                                f"at most 1 (got {utilisation:g})")
+        peaks = gpu_peak_table()
+        # A node's speed is its peak over the V100's, and the V100 runs at its own peak times
+        # the utilisation: compute_s(node) = 6 P T / (peak(node) * utilisation).
+        v100_flops = peaks[_V100] * 1e12 * utilisation
+        gpus = {name: (peaks[name] / peaks[_V100], tok) for name, (_, tok) in gpus.items()
+                if name in peaks}
+    elif compute_model != "measured":
+        raise ScenarioError(
+            f"{where} [model]: unknown compute {compute_model!r}; use measured or peak")
     compute_v100 = tuple(6 * p * tokens / v100_flops for p in params)
 
     training = _section(where, doc, "training")
@@ -335,9 +381,15 @@ def parse_scenario(
     gpu_names = nodes_sec.strings("gpus", (_V100,))
     for gpu in gpu_names:
         if gpu not in gpus:
+            table = GPU_FILE if compute_model == "measured" else _PEAK_FILE
             raise ScenarioError(
-                f"{where} [nodes]: unknown GPU {gpu!r}; use a name from {GPU_FILE}"
+                f"{where} [nodes]: unknown GPU {gpu!r}; use a name from {table}"
             )
+    uplinks = _rates(where, nodes_sec, "uplink_gbps")
+    downlinks = _rates(where, nodes_sec, "downlink_gbps")
+    # Access links come from their own stream, so that a scenario without them draws the same
+    # nodes as before they existed.
+    link_rng = np.random.default_rng([seed, 11])
     locations = nodes_sec.strings("locations", tuple(all_locations))
     for loc in locations:
         if loc not in all_locations and len(locations) > 1:
@@ -430,7 +482,9 @@ def parse_scenario(
             )
         loc = location or locations[int(rng.integers(len(locations)))]
         gpu = gpu_names[int(rng.integers(len(gpu_names)))]
-        return NodeInfo(node_id, stage, loc, gpu, gpus[gpu][0], pinned)
+        up = uplinks[int(link_rng.integers(len(uplinks)))] if uplinks else math.inf
+        down = downlinks[int(link_rng.integers(len(downlinks)))] if downlinks else math.inf
+        return NodeInfo(node_id, stage, loc, gpu, gpus[gpu][0], pinned, up, down)
 
     explicit = {e.node: e for e in events if e.kind == "join" and e.time_s <= 0}
     for node_id in initial_ids:
@@ -449,8 +503,7 @@ def parse_scenario(
             base_info = infos.get(event.node)
             info = make(event.node, event.stage, event.location)
             if base_info is not None:  # a rejoin keeps the machine, not the stage
-                info = NodeInfo(event.node, info.stage, base_info.location, base_info.gpu,
-                                base_info.speed, info.pinned)
+                info = replace(base_info, stage=info.stage, pinned=info.pinned)
             infos[event.node] = info
             alive_per_stage[info.stage] += 1
             node_stage[event.node] = info.stage

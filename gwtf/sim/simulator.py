@@ -6,7 +6,8 @@ What is simulated (docs/design.md 5):
   forward jobs while a memory slot is free. A slot is held from a microbatch's forward at the node
   until its backward there. Forward takes 1/3 of the stage's compute time, backward 2/3; the last
   stage does both as one job.
-- Links: a send from i to j waits for the pair's previous send to finish, takes
+- Links (gwtf/sim/network.py): a send from i to j waits for the pair's previous send to finish
+  (and, where nodes have access links, for i's uplink and j's downlink), takes
   `bytes * 8 / bandwidth`, then arrives one-way latency (RTT / 2) later. Activations and gradients
   have the scenario's activation size; flow control messages `message_bytes`.
 - Iterations: the data holders inject the iteration's microbatches (the flow policies through a
@@ -48,6 +49,7 @@ import numpy as np
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, TopologyError
 from gwtf.recovery import Ledger, Rule, check_commit, plan_crash
 from gwtf.sim.engine import Engine, EventSink, Kind, returns_events
+from gwtf.sim.network import Network
 from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.traces import TraceEvent
 
@@ -265,8 +267,7 @@ class Simulation:
         self.sink = EventSink()
         self.S = scenario.stages
         self.nodes: dict[str, SimNode] = {}
-        self.links: dict[frozenset[str], LinkSpec] = dict(scenario.links)
-        self._pipe: dict[tuple[str, str], float] = {}
+        self.network = Network(scenario.links, scenario.intra)
         self._epoch = 0
         self._incarnations: dict[str, int] = {}
         self._mb_seq = 0
@@ -310,26 +311,20 @@ class Simulation:
 
     # ------------------------------------------------------------------ helpers
 
+    @property
+    def links(self) -> dict[frozenset[str], LinkSpec]:
+        """The location links as they are now (the trace's link rows change them)."""
+        return self.network.links
+
     def link(self, a: SimNode, b: SimNode) -> LinkSpec | None:
-        if a.location == b.location:
-            return self.sc.intra
-        return self.links.get(frozenset((a.location, b.location)))
+        return self.network.link(a.info, b.info)
 
     def one_way(self, a: SimNode, b: SimNode, nbytes: float) -> float:
-        link = self.link(a, b) or self.sc.intra
-        return link.rtt_ms / 2000 + nbytes * 8 / (link.bandwidth_gbps * 1e9)
+        return self.network.one_way(a.info, b.info, nbytes)
 
     def transfer(self, a: SimNode, b: SimNode, nbytes: float) -> float:
-        """Arrival time of `nbytes` sent now from a to b, behind the pair's earlier sends."""
-        link = self.link(a, b) or self.sc.intra
-        now = self.engine.now
-        key = (a.id, b.id)
-        start = self._pipe.get(key, 0.0)
-        if start < now:
-            start = now
-        end = start + nbytes * 8 / (link.bandwidth_gbps * 1e9)
-        self._pipe[key] = end
-        return end + link.rtt_ms / 2000
+        """Arrival time of `nbytes` sent now from a to b (gwtf/sim/network.py)."""
+        return self.network.transfer(self.engine.now, a.info, b.info, nbytes)
 
     def _hop_estimate(self) -> float:
         act = self.sc.activation_bytes
@@ -349,7 +344,12 @@ class Simulation:
         compute_s = self.sc.compute_s(info, s)
         residence = compute_s + sum(self._medians[s + 1:]) + 2 * (self.S - 1 - s) * \
             self.hop_estimate
-        return min(1.0 / compute_s, self.sc.memory_slots / residence)
+        # Access links: a microbatch crosses the node's uplink once per neighbouring stage (the
+        # activation down, the gradient up) and its downlink as often.
+        sides = (s > 0) + (s < self.S - 1)
+        per_mb = sides * self.sc.activation_bytes * 8 / 1e9
+        access = min(info.uplink_gbps, info.downlink_gbps) / per_mb
+        return min(1.0 / compute_s, self.sc.memory_slots / residence, access)
 
     def active_nodes(self, stage: int | None = None) -> list[SimNode]:
         return [n for n in self.nodes.values()
@@ -384,7 +384,7 @@ class Simulation:
         ring = sorted(members, key=lambda m: (m.location, m.id))
         for a, b in zip(ring, ring[1:] + ring[:1], strict=False):
             link = self.link(a, b) or self.sc.intra
-            worst_bw = min(worst_bw, link.bandwidth_gbps)
+            worst_bw = min(worst_bw, self.network.gbps(a.info, b.info))
             worst_lat = max(worst_lat, link.rtt_ms / 2000)
         return 2 * (n - 1) / n * nbytes * 8 / (worst_bw * 1e9) + 2 * (n - 1) * worst_lat
 
@@ -865,13 +865,15 @@ class Simulation:
         peers = [n for n in self.nodes.values() if n.alive and n.ready and n.stage == stage
                  and n is not node]
         nbytes = self.sc.params_per_stage[stage] * self.sc.state_bytes_per_param
+        net = self.network
         if peers:
-            best = max(peers, key=lambda p: ((self.link(p, node) or self.sc.intra).bandwidth_gbps,
-                                             p.id))
+            best = max(peers, key=lambda p: (net.gbps(p.info, node.info), p.id))
             link = self.link(best, node) or self.sc.intra
+            gbps = net.gbps(best.info, node.info)
         else:
             link = self.sc.intra
-        return link.rtt_ms / 1000 + nbytes * 8 / (link.bandwidth_gbps * 1e9)
+            gbps = min(link.bandwidth_gbps, node.info.downlink_gbps)
+        return link.rtt_ms / 1000 + nbytes * 8 / (gbps * 1e9)
 
     def schedule_ready(self, node: SimNode) -> None:
         """`node` downloads its stage's state (`transfer_s`), then is ready."""

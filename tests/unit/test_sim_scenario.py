@@ -82,6 +82,15 @@ def test_generated_churn_depends_on_the_seed_only(tmp_path: Path) -> None:
         (lambda t: t + '[churn]\ntrace = "x.csv"\ngenerator = "poisson"\n', "not both"),
         (lambda t: t + '[churn]\ntrace = "missing.csv"\n', "cannot read trace"),
         (lambda t: t.replace("duration_s = 100", "duration_s = -1"), "must be positive"),
+        (lambda t: t.replace("hidden_size = 1024", 'hidden_size = 1024\ncompute = "guess"'),
+         "unknown compute 'guess'"),
+        (lambda t: t.replace("hidden_size = 1024",
+                             'hidden_size = 1024\ncompute = "peak"\nutilisation = 1.5'),
+         "at most 1"),
+        (lambda t: t.replace("count = 4", "count = 4\nuplink_gbps = [0.1, 0]"),
+         "'uplink_gbps' must be a list of positive numbers"),
+        (lambda t: t.replace("count = 4", 'count = 4\ndownlink_gbps = ["fast"]'),
+         "'downlink_gbps' must be a list of positive numbers"),
     ],
 )
 def test_bad_scenarios_fail_with_one_line(tmp_path: Path, change: object, message: str) -> None:
@@ -95,3 +104,29 @@ def test_bad_scenarios_fail_with_one_line(tmp_path: Path, change: object, messag
 def test_missing_scenario_file() -> None:
     with pytest.raises(ScenarioError, match="cannot read scenario"):
         load_scenario("/nonexistent/scenario.toml")
+
+
+@pytest.mark.parametrize("name", ["home_links", "volunteer_sessions"])
+def test_home_scenarios_have_access_links_and_peak_compute(name: str) -> None:
+    sc = load_scenario(REPO / "simulations" / f"{name}.toml")
+    assert set(sc.policies) == set(POLICIES) and sc.description.strip()
+    infos = list(sc.nodes.values())
+    assert all(0.02 <= i.uplink_gbps <= 1.0 and 0.1 <= i.downlink_gbps <= 1.0 for i in infos)
+    assert len({i.uplink_gbps for i in infos}) > 1  # drawn per machine
+    # 40% of an RTX 4090's 165.2 dense TFLOP/s (gwtf/data/gpu_peak_tflops.csv).
+    node = next(i for i in infos if i.gpu == "RTX 4090")
+    flops = 6 * sc.params_per_stage[0] * sc.tokens_per_microbatch
+    assert sc.compute_s(node, 0) == pytest.approx(flops / (165.2e12 * 0.4))
+
+
+def test_access_links_leave_the_other_draws_alone(tmp_path: Path) -> None:
+    """Scenarios without access links draw the same machines as before they existed, and a
+    rejoin keeps its machine's links."""
+    plain = load_scenario(write(tmp_path, MINIMAL))
+    links = load_scenario(write(tmp_path, MINIMAL.replace(
+        "count = 4", "count = 4\nuplink_gbps = [0.05, 0.5]\ndownlink_gbps = [1.0]")))
+    for node_id, info in plain.nodes.items():
+        other = links.nodes[node_id]
+        assert (info.stage, info.location, info.gpu) == (other.stage, other.location, other.gpu)
+        assert info.uplink_gbps == float("inf") and other.uplink_gbps in (0.05, 0.5)
+        assert other.downlink_gbps == 1.0
