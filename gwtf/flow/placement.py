@@ -9,10 +9,13 @@ cut raises it. So:
   fills its stages evenly;
 - a node moves (`propose_move`) when the cut has moved (crashes, joins, a faster peer) and the
   move pays for itself: a move costs the mover's contribution to the flow while it downloads
-  the new stage's state (`transfer_s`) and gains the flow the move adds, for as long as the
-  swarm stays as it is. With `horizon_s` that time, a move is made when
+  the new stage's state (`transfer_s`) and gains the flow the move adds once it has arrived,
+  for as long as the swarm stays as it is. With `horizon_s` that time, a move is made when
 
-      (F(moved) - F) * horizon_s > (F - F(without the mover)) * transfer_s,
+      (F(moved) - F) * (horizon_s - transfer_s) > (F - F(without the mover)) * transfer_s,
+
+  so a move whose download outlasts the horizon is never made, however idle the mover was (on
+  home links a stage's state can take half an hour to download),
 
   and of the moves that pass, the one of largest net gain. Only nodes of other stages than
   the cut's are tried, the ones with the most capacity at the cut's stage first, and a stage's
@@ -148,7 +151,8 @@ def propose_move(
             if gain <= 1e-9:
                 continue
             loss = flow - swarm.replaced(None, drop=node.id).max_flow()
-            net = gain * horizon_s - loss * transfer_s(node.id, stage)
+            busy = transfer_s(node.id, stage)
+            net = gain * (horizon_s - busy) - loss * busy
             if net > best_net:
                 best, best_net = Move(node.id, stage, gain, loss), net
     return best

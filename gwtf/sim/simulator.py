@@ -327,9 +327,15 @@ class Simulation:
         return self.network.transfer(self.engine.now, a.info, b.info, nbytes)
 
     def _hop_estimate(self) -> float:
+        """A typical hop of an activation: the median link, at the median machine's access
+        link where nodes have them (a home uplink, not the WAN path, is then what a
+        microbatch waits for, and it decides how long memory slots stay taken)."""
         act = self.sc.activation_bytes
+        infos = self.sc.nodes.values()
+        access = min(statistics.median(i.uplink_gbps for i in infos),
+                     statistics.median(i.downlink_gbps for i in infos)) if infos else math.inf
         values = [
-            link.rtt_ms / 2000 + act * 8 / (link.bandwidth_gbps * 1e9)
+            link.rtt_ms / 2000 + act * 8 / (min(link.bandwidth_gbps, access) * 1e9)
             for link in self.sc.links.values()
         ]
         return statistics.median(values) if values else self.sc.intra.rtt_ms / 2000

@@ -60,6 +60,16 @@ def test_a_node_moves_from_a_stage_with_slack_to_the_cut() -> None:
     assert moved.max_flow() == 12
 
 
+def test_no_move_whose_download_outlasts_the_horizon() -> None:
+    """The gain comes only once the mover has its new stage's state: a move that loses
+    nothing but downloads for longer than the horizon gains nothing within it."""
+    s = swarm(("h0", 0, 10), ("h1", 0, 10), ("h2", 0, 10), ("r0", 1, 2), ("t0", 2, 10),
+              ("t1", 2, 10))
+    assert propose_move(s, seats(s), lambda node, stage: 599.0, 600.0) is not None
+    assert propose_move(s, seats(s), lambda node, stage: 600.0, 600.0) is None
+    assert propose_move(s, seats(s), lambda node, stage: 1933.0, 600.0) is None
+
+
 def test_no_move_when_the_swarm_is_balanced_or_a_move_would_empty_a_stage() -> None:
     balanced = swarm(("h0", 0, 5), ("r0", 1, 5), ("t0", 2, 5))
     assert propose_move(balanced, seats(balanced), lambda n, s: 1.0, 600.0) is None
