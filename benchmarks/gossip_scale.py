@@ -374,20 +374,21 @@ def report(sim: list[dict[str, Any]], reals: list[dict[str, Any]], command: str)
             f"{_s(r['crash_first_s'])} | {_s(r['crash_last_s'])} | {_s(r['hang_first_s'])} | "
             f"{_s(r['hang_last_s'])} | {r['false_deaths']} |"
         )
-    partial = sorted((r["nodes"], r["bytes_per_node_s_mean"]) for r in sim
-                     if r["protocol"] == "partial")  # fmt: skip
+    partial = sorted(
+        (r["nodes"], r["bytes_per_node_s_mean"])
+        for r in sim
+        if r["protocol"] == "partial" and r["nodes"] >= 32
+    )
     if len(partial) >= 2:
         (n0, b0), (n1, b1) = partial[0], partial[-1]
-        lines += [
-            "",
-            f"Growth from {n0} to {n1} members ({n1 / n0:g}x the members): partial "
-            f"{b1 / b0:.2f}x the bytes per node"
-            + (
-                f", full {by[(n1, 'full')]['bytes_per_node_s_mean'] / by[(n0, 'full')]['bytes_per_node_s_mean']:.2f}x."  # noqa: E501
-                if (n0, "full") in by and (n1, "full") in by
-                else "."
-            ),
-        ]
+        growth = f"Growth from {n0} to {n1} members ({n1 / n0:g}x): partial {b1 / b0:.2f}x"
+        if (n0, "full") in by and (n1, "full") in by:
+            full = (
+                by[(n1, "full")]["bytes_per_node_s_mean"]
+                / by[(n0, "full")]["bytes_per_node_s_mean"]
+            )
+            growth += f", full {full:.2f}x"
+        lines += ["", growth + " the bytes per node per second."]
     lines.append("")
     if reals:
         lines += [
