@@ -29,7 +29,8 @@ Failure detector, two pieces of evidence, for the watched members:
 - a refused call: after half the timeout of silence the node calls the member directly (a
   push-pull gossip); if the connection is refused (UNAVAILABLE: no process listens there), the
   member is declared dead at once. A call that merely times out proves nothing (a slow link, a
-  loaded machine) and the full timeout applies. A refused call counts for any member.
+  loaded machine) and the full timeout applies. For a member it does not watch, a node has no
+  measure of silence: two refused calls in different periods (the second one its own) declare.
 Silence is counted only while this node was listening. When its own checks come late (its process
 was starved of CPU or paused: a loaded or sleeping machine), the time it was away is not held
 against the others: their last progress moves forward by as much. Without this, a machine that
@@ -114,13 +115,15 @@ class Gossip:
 
 
 class _Entry:
-    __slots__ = ("info", "progress_at", "departed_at", "pinged_at")
+    __slots__ = ("info", "progress_at", "departed_at", "pinged_at", "doubted_at")
 
     def __init__(self, info: MemberInfo, now: float) -> None:
         self.info = info
         self.progress_at = now
         self.departed_at: float | None = None if info.alive else now
         self.pinged_at: float | None = None
+        self.doubted_at: int | None = None
+        """The check count when a call to this unwatched member was first refused."""
 
 
 class Membership:
@@ -158,6 +161,9 @@ class Membership:
         self._cached_at = -1
         self._watched: frozenset[str] = frozenset()
         self._view = 0
+        self._checks = 0
+        self._doubt_checks = max(1, round(failure_timeout_s / ping_interval_s))
+        """A first refusal older than a failure timeout (in checks) is forgotten."""
         self._checked_at = clock()  # listening from now: a stall before the first check counts too
         self.declared_dead = False
         """Set when gossip says this incarnation is dead: it must come back as a new one."""
@@ -345,6 +351,7 @@ class Membership:
                 entry.info = replace(old, heartbeat=info.heartbeat)
                 entry.progress_at = now
                 entry.pinged_at = None
+                entry.doubted_at = None
         return self._changed(events)
 
     def leave(self, node_id: str, epoch: int) -> list[MemberEvent]:
@@ -368,6 +375,7 @@ class Membership:
             for entry in self._entries.values():
                 entry.progress_at = min(now, entry.progress_at + away)
         self._checked_at = now
+        self._checks += 1
         events: list[MemberEvent] = []
         to_ping: list[MemberInfo] = []
         for node_id, entry in sorted(self._entries.items()):
@@ -378,6 +386,9 @@ class Membership:
                     self._rumours.pop(node_id, None)
                 continue
             if node_id not in self._watched:
+                if entry.doubted_at is not None and entry.pinged_at is None:
+                    entry.pinged_at = now  # a refused call to confirm with a call of ours
+                    to_ping.append(info)
                 continue
             silence = now - entry.progress_at
             if silence >= self.failure_timeout_s:
@@ -391,16 +402,29 @@ class Membership:
 
     def refused(self, node_id: str, epoch: int) -> list[MemberEvent]:
         """A direct call to `node_id` was refused. Declares it dead when it has also been
-        silent for half the timeout (both pieces of evidence); otherwise changes nothing."""
+        silent for half the timeout (both pieces of evidence); otherwise changes nothing.
+
+        This node has no measure of the silence of a member it does not watch, so there the
+        second piece of evidence is a second refused call, made in a later period (the next
+        `check` asks for one): one connection reset, seen by every call in flight at once, is
+        not a death."""
         entry = self._entries.get(node_id)
         if entry is None or not entry.info.alive or entry.info.epoch != epoch:
             return []
         silence = self._clock() - entry.progress_at
         if silence < self.failure_timeout_s / 2:
             return []
-        return self._changed(
-            [self._declare(entry, f"silent for {silence:.2f} s and refused a call")]
-        )
+        if node_id not in self._watched:
+            if entry.doubted_at is None or self._checks - entry.doubted_at > self._doubt_checks:
+                entry.doubted_at = self._checks
+                entry.pinged_at = None
+                return []
+            if entry.doubted_at == self._checks:
+                return []  # the same period's calls: one failure seen several times
+            reason = "refused two calls, periods apart"
+        else:
+            reason = f"silent for {silence:.2f} s and refused a call"
+        return self._changed([self._declare(entry, reason)])
 
     def _declare(self, entry: _Entry, reason: str) -> MemberEvent:
         entry.info = replace(entry.info, state=State.DEAD)

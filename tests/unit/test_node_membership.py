@@ -331,3 +331,23 @@ def test_a_joiner_is_spread_by_the_node_that_let_it_in_not_the_joiner() -> None:
         period(tables, clock)
     assert all(t.get("new") is not None for t in tables.values())
     assert len(joiner.alive()) == 50
+
+
+def test_an_unwatched_member_is_declared_dead_by_two_refusals_periods_apart() -> None:
+    clock = Clock()
+    tables = swarm_of(20, clock)
+    t = tables["n000"]
+    watched = {m.id for m in t.watched()}
+    x, y = [i for i in sorted(tables) if i not in watched and i != "n000"][:2]
+    checks_until(t, clock, TIMEOUT - 1.0)  # silent to this node, not yet timed out
+    assert t.refused(x, 1) == [] and t.refused(x, 1) == []  # one reset seen by two calls
+    events, to_ping = t.check()
+    assert events == [] and x in {m.id for m in to_ping}  # confirm it with a call of ours
+    events = t.refused(x, 1)
+    assert kinds(events) == [("dead", x)] and "two calls" in events[0].reason
+    # A member that answers between two refusals is not doubted any more.
+    assert t.refused(y, 1) == []
+    t.check()
+    t.merge([member(y, heartbeat=1)])
+    t.check()
+    assert t.refused(y, 1) == [] and t.is_alive(y, 1)
