@@ -1,11 +1,12 @@
-"""`python -m benchmarks gossip`: gossip bytes per node as the swarm grows (issue 18).
+"""`python -m benchmarks gossip`: gossip bytes per node as the swarm grows (docs/design.md 3.4).
 
     .venv/bin/python -m benchmarks gossip                       # section `gossip` of RESULTS.md
     .venv/bin/python -m benchmarks.gossip_scale --sizes 32 64 --real 8   # printed only
 
 Two protocols in the same run, on the same seeds:
 - full: every gossip carries the whole member table both ways and every node times out every
-  member (the protocol before issue 18; `Membership` watching everyone, sending `digest()`);
+  member (the protocol the partial one replaced: `Membership` watching everyone, sending
+  `digest()`);
 - partial: the bounded lists of `Membership.outgoing` with the anti-entropy of
   `Membership.incoming` and the ring of watched members (docs/design.md 3.4).
 
@@ -350,10 +351,10 @@ def report(sim: list[dict[str, Any]], reals: list[dict[str, Any]], command: str)
         f"### Simulated: {WARMUP_S:g} s of warm-up, then a {WINDOW_S:g} s window",
         "",
         "`full`: the whole table each way, every member timed out by every node (the protocol "
-        "before issue 18). `partial`: bounded lists, digests and anti-entropy, ring of watched "
-        "members (docs/design.md 3.4). Detection: seconds from the SIGKILL (calls refused) or "
-        "the hang (calls time out) of one member until the first and the last other member "
-        "declares or hears of its death.",
+        "the partial one replaced). `partial`: bounded lists, digests and anti-entropy, ring of "
+        "watched members (docs/design.md 3.4). Detection: seconds from the SIGKILL (calls "
+        "refused) or the hang (calls time out) of one member until the first and the last "
+        "other member declares or hears of its death.",
         "",
         "| members | protocol | bytes/s per node (mean) | (max) | calls/s per node | "
         "full / partial | SIGKILL: first (s) | last (s) | hang: first (s) | last (s) | "

@@ -195,7 +195,7 @@ def test_checks_on_time_declare_at_the_timeout() -> None:
     assert kinds(checks_until(t, clock, TIMEOUT)) == [("dead", "a")]
 
 
-# ---------------------------------------------------------------- partial views (issue 18)
+# ---------------------------------------------------------------- partial views
 
 
 def swarm_of(n: int, clock: Clock) -> dict[str, Membership]:
