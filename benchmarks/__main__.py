@@ -15,6 +15,7 @@ BENCHMARKS = {
     "flow": "benchmarks.flow",
     "sim": "benchmarks.sim",
     "node": "benchmarks.node_control",
+    "gossip": "benchmarks.gossip_scale",
     "robust": "benchmarks.robust",
     "tensor": "benchmarks.tensor",
     "train": "benchmarks.train_cluster",

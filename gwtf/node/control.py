@@ -19,6 +19,7 @@ from grpc import aio
 
 from gwtf.node.codec import (
     InvalidMessage,
+    check_name,
     member_from_pb,
     member_to_pb,
     members_from_pb,
@@ -26,7 +27,7 @@ from gwtf.node.codec import (
 )
 from gwtf.node.errors import Refusal
 from gwtf.node.flows import FlowControl
-from gwtf.node.membership import MemberEvent, MemberInfo
+from gwtf.node.membership import Gossip, MemberEvent, MemberInfo
 from gwtf.node.peers import Peers
 from gwtf.node.state import NodeState
 from gwtf.node.status import StatusReport
@@ -58,6 +59,7 @@ class MembershipControl:
 
     def start(self) -> None:
         """The node entered its swarm: heartbeats begin."""
+        self._state.members.forget_news()
         self._state.spawn(self._heartbeat_loop(), "heartbeat")
 
     # ================================================================== changes
@@ -129,7 +131,7 @@ class MembershipControl:
                 continue
             targets = members.targets(config.gossip_fanout)
             calls = {m.id: m for m in targets}
-            for m in to_ping:
+            for m in (*members.watch_targets(), *to_ping):
                 calls.setdefault(m.id, m)
             for m in calls.values():
                 state.spawn(self._gossip_with(m), "gossip")
@@ -146,10 +148,13 @@ class MembershipControl:
 
     async def _gossip_with(self, member: MemberInfo) -> None:
         state = self._state
+        gossip = state.members.outgoing(member.id)
         request = node_pb2.GossipRequest(
             swarm_id=state.swarm.swarm_id,
             sender=state.node_id,
-            members=[member_to_pb(m) for m in state.members.digest()],
+            members=[member_to_pb(m) for m in gossip.members],
+            view=gossip.view,
+            spreading=gossip.spreading,
         )
         state.stats.gossip_bytes += request.ByteSize()
         state.stats.gossip_calls += 1
@@ -265,8 +270,12 @@ class MembershipControl:
         state = self._state
         state.require_ready()
         self._check_swarm(request.swarm_id)
+        check_name("gossip sender", request.sender)
         infos = members_from_pb(request.members, state.swarm.num_stages)
-        self.on_events(state.members.merge(infos))
-        reply = node_pb2.GossipReply(members=[member_to_pb(m) for m in state.members.digest()])
+        events, answer = state.members.incoming(
+            request.sender, Gossip(tuple(infos), request.view, request.spreading)
+        )
+        self.on_events(events)
+        reply = node_pb2.GossipReply(members=[member_to_pb(m) for m in answer.members])
         state.stats.gossip_bytes += reply.ByteSize()
         return reply

@@ -109,14 +109,18 @@ class LeaveReply(_message.Message):
     def __init__(self) -> None: ...
 
 class GossipRequest(_message.Message):
-    __slots__ = ("swarm_id", "sender", "members")
+    __slots__ = ("swarm_id", "sender", "members", "view", "spreading")
     SWARM_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    SPREADING_FIELD_NUMBER: _ClassVar[int]
     swarm_id: str
     sender: str
     members: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, swarm_id: _Optional[str] = ..., sender: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+    view: int
+    spreading: bool
+    def __init__(self, swarm_id: _Optional[str] = ..., sender: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., view: _Optional[int] = ..., spreading: _Optional[bool] = ...) -> None: ...
 
 class GossipReply(_message.Message):
     __slots__ = ("members",)

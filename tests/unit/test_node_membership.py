@@ -193,3 +193,161 @@ def test_checks_on_time_declare_at_the_timeout() -> None:
     t.merge([member("a")])
     assert checks_until(t, clock, TIMEOUT - 0.5) == []
     assert kinds(checks_until(t, clock, TIMEOUT)) == [("dead", "a")]
+
+
+# ---------------------------------------------------------------- partial views
+
+
+def swarm_of(n: int, clock: Clock) -> dict[str, Membership]:
+    """n tables that all know each other, as after their joins."""
+    infos = [member(f"n{i:03d}") for i in range(n)]
+    tables = {}
+    for i, info in enumerate(infos):
+        t = Membership(
+            info, clock, failure_timeout_s=TIMEOUT, ping_interval_s=0.5, tombstone_s=60.0,
+            rng=np.random.default_rng(i),
+        )  # fmt: skip
+        t.merge(infos)
+        t.forget_news()
+        tables[info.id] = t
+    return tables
+
+
+def call(tables: dict[str, Membership], caller: str, callee: str) -> None:
+    """One push-pull, as gwtf.node.control does it (the wire left out)."""
+    a, b = tables[caller], tables[callee]
+    events, answer = b.incoming(caller, a.outgoing(callee))
+    a.merge(answer.members)
+
+
+def period(tables: dict[str, Membership], clock: Clock, dead: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """Every live table's heartbeat period: beat, check, call its partners."""
+    clock.now += 0.5
+    for node_id, t in tables.items():
+        if node_id in dead:
+            continue
+        t.beat()
+        _, to_ping = t.check()
+        partners = {m.id for m in (*t.targets(3), *t.watch_targets(), *to_ping)}
+        for p in sorted(partners - dead):
+            call(tables, node_id, p)
+
+
+def test_a_message_stays_bounded_whatever_the_size_of_the_swarm() -> None:
+    clock = Clock()
+    tables = swarm_of(200, clock)
+    t = tables["n000"]
+    assert len(t.digest()) == 200  # the whole table is still there for joiners
+    watched = {m.id for m in t.watched()}
+    assert len(watched) == t.watch
+    stranger = next(i for i in sorted(tables) if i not in watched and i != "n000")
+    quiet = t.outgoing(stranger)
+    assert [m.id for m in quiet.members] == ["n000"] and not quiet.spreading
+    to_neighbour = t.outgoing(sorted(watched)[0])
+    assert 1 < len(to_neighbour.members) <= 1 + t.watch  # itself and the other neighbours
+    # A burst of changes: the message grows to the piggyback bound, no further.
+    t.merge([replace(member(f"n{i:03d}"), state=State.DEAD) for i in range(100, 150)])
+    burst = t.outgoing(stranger)
+    assert burst.spreading and len(burst.members) == 1 + t.piggyback
+
+
+def test_watching_is_a_symmetric_ring_and_only_the_watched_are_timed_out() -> None:
+    clock = Clock()
+    tables = swarm_of(30, clock)
+    for node_id, t in tables.items():
+        for m in t.watched():
+            assert node_id in {w.id for w in tables[m.id].watched()}
+    t = tables["n000"]
+    watched = {m.id for m in t.watched()}
+    events = checks_until(t, clock, TIMEOUT)  # nobody heard from: only the watched time out
+    assert {e.member.id for e in events} == watched and all(e.kind == "dead" for e in events)
+    assert len(t.alive()) == 29 - len(watched)
+
+
+def test_a_member_newly_watched_is_silent_from_when_watching_starts() -> None:
+    clock = Clock()
+    tables = swarm_of(12, clock)
+    t = tables["n000"]
+    before = {m.id for m in t.watched()}
+    clock.now = 100.0  # long after anything was heard: nobody's silence matters unwatched
+    neighbour = sorted(before)[0]
+    t.leave(neighbour, 1)  # the ring moves: someone else becomes watched
+    new = {m.id for m in t.watched()} - before
+    assert len(new) == 1
+    assert t.silence(new.pop()) == 0.0
+    assert [e for e in t.check()[0] if e.member.id not in before] == []
+
+
+def test_a_death_reaches_everyone_and_the_messages_stop() -> None:
+    clock = Clock()
+    tables = swarm_of(40, clock)
+    victim = "n017"
+    tables["n003"].refused(victim, 1)  # too early: heard from recently
+    assert all(t.is_alive(victim, 1) for t in tables.values() if t.me.id != victim)
+    for _ in range(int(TIMEOUT / 0.5) + 8):
+        period(tables, clock, dead={victim})
+    survivors = [t for i, t in tables.items() if i != victim]
+    assert all(not t.is_alive(victim, 1) for t in survivors)
+    assert all(len(t.alive()) == 38 for t in survivors)
+    assert len({t.view_hash() for t in survivors}) == 1
+    for _ in range(20):  # the news dies out: messages are back to their quiet size
+        period(tables, clock, dead={victim})
+    assert not any(t.spreading for t in survivors)
+
+
+def test_digests_that_still_differ_when_quiet_bring_the_whole_table() -> None:
+    # a missed nothing; b missed x's death, and the news of it is no longer spreading.
+    clock = Clock()
+    a, b = table(clock, me="a"), table(clock, me="b")
+    a.merge([member("b"), replace(member("x"), state=State.DEAD)])
+    b.merge([member("a"), member("x")])
+    a.forget_news()
+    b.forget_news()
+    _, answer = b.incoming("a", a.outgoing("b"))  # b's digest differs: its whole table
+    assert {m.id for m in answer.members} == {"b", "a", "x"} and not answer.spreading
+    assert a.merge(answer.members) == []  # x's death is final: b's old entry changes nothing
+    _, answer = a.incoming("b", b.outgoing("a"))  # and a's whole table carries the death
+    assert kinds(b.merge(answer.members)) == [("dead", "x")]
+    assert a.view_hash() == b.view_hash()
+    # While a change is spreading, a differing digest is expected: only the bounded lists.
+    b.merge([member("z")])
+    assert b.spreading and a.view_hash() != b.view_hash()
+    _, answer = a.incoming("b", b.outgoing("a"))
+    assert a.get("z") is not None  # the change itself travelled in b's list
+    assert "x" not in {m.id for m in answer.members}  # not a's whole table (x's tombstone)
+
+
+def test_a_joiner_is_spread_by_the_node_that_let_it_in_not_the_joiner() -> None:
+    clock = Clock()
+    tables = swarm_of(50, clock)
+    joiner = table(clock, me="new")
+    bootstrap = tables["n000"]
+    assert kinds(bootstrap.merge([joiner.me])) == [("alive", "new")]
+    joiner.merge(bootstrap.digest())  # the join reply
+    joiner.forget_news()  # as the node does when it starts
+    assert not joiner.spreading and bootstrap.spreading
+    tables["new"] = joiner
+    for _ in range(12):
+        period(tables, clock)
+    assert all(t.get("new") is not None for t in tables.values())
+    assert len(joiner.alive()) == 50
+
+
+def test_an_unwatched_member_is_declared_dead_by_two_refusals_periods_apart() -> None:
+    clock = Clock()
+    tables = swarm_of(20, clock)
+    t = tables["n000"]
+    watched = {m.id for m in t.watched()}
+    x, y = [i for i in sorted(tables) if i not in watched and i != "n000"][:2]
+    checks_until(t, clock, TIMEOUT - 1.0)  # silent to this node, not yet timed out
+    assert t.refused(x, 1) == [] and t.refused(x, 1) == []  # one reset seen by two calls
+    events, to_ping = t.check()
+    assert events == [] and x in {m.id for m in to_ping}  # confirm it with a call of ours
+    events = t.refused(x, 1)
+    assert kinds(events) == [("dead", x)] and "two calls" in events[0].reason
+    # A member that answers between two refusals is not doubted any more.
+    assert t.refused(y, 1) == []
+    t.check()
+    t.merge([member(y, heartbeat=1)])
+    t.check()
+    assert t.refused(y, 1) == [] and t.is_alive(y, 1)

@@ -138,6 +138,20 @@ def test_invalid_messages_are_refused_with_a_reason() -> None:
                               epoch=1, state=1)
         gossip = node_pb2.GossipRequest(swarm_id=node.swarm.swarm_id, sender="m", members=[bad])
         await expect_code(grpc.StatusCode.INVALID_ARGUMENT, membership.Gossip(gossip, timeout=5))
+        nameless = node_pb2.GossipRequest(swarm_id=node.swarm.swarm_id, sender="", view=7)
+        details = await expect_code(
+            grpc.StatusCode.INVALID_ARGUMENT, membership.Gossip(nameless, timeout=5)
+        )
+        assert "sender" in details
+        # A well-formed call whose digest differs while nobody spreads news: the whole table.
+        peer = node_pb2.Member(id="m", address="h:1", stage=0, compute_s=1, capacity=1,
+                               epoch=1, state=1)  # fmt: skip
+        hello = node_pb2.GossipRequest(swarm_id=node.swarm.swarm_id, sender="m", view=7)
+        reply = await membership.Gossip(hello, timeout=5)
+        assert [m.id for m in reply.members] == ["solo"]
+        told = node_pb2.GossipRequest(swarm_id=node.swarm.swarm_id, sender="m", members=[peer])
+        reply = await membership.Gossip(told, timeout=5)  # news now: "solo" spreads m's arrival
+        assert {m.id for m in reply.members} == {"solo", "m"}
         stranger = node_pb2.GossipRequest(swarm_id="another", sender="m")
         await expect_code(
             grpc.StatusCode.FAILED_PRECONDITION, membership.Gossip(stranger, timeout=5)
