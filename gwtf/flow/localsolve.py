@@ -297,9 +297,10 @@ def _take(pieces: list[list[int]], sinks: list[list[int]], cap: Mapping[tuple[in
 def _group_split(
     net: _Network, groups: list[_Group], cells: list[_Cell], flow: Mapping[int, Mapping[int, int]]
 ) -> tuple[dict[tuple[int, int], int], set[tuple[int, int]]]:
-    """Group-to-group amounts from the network flow: direct arcs as they are, hub flows matched
-    greedily (sparse), each group pair within its capacity; leftovers placed on any pair with
-    room, cheapest first is not needed here: they are rounding-sized or a relaxation's excess."""
+    """Group-to-group amounts from the network flow: direct arcs as they are; hub flows matched
+    greedily, so that few group pairs carry flow, each within its capacity. What a hub cannot
+    place this way (a relaxation's excess) goes to any next-stage group with room, and the cell
+    pairs concerned are returned, to be joined directly in the next solve."""
     amount: dict[tuple[int, int], int] = defaultdict(int)
     for a, b in net.direct:
         x = flow[2 * a + 1].get(2 * b, 0)
