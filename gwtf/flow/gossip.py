@@ -197,8 +197,9 @@ def delivered(members: Members, plans: Mapping[str, Plan], mode: Mapping[str, st
 SWITCH_AFTER = 40
 """Rounds after a death's first detection at which every node that knows of it changes to the
 new solution at once (a later learner changes when it learns). Switching node by node mixes two
-routings that do not fit together: measured at 1,000 nodes, the delivered flow dips to 0.87 of the
-optimum while the death spreads (about 20 rounds), below the repaired old routing's level."""
+routings that do not fit together: at 1,000 nodes the delivered flow dips to 0.84 of the optimum
+while the death spreads (about 20 rounds), below the repaired old routing (section `flow` of
+benchmarks/RESULTS.md). 40 is twice the rounds a death takes to reach 1,000 nodes."""
 
 
 def repair(
