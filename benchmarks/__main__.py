@@ -13,6 +13,7 @@ import sys
 BENCHMARKS = {
     "churn": "benchmarks.churn_real",
     "flow": "benchmarks.flow",
+    "flow-relax": "benchmarks.flow_relax",
     "sim": "benchmarks.sim",
     "node": "benchmarks.node_control",
     "gossip": "benchmarks.gossip_scale",

@@ -477,6 +477,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="solve centrally with the networkx oracle instead (the reference)",
     )
     route.add_argument(
+        "--method", choices=("local", "relax"), default="local",
+        help="local (default): nodes gossip compact records and each solves the whole flow "
+             "itself; relax: the asynchronous epsilon-relaxation between neighbours "
+             "(docs/design.md 2.3, 2.12)",
+    )
+    route.add_argument(
         "--seed", type=int, default=0, metavar="N", help="seed for all randomness (default: 0)"
     )
     route.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Mapping
 from functools import cache
 from itertools import combinations
 from os import PathLike
@@ -20,10 +21,12 @@ import numpy as np
 from gwtf.flow.topology import (
     DEFAULT_INTRA,
     LinkSpec,
+    Members,
     NodeSpec,
     Topology,
     TopologyError,
     load_link_matrix,
+    parse_members,
 )
 
 __all__ = [
@@ -32,8 +35,10 @@ __all__ = [
     "data_path",
     "geo10",
     "geo10_links",
+    "geo10_members",
     "geo10_regions",
     "gpu_speeds",
+    "members_to_file",
     "random_layered",
     "topology_to_file",
 ]
@@ -160,6 +165,27 @@ def random_layered(
     return Topology.build(activation_bytes, nodes, links, DEFAULT_INTRA)
 
 
+def _geo10_nodes(
+    rng: np.random.Generator, n_nodes: int, n_stages: int, base_compute_s: float
+) -> list[NodeSpec]:
+    _check_sizes(n_nodes, n_stages)
+    if not math.isfinite(base_compute_s) or base_compute_s <= 0:
+        raise ValueError(f"base_compute_s must be a positive number, got {base_compute_s}")
+    regions = geo10_regions()
+    gpus = gpu_speeds()
+    per_stage, extra = divmod(n_nodes, n_stages)
+    width = len(str(per_stage + 1))
+    nodes: list[NodeSpec] = []
+    for stage in range(n_stages):
+        for index in range(per_stage + (1 if stage < extra else 0)):
+            region = regions[int(rng.integers(len(regions)))]
+            _, speed = gpus[int(rng.integers(len(gpus)))]
+            nodes.append(
+                NodeSpec.make(_node_id(stage, index, width), stage, base_compute_s / speed, region)
+            )
+    return nodes
+
+
 def geo10(
     rng: np.random.Generator,
     n_nodes: int,
@@ -177,29 +203,78 @@ def geo10(
     stage takes per microbatch (forward + backward) on a V100. Each stage gets
     n_nodes // n_stages nodes, the remainder going one each to the first stages.
     """
-    _check_sizes(n_nodes, n_stages)
-    if not math.isfinite(base_compute_s) or base_compute_s <= 0:
-        raise ValueError(f"base_compute_s must be a positive number, got {base_compute_s}")
-    regions = geo10_regions()
-    gpus = gpu_speeds()
-    per_stage, extra = divmod(n_nodes, n_stages)
-    width = len(str(per_stage + 1))
-    nodes: list[NodeSpec] = []
-    for stage in range(n_stages):
-        for index in range(per_stage + (1 if stage < extra else 0)):
-            region = regions[int(rng.integers(len(regions)))]
-            _, speed = gpus[int(rng.integers(len(gpus)))]
-            nodes.append(
-                NodeSpec.make(_node_id(stage, index, width), stage, base_compute_s / speed, region)
-            )
+    nodes = _geo10_nodes(rng, n_nodes, n_stages, base_compute_s)
     return Topology.build(activation_bytes, nodes, geo10_links(), DEFAULT_INTRA)
+
+
+def geo10_members(
+    rng: np.random.Generator,
+    n_nodes: int,
+    n_stages: int,
+    *,
+    activation_bytes: int = 8 * 2**20,
+    base_compute_s: float = 0.1,
+) -> Members:
+    """The Members of `geo10` with the same arguments (same draws, same nodes), without building
+    the topology's arcs: the way to 10,000 nodes in 20 stages (4.75 million arcs)."""
+    nodes = _geo10_nodes(rng, n_nodes, n_stages, base_compute_s)
+    return parse_members(
+        {
+            "activation_bytes": activation_bytes,
+            "nodes": [_node_entry(n) for n in nodes],
+            "links": _link_entries(geo10_links()),
+            "intra_location": {
+                "rtt_ms": DEFAULT_INTRA.rtt_ms,
+                "bandwidth_gbps": DEFAULT_INTRA.bandwidth_gbps,
+            },
+        }
+    )
+
+
+def _node_entry(node: NodeSpec) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "id": node.id,
+        "stage": node.stage,
+        "compute_s": node.compute_s,
+        "location": node.location,
+    }
+    if not node.default_capacity:
+        entry["capacity"] = node.capacity
+    return entry
+
+
+def _link_entries(links: Mapping[frozenset[str], LinkSpec]) -> list[dict[str, object]]:
+    return [
+        {"src": a, "dst": b, "rtt_ms": link.rtt_ms, "bandwidth_gbps": link.bandwidth_gbps}
+        for (a, b), link in sorted((tuple(sorted(k)), v) for k, v in links.items())
+    ]
+
+
+def members_to_file(members: Members, path: str | PathLike[str]) -> None:
+    """Write `members` in the topology file format (what topology_to_file writes)."""
+    document: dict[str, object] = {
+        "activation_bytes": members.activation_bytes,
+        "nodes": [_node_entry(n) for n in members.nodes],
+        "links": _link_entries(members.links),
+        "intra_location": {
+            "rtt_ms": members.intra.rtt_ms,
+            "bandwidth_gbps": members.intra.bandwidth_gbps,
+        },
+    }
+    if members.blocked:
+        document["blocked_arcs"] = [{"src": s, "dst": d} for s, d in sorted(members.blocked)]
+    _write(document, path)
 
 
 def topology_to_file(topology: Topology, path: str | PathLike[str]) -> None:
     """Write `topology` in the file format (JSON, indented, deterministic)."""
+    _write(topology.to_json(), path)
+
+
+def _write(document: object, path: str | PathLike[str]) -> None:
     try:
         with open(path, "w", encoding="utf-8") as handle:
-            json.dump(topology.to_json(), handle, indent=1)
+            json.dump(document, handle, indent=1)
             handle.write("\n")
     except OSError as err:
         raise TopologyError(f"cannot write topology file {str(path)!r}: {err.strerror}") from None
