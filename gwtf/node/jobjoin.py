@@ -123,6 +123,8 @@ class Joiner:
 
         stage = host.own_stage()
         deadline = time.monotonic() + host.config.prepare_timeout_s
+        empty = False
+        why = "no answer"
         self.book.active = CurrentJob(job, job.job_id, progress.job_json, None,
                                       coordinator=progress.coordinator)
         while time.monotonic() < deadline:
@@ -149,11 +151,18 @@ class Joiner:
                 await asyncio.sleep(0.5)
                 continue
             state: tuple[int, bytes] | None = None
+            # A stage with no live replica is restored from its keeper's snapshot, of the
+            # iteration the coordinator names when the swarm must roll back to it (4.6).
+            exact = reply.snapshot_iteration if reply.rollback else None
+            empty = not any(
+                (m := host.member(d)) is not None and m.stage == stage for d in reply.donors
+            )
             for donor in reply.donors:
                 try:
-                    state = await self.transfer.fetch_from(donor, job.job_id, stage)
+                    state = await self.transfer.fetch_from(donor, job.job_id, stage, exact)
                     break
                 except RuntimeError as err:
+                    why = str(err)
                     host.log.warning("job %s: the state of stage %d from %s failed: %s; "
                                      "another donor", job.job_id, stage, donor, err)
             if state is None:
@@ -178,6 +187,7 @@ class Joiner:
             except RuntimeError:
                 continue
             if not reply.admitted:
+                why = f"its state of iteration {iteration} was not admitted at {reply.iteration}"
                 host.log.info("job %s: the state of iteration %d is stale (now %d): again",
                               job.job_id, iteration, reply.iteration)
                 await asyncio.sleep(0.2)
@@ -198,6 +208,12 @@ class Joiner:
             return
         host.log.warning("job %s: could not enter within %.0f s", job.job_id,
                          host.config.prepare_timeout_s)
+        if empty:
+            # Its stage has no live replica and this node could not restore it: the job cannot
+            # go on, and says so rather than wait for ever (docs/design.md 4.6).
+            self._fail(job.job_id, f"stage {stage} has no live replica and {host.node_id} "
+                       f"could not restore it from a snapshot within "
+                       f"{host.config.prepare_timeout_s:.0f} s ({why})")
 
     async def _adopt(self, job: Any, module: ModuleType, stage: int) -> bool:
         """Every data holder of the running job died (the job waits, rule 5) and this joiner
