@@ -132,10 +132,10 @@ class StateTransfer:
                 fault.hit("state-transfer", iteration)  # the first chunk is on its way
 
     async def fetch_from(
-        self, donor: str, job_id: str, stage: int, iteration: int | None = None
+        self, donor: str, job_id: str, stage: int, at: int | None = None
     ) -> tuple[int, bytes]:
-        """The state of `stage` streamed from `donor`: (its iteration, its bytes); with
-        `iteration`, a keeper's snapshot of exactly that iteration. RuntimeError if the donor is
+        """The state of `stage` streamed from `donor`: (its iteration, its bytes); with `at`, a
+        keeper's snapshot of exactly that iteration. RuntimeError if the donor is
         gone, has no such state, or its stream breaks off."""
         member = self.host.member(donor)
         if member is None:
@@ -144,7 +144,7 @@ class StateTransfer:
         iteration = -1
         total = 0
         request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage,
-                                       exact=iteration is not None, iteration=iteration or 0)
+                                       exact=at is not None, iteration=at or 0)
         try:
             async for chunk in self.host.stubs(member).jobs.FetchState(
                 request, timeout=self.host.config.prepare_timeout_s
