@@ -19,6 +19,7 @@ from typing import Any
 
 from grpc import aio
 
+from gwtf.job.snapshots import SnapshotPolicy
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobprep import JobLauncher
 from gwtf.node.jobstate import CurrentJob, JobBook
@@ -247,19 +248,26 @@ class Joiner:
         if any(c != me and host.member(c) is not None for c in followed):
             return False  # another holder took it over: enter through it
         top = max(r.iteration for _, r in replies.values())
+        record = self.book.records[job.job_id]
+        policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin, start=record.resumed_from)
+        # Stage 0's snapshot of the iteration in progress, else its periodic one, which the
+        # other stages hold too: the swarm then rolls back to it (docs/design.md 4.6).
         state: tuple[int, bytes] | None = None
-        for member in sorted(live, key=lambda m: m.id):
-            try:
-                state = await self.transfer.fetch_from(member.id, job.job_id, 0)
+        for at in (None, policy.last_periodic(top)):
+            for member in sorted(live, key=lambda m: m.id):
+                try:
+                    state = await self.transfer.fetch_from(member.id, job.job_id, 0, at)
+                    break
+                except RuntimeError:
+                    continue
+            if state is not None and state[0] in (top, at):
                 break
-            except RuntimeError:
-                continue
-        if state is None or state[0] != top:
-            host.log.warning(
-                "job %s: every data holder died and no node keeps stage 0's state of iteration "
-                "%d; the job waits", job.job_id, top,
-            )
-            return False
+            state = None
+        if state is None:
+            self._fail(job.job_id, f"every data holder died at iteration {top} and no node "
+                       "keeps a snapshot of stage 0 the swarm can go on from; resume the job "
+                       "from a checkpoint or submit it again")
+            return True
         try:
             executor, corpus = await asyncio.to_thread(
                 module.StageWorker.build_from_state, job, 0, host.num_stages(),
@@ -281,7 +289,9 @@ class Joiner:
         active.last_iteration_end = time.monotonic()
         worker.start(participants, (), None, round_)
         host.log.warning("job %s: every data holder had died; %s takes stage 0 over from its "
-                         "backup of iteration %d", job.job_id, me, top)
+                         "snapshot of iteration %d", job.job_id, me, state[0])
         self.book.records[job.job_id].joins += 1
         await self._take_over(active, "")
+        if state[0] < top and active.coord is not None:
+            active.coord.entrance.roll_back(0, state[0])
         return True

@@ -195,6 +195,13 @@ class Entrance:
     def _rollback(self, node: str, stage: int, to: int, reply: job_pb2.EnterReply) -> None:
         """`node` holds the snapshot of `stage` (which has no live replica) of iteration `to`,
         older than the one in progress: the swarm goes back to `to` and `node` enters there."""
+        if self.roll_back(stage, to, {node: stage}):
+            self._admit(node, stage, reply)
+
+    def roll_back(self, stage: int, to: int, joining: dict[str, int] | None = None) -> bool:
+        """`stage` lost every replica and is restored (by `joining`, or by this coordinator, a
+        holder that adopted the job) from its snapshot of iteration `to`, older than the one in
+        progress: every participant goes back to `to`. False if the job failed instead."""
         coord = self.coord
         plan = coord.plan
         before = plan.injecting
@@ -202,7 +209,7 @@ class Entrance:
             round_, holders, weights = plan.rollback(to)
         except ValueError as err:
             coord.manager.fail(coord.job_id, str(err))
-            return
+            return False
         coord.planned = {}
         reason = (f"stage {stage} lost every replica at iteration {before}; its newest snapshot "
                   f"is of iteration {to}")
@@ -211,12 +218,13 @@ class Entrance:
                                coord.job_id, before, to, round_, reason)
         request = job_pb2.RestartRequest(
             sender=coord.host.node_id, job_id=coord.job_id, iteration=to, round=round_,
-            holders=holders, participants=participants_pb({**plan.participants, node: stage}),
+            holders=holders, participants=participants_pb({**plan.participants, **(joining or {})}),
             reason=reason[:300], weights=weights, rollback=True,
         )
         for other in sorted(plan.participants):
             coord.spawn(self._order_rollback(other, request), "rollback")
-        self._admit(node, stage, reply)
+        coord.manager.changed(coord.active)
+        return True
 
     def _record(self, stage: int, before: int, to: int, reason: str) -> None:
         """The job's progress goes back to iteration `to`: the iterations undone are no longer
