@@ -59,6 +59,8 @@ class RecoveryHandler:
         self._restarts: dict[
             int, tuple[int, tuple[str, ...], Mapping[str, int] | None]
         ] = {}
+        self._floor = 0
+        """The round of the latest rollback: every round from before it is below."""
         """Restarts ordered for an iteration this node has not reached yet."""
 
     # ------------------------------------------------------------------ recovery
@@ -183,8 +185,8 @@ class RecoveryHandler:
         ctx = self._ctx
         ctx.participants.update(participants)
         it = ctx.it
-        if (iteration, round_) <= (it.number, it.round):
-            return
+        if (iteration, round_) <= (it.number, it.round) or round_ < self._floor:
+            return  # an older order, or one from before a rollback
         if iteration > it.number:
             self._restarts[iteration] = (round_, holders, weights)
             return
@@ -200,6 +202,9 @@ class RecoveryHandler:
         ctx = self._ctx
         ctx.participants.update(participants)
         it = ctx.it
+        if round_ < self._floor:
+            return  # an older rollback's order
+        self._floor = round_
         if iteration == it.number + 1:
             self._restarts = {iteration: (round_, holders, weights)}
             return

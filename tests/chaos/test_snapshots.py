@@ -8,9 +8,13 @@ stage) and trains one short tiny-gpt job, killing nodes by pid with SIGKILL whil
   after every step only when down to one replica (`snapshot_thin = 1`): the stage's newest
   snapshot is older than the iteration in progress, so a node that joins stage 1 restores it and
   the swarm rolls back to it;
+- both data holders at once, the coordinator among them, in the same job: a holder that joins
+  adopts the job from stage 0's snapshot and the swarm rolls back to it;
 - both stage-1 nodes at once with the default policy, where a stage of two replicas is thin and
   snapshotted after every step: the joiner restores the iteration in progress, no rollback;
-- one node of stage 1 and one of stage 2 at once: no stage is wiped, the iteration starts over.
+- one node of stage 1 and one of stage 2 at once: no stage is wiped, the iteration starts over;
+- the coordinator, which keeps the other stages' snapshots, with both stage-1 nodes: no snapshot
+  can restore stage 1, and the job fails at once saying so.
 
 Each ends with the loss curve and parameters of `gwtf.train.train_reference` over the same
 microbatches, bit for bit (the iterations a rollback undid are trained again with the same data,
@@ -107,6 +111,25 @@ def test_a_wiped_stage_rolls_back_to_its_snapshot(swarm: LocalSwarm) -> None:
     assert "stage 1 lost every replica" in back.reason
     assert result.paused == "" and result.paused_s > 0
     assert time.monotonic() - began < WAIT_S
+
+
+def test_wiped_data_holders_roll_back_when_a_holder_joins(swarm: LocalSwarm) -> None:
+    # Stage 0 wiped takes the coordinator along; its snapshots are kept at a0. A holder that
+    # joins adopts the job from stage 0's periodic snapshot and the swarm rolls back to it.
+    job = job_for("holders", 10, snapshot_every=4, snapshot_thin=1)
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: client.progress(job_id).iterations_completed >= 5, WAIT_S, "5 iterations")
+    kill_at_once(swarm, "h0", "h1")
+    wait_for(lambda: "stage 0 has no live node" in client.progress(job_id).paused, 30,
+             "the job to wait for a data holder")
+    swarm.bootstrap = swarm.procs["z0"].address  # the first node, h0, is gone
+    swarm.join("h7", 0, 0.07)
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    assert_equals_reference(result, job)
+    assert result.coordinator == "h7"
+    assert [(b.stage, b.to_iteration) for b in result.rollbacks] == [(0, 4)], result.rollbacks
+    assert result.rollbacks[0].from_iteration > 4
 
 
 def test_a_wiped_thin_stage_resumes_where_it_was(swarm: LocalSwarm) -> None:
