@@ -38,7 +38,7 @@ collaborators', which share one `JobBook` (gwtf.node.jobstate: the records and t
                  or the worker
     jobwire      JobWire: calls out: retried calls, progress and failures spread, reports to
                  the coordinator
-    jobtransfer  StateTransfer: stage states to joiners, backups of a lone replica, resumes,
+    jobtransfer  StateTransfer: stage states to joiners, stage snapshots (4.6), resumes,
                  final weights
     jobjoin      Joiner: entering a running job, and adopting one whose holders all died
     gwtf.job.roster  the rules on participants (succession, last replica, backup keeper), pure

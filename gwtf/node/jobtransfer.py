@@ -1,9 +1,9 @@
 """StateTransfer: a stage's state between nodes (docs/design.md 3.8, 4.6, 10).
 
-    fetch_state     streams this node's stage state (a live replica's, or a backup it keeps) to
-                    a joiner; `fetch_from` is the joiner's side
-    keep_backup     the last live replica of a stage sends its state to a keeper (4.6); `backup`
-                    is the keeper's side, `keeper_of` and `backup_iteration` what the
+    fetch_state     streams this node's stage state (a live replica's, or a snapshot it keeps)
+                    to a joiner; `fetch_from` is the joiner's side
+    keep_backup     a stage's snapshot sender sends its state to a keeper (4.6); `backup` is
+                    the keeper's side, `keeper_of` and `snapshot_iterations` what the
                     coordinator asks of it
     resume          a client's checkpoint of this node's stage (gwtf submit --resume), kept until
                     a Prepare builds the stage from it
@@ -216,7 +216,7 @@ class StateTransfer:
         self.host.spawn(send(), "backup")
 
     async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
-        """Send a lone replica's state to the job's coordinator (or, for the coordinator's own
+        """Send a stage's snapshot to the job's coordinator (or, for the coordinator's own
         stage, to the first live participant of another stage) and remember who keeps it."""
         active = self.book.current(job_id)
         if active is None or iteration >= active.job.iterations:

@@ -142,9 +142,9 @@ class WorkerHost(Protocol):
         ...
 
     async def keep_backup(self, job_id: str, stage: int, iteration: int, state: bytes) -> None:
-        """Keep this lone replica's state (of the start of `iteration`) at another node, so
-        that a node joining the stage finds it if this one dies; returns once it is kept (or
-        could not be)."""
+        """Keep this stage's snapshot (its state at the start of `iteration`) at another node,
+        so that a node joining the stage finds it if every replica dies (docs/design.md 4.6);
+        returns once it is kept (or could not be)."""
         ...
 
     def fail(self, job_id: str, reason: str) -> None:
