@@ -336,6 +336,8 @@ class CommitParticipant:
             ctx.snapshot = (order.iteration + 1, state)
         if state is not None and send:
             await ctx.host.keep_backup(ctx.job_id, ctx.stage, order.iteration + 1, state)
+            if not ctx.current(it):
+                return  # a rollback came meanwhile: this node is at its iteration now
         self._advance(order)
         ctx.host.report_committed(ctx.job_id, report)
 
