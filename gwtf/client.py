@@ -44,6 +44,7 @@ __all__ = [
     "AsyncGwtfClient",
     "ClientError",
     "Excluded",
+    "RolledBack",
     "GwtfClient",
     "JobResult",
     "StatusError",
@@ -123,6 +124,18 @@ _STATES = {1: "preparing", 2: "running", 3: "completed", 4: "failed"}
 
 
 @dataclass(frozen=True)
+class RolledBack:
+    """The swarm went back to an older iteration: `stage` lost every replica while iteration
+    `from_iteration` was in progress, and its newest snapshot was of `to_iteration`; the
+    iterations between were trained again (docs/design.md 4.6)."""
+
+    stage: int
+    from_iteration: int
+    to_iteration: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Excluded:
     """A replica the job excluded as a bad peer: where, when and why."""
 
@@ -176,6 +189,8 @@ class JobResult:
     """Replicas excluded from the job as bad peers (a robust aggregation only), in order."""
     resumed_from: int = 0
     """The iteration the job resumed at from a checkpoint (`loss` begins there); 0: none."""
+    rollbacks: tuple[RolledBack, ...] = ()
+    """Times the swarm went back to a stage's snapshot, in order."""
 
     @property
     def over(self) -> bool:
@@ -209,6 +224,7 @@ class JobResult:
             "dropped": {str(k): list(ids) for k, ids in self.dropped},
             "excluded": [dataclasses.asdict(e) for e in self.excluded],
             "resumed_from": self.resumed_from,
+            "rollbacks": [dataclasses.asdict(r) for r in self.rollbacks],
         }
 
 
@@ -245,6 +261,8 @@ def job_result(pb: Any) -> JobResult:
         paused_s=pb.paused_s,
         excluded=tuple(Excluded(e.node, e.stage, e.iteration, e.reason) for e in pb.excluded),
         resumed_from=pb.resumed_from,
+        rollbacks=tuple(RolledBack(r.stage, r.from_iteration, r.to_iteration, r.reason)
+                        for r in pb.rollbacks),
     )
 
 
@@ -816,6 +834,7 @@ def _follow(
 
         def update(result: JobResult) -> None:
             nonlocal shown
+            shown = min(shown, len(result.loss))  # a rollback cut the curve back
             for k in range(shown, len(result.loss)):
                 bar.console.print(f"iteration {result.resumed_from + k + 1:>4}/"
                                   f"{result.iterations}  "
@@ -836,6 +855,9 @@ def format_result(result: JobResult) -> str:
         lines.append(f"error           {result.error}")
     if result.resumed_from:
         lines.append(f"resumed         from a checkpoint of iteration {result.resumed_from}")
+    for back in result.rollbacks:
+        lines.append(f"rolled back     from iteration {back.from_iteration} to "
+                     f"{back.to_iteration}: {back.reason}")
     if result.loss:
         first, last = result.loss[0], result.loss[-1]
         lines.append(f"loss            {first:.4f} -> {last:.4f}")

@@ -163,6 +163,8 @@ class StepOrder:
     dropped: tuple[int, ...]
     next_weights: tuple[int, ...] = ()
     """The next holders' weights in their order (empty: equal shares)."""
+    next_round: int = 0
+    """The round the next iteration starts at (above every round used before a rollback)."""
 
     def weights(self) -> dict[str, int] | None:
         return weights_of(self.next_holders, self.next_weights)
@@ -250,6 +252,9 @@ class IterationCoordinator:
         self._stepping: dict[int, _Stepping] = {}
         self.completed = iteration
         """Iterations completed, in order (the outcomes returned so far)."""
+        self.round_floor = round_
+        """Every iteration starts at this round: after a rollback, above every round used
+        before it, so that no message from before the rollback passes for a current one."""
 
     def _check_holders(self, holders: Sequence[str]) -> None:
         if not holders:
@@ -432,6 +437,7 @@ class IterationCoordinator:
             trained=len(self.finished),
             dropped=tuple(sorted(self.dropped)),
             next_weights=self.next_weights(next_holders),
+            next_round=self.round_floor,
         )
         self._stepping[self.injecting] = _Stepping(
             order, set(self._members), routes,
@@ -458,7 +464,7 @@ class IterationCoordinator:
     def _next_iteration(self, holders: Sequence[str], weights: Mapping[str, int] | None
                         ) -> None:
         self.injecting += 1
-        self.round = 0
+        self.round = self.round_floor
         self.attempt = 0
         self.finished = set()
         self.dropped = set()
@@ -543,6 +549,27 @@ class IterationCoordinator:
         self._prepared = {}
         self._holders = holders
         return self.injecting, self.round, holders, weights
+
+    def rollback(self, iteration: int) -> tuple[int, tuple[str, ...], tuple[int, ...]]:
+        """Go back to `iteration`, older than the one in progress (a stage lost every replica
+        and its snapshot is of `iteration`: docs/design.md 4.6): what stepped since is undone
+        and is done again, from a round above every round used so far. Returns (the new
+        round, the holders, their weights); ValueError when no data holder is left."""
+        if iteration > self.injecting:
+            raise ValueError(f"cannot roll back to iteration {iteration}, which is ahead of "
+                             f"{self.injecting}")
+        holders = self.live_holders()
+        if not holders:
+            raise ValueError("no data holder is left to start the iteration again")
+        top = max([self.round, self.round_floor, *(s.order.round for s in
+                                                   self._stepping.values())])
+        self.round_floor = top + 1
+        self.injecting = iteration
+        self.completed = iteration
+        self._stepping = {}
+        self.round = top  # restart() moves it on to the floor
+        _, round_, holders, weights = self.restart()
+        return round_, holders, weights
 
     # ------------------------------------------------------------------ completion
 

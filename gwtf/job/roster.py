@@ -12,7 +12,7 @@ node decides from them:
     live_holders     the holders that may coordinate, in order of succession (4.5)
     orphaned         no live holder is left: the job waits for one to join (rule 5)
     last_replica     this node is the last live replica of its stage (4.6: it backs its state up)
-    backup_keeper    who keeps a lone replica's backup (4.6)
+    backup_keeper    who keeps a stage's snapshots (4.6)
     flow_to_stage    a holder's flow units to the job's next-stage participants (the
                      coordinator weights the holders' shares by them)
 """
@@ -108,7 +108,7 @@ def backup_keeper(
     coordinator: str,
     alive: Callable[[str], bool],
 ) -> str:
-    """Who keeps the backup of `stage`'s lone replica: the coordinator, or, for the
+    """Who keeps the snapshots of `stage`: the coordinator, or, for the
     coordinator's own stage, the first live participant of another stage ("" if none)."""
     live = [
         p for p, s in sorted(participants.items())

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc
 import torch
@@ -21,6 +21,7 @@ from grpc import aio
 from torch import Tensor
 
 from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport, StepOrder
+from gwtf.job.snapshots import snapshot_sender
 from gwtf.node.errors import Refusal
 from gwtf.node.gradsync import ContributionError, ContributionHeader, encode, flatten, unflatten
 from gwtf.node.runtime import COMMIT, ComputeRuntime
@@ -61,6 +62,10 @@ class CommitParticipant:
     def forget(self, before: int) -> None:
         """Drop the peers' sums of iterations before `before` (stepped, or started over)."""
         self._sums = {k: v for k, v in self._sums.items() if k[0] >= before}
+
+    def forget_all(self) -> None:
+        """Drop every peer's sums (a rollback: they are of iterations that are undone)."""
+        self._sums = {}
 
     # ------------------------------------------------------------------ the peers' sums
 
@@ -284,11 +289,7 @@ class CommitParticipant:
         began = time.monotonic()
         expected = commit.microbatches
         me = ctx.host.node_id
-        alone = not any(
-            s == ctx.stage and p != me and p not in ctx.departed
-            and ctx.host.member(p) is not None
-            for p, s in order.participants.items()
-        )
+        keep, send = self._snapshot_plan(order.participants, order.iteration + 1, order.final)
 
         rule = ctx.job.aggregation
         noise = ctx.fault.weight_noise(order.iteration) if ctx.fault is not None else None
@@ -305,9 +306,10 @@ class CommitParticipant:
             if noise is not None:
                 checksum = self._corrupt(noise, order.iteration)
             digests = executor.digests() if order.final else {}
-            # The last replica of a stage keeps its new state elsewhere before it does anything
-            # of the next iteration: a node joining the stage after it died starts from there.
-            state = executor.state_bytes() if alone and not order.final else None
+            # A snapshot of the new state (docs/design.md 4.6) is taken before anything of the
+            # next iteration runs, and one that goes to a keeper lands before this node
+            # reports the step: a node joining the stage after it was wiped starts from there.
+            state = executor.state_bytes() if keep or send else None
             return checksum, digests, state
 
         try:
@@ -330,10 +332,48 @@ class CommitParticipant:
             digests=digests,
         )
         ctx.participants.update(order.participants)
-        if state is not None:
+        if state is not None and keep:
+            ctx.snapshot = (order.iteration + 1, state)
+        if state is not None and send:
             await ctx.host.keep_backup(ctx.job_id, ctx.stage, order.iteration + 1, state)
+            if not ctx.current(it):
+                return  # a rollback came meanwhile: this node is at its iteration now
         self._advance(order)
         ctx.host.report_committed(ctx.job_id, report)
+
+    # ------------------------------------------------------------------ snapshots (4.6)
+
+    def _snapshot_plan(
+        self, participants: Mapping[str, int], iteration: int, final: bool
+    ) -> tuple[bool, bool]:
+        """(this node keeps its state at the start of `iteration` as its own snapshot, it sends
+        that state to the stage's keeper): every node keeps the periodic ones; the stage's
+        smallest live replica sends the periodic ones, and every one while the stage is thin."""
+        if final:
+            return False, False
+        ctx = self._ctx
+        me = ctx.host.node_id
+        sender, live = snapshot_sender(
+            participants, ctx.departed, ctx.stage,
+            lambda p: p == me or ctx.host.member(p) is not None,
+        )
+        return ctx.policy.periodic(iteration), sender == me and ctx.policy.due(iteration, live)
+
+    async def snapshot_start(self) -> None:
+        """The stage starts here (the job's start, or this node entering it): its state now is
+        this node's snapshot, sent to the keeper by the stage's snapshot sender."""
+        ctx = self._ctx
+        number = ctx.it.number
+        _, send = self._snapshot_plan(ctx.participants, number, number >= ctx.job.iterations)
+        try:
+            state = await self._runtime.compute(COMMIT, ctx.executor.state_bytes)
+        except WorkerStopped:
+            return
+        if ctx.executor.iteration != number:
+            return  # it stepped meanwhile: that step took the snapshot its turn called for
+        ctx.snapshot = (number, state)
+        if send:
+            await ctx.host.keep_backup(ctx.job_id, ctx.stage, number, state)
 
     def _observe_step(self, order: StepOrder, seconds: float) -> None:
         job, metrics = self._ctx.job_id, self._ctx.metrics

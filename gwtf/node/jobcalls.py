@@ -272,6 +272,7 @@ class JobCalls:
             final=request.final, next_holders=tuple(request.next_holders),
             participants=participants, loss=request.loss, trained=request.trained,
             dropped=tuple(request.dropped), next_weights=tuple(request.next_weights),
+            next_round=request.next_round,
         ))
         return job_pb2.StepReply()
 
@@ -302,8 +303,13 @@ class JobCalls:
         weights = tuple(request.weights)
         if not weights_fit(request.holders, weights):
             raise InvalidMessage("the restart's weights do not match its holders")
-        worker.restart(request.iteration, request.round, tuple(request.holders),
-                       weights_of(tuple(request.holders), weights), participants)
+        if request.rollback:
+            # A stage lost every replica: back to its snapshot's iteration (docs/design.md 4.6).
+            worker.rollback(request.iteration, request.round, tuple(request.holders),
+                            weights_of(tuple(request.holders), weights), participants)
+        else:
+            worker.restart(request.iteration, request.round, tuple(request.holders),
+                           weights_of(tuple(request.holders), weights), participants)
         return job_pb2.RestartReply()
 
     def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply:

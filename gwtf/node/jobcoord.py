@@ -45,6 +45,7 @@ from gwtf.job.iterations import (
 )
 from gwtf.node.codec import member_to_pb
 from gwtf.node.jobhost import JobsHost
+from gwtf.node.jobroll import Entrance, participants_pb
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import job_event
 from gwtf.node.transport import Stubs
@@ -90,7 +91,7 @@ class Manager(Protocol):
 
     def keeper_of(self, job_id: str, stage: int) -> str: ...
 
-    def backup_iteration(self, job_id: str, stage: int) -> int | None: ...
+    def snapshot_iterations(self, job_id: str, stage: int) -> set[int]: ...
 
     def commit(self, request: job_pb2.CommitRequest) -> job_pb2.CommitReply: ...
 
@@ -105,10 +106,6 @@ class Manager(Protocol):
     def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply: ...
 
     def admit(self, request: job_pb2.AdmitRequest) -> job_pb2.AdmitReply: ...
-
-
-def participants_pb(participants: dict[str, int]) -> list[job_pb2.Participant]:
-    return [job_pb2.Participant(id=p, stage=s) for p, s in sorted(participants.items())]
 
 
 def _step_call(request: job_pb2.StepRequest) -> Callable[[Stubs, float], Awaitable[Any]]:
@@ -148,13 +145,14 @@ class JobCoordinator:
         self._stopped = False
         self._holder_turn = 0
         self.stall_s = manager.host.config.recovery_stall_s
+        self.entrance = Entrance(self)
 
     # ------------------------------------------------------------------ helpers
 
-    def _progress(self) -> job_pb2.JobProgress:
+    def progress(self) -> job_pb2.JobProgress:
         return self.manager.progress_record(self.job_id)
 
-    def _moved(self) -> None:
+    def moved(self) -> None:
         self._last_progress = time.monotonic()
         self._swept = False
 
@@ -165,7 +163,7 @@ class JobCoordinator:
             if p == me or self.host.member(p) is not None
         }
 
-    async def _to(
+    async def call_to(
         self,
         node: str,
         remote: Callable[[Stubs, float], Awaitable[Any]],
@@ -193,12 +191,12 @@ class JobCoordinator:
             self.log.warning("job %s: %s did not take a call: %s", self.job_id, node, err)
             return None
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def spawn(self, coro: Any, name: str) -> None:
         self.host.spawn(coro, name)
 
     def start(self) -> None:
-        self._spawn(self._watch(), "coordinator watchdog")
-        self._update_pause()
+        self.spawn(self._watch(), "coordinator watchdog")
+        self.update_pause()
 
     def stop(self) -> None:
         self._stopped = True
@@ -209,13 +207,13 @@ class JobCoordinator:
         flow = request.flow_units if request.flows_settled else None
         self.plan.done(request.sender, request.iteration, request.round,
                        tuple(request.microbatches), flow)
-        self._moved()
+        self.moved()
         self._try_commit()
 
     def replayed(self, request: job_pb2.ReplayedRequest) -> None:
         self.plan.replayed(request.sender, request.iteration, request.round,
                            request.microbatch, request.stage)
-        self._moved()
+        self.moved()
         self._try_commit()
 
     def prepared(self, request: job_pb2.PreparedRequest) -> None:
@@ -244,7 +242,7 @@ class JobCoordinator:
             outliers=frozenset(request.outliers),
         )
         outcome = self.plan.prepared(report)
-        self._moved()
+        self.moved()
         if isinstance(outcome, Outliers):
             factor = self.job.aggregation.norm_factor
             for node, (stage, votes, voters) in sorted(outcome.nodes.items()):
@@ -265,7 +263,7 @@ class JobCoordinator:
 
     def committed(self, report: CommittedReport) -> list[IterationOutcome]:
         outcomes = self.plan.committed(report)
-        self._moved()
+        self.moved()
         return outcomes
 
     # ------------------------------------------------------------------ the commit
@@ -290,7 +288,7 @@ class JobCoordinator:
             departed=self._verdicts(order.members),
         )
         for node in sorted(order.members):
-            self._spawn(self._send_commit(node, request, order), "commit")
+            self.spawn(self._send_commit(node, request, order), "commit")
 
     def _verdicts(self, members: Mapping[str, int]) -> list[node_pb2.Member]:
         """This node's membership entries of the participants an attempt leaves out because
@@ -304,7 +302,7 @@ class JobCoordinator:
 
     async def _send_commit(self, node: str, request: job_pb2.CommitRequest,
                            order: CommitOrder) -> None:
-        await self._to(
+        await self.call_to(
             node,
             lambda stubs, t: stubs.jobs.Commit(request, timeout=t),
             lambda: self.manager.commit(request),
@@ -322,11 +320,12 @@ class JobCoordinator:
             participants=participants_pb(dict(order.participants)),
             loss=order.loss, trained=order.trained, next_weights=order.next_weights,
             dropped=order.dropped, excluded=self.manager.excluded(self.job_id),
+            next_round=order.next_round,
         )
         self.planned = {}
         for node in sorted(order.participants):
-            self._spawn(
-                self._to(node, lambda stubs, t: stubs.jobs.Step(request, timeout=t),
+            self.spawn(
+                self.call_to(node, lambda stubs, t: stubs.jobs.Step(request, timeout=t),
                          lambda: self.manager.step(request)),
                 "step",
             )
@@ -361,10 +360,10 @@ class JobCoordinator:
         self.dead[node] = (stage, now)
         for outcome in self.plan.completions():
             self.manager.completed(self.active, outcome)
-        self._update_pause()
-        self._moved()
-        self._spawn(self._recover(node, stage), f"recover {node}")
-        self._spawn(self._recover_later(node, stage), f"sweep {node}")
+        self.update_pause()
+        self.moved()
+        self.spawn(self._recover(node, stage), f"recover {node}")
+        self.spawn(self._recover_later(node, stage), f"sweep {node}")
 
     async def _recover_later(self, dead: str, stage: int) -> None:
         """Plan `dead` again once every node must have heard of its death: what they sent it
@@ -378,7 +377,7 @@ class JobCoordinator:
             sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,
             dead=dead,
         )
-        reply = await self._to(
+        reply = await self.call_to(
             node,
             lambda stubs, t: stubs.jobs.Report(request, timeout=t),
             lambda: self.manager.report(request),
@@ -431,7 +430,7 @@ class JobCoordinator:
         done.update(dropped)
         fresh = CrashPlan(dead, stage, recoveries, dropped)
         plan.recovering(fresh)
-        progress = self._progress()
+        progress = self.progress()
         progress.rerouted_microbatches += len(recoveries)
         progress.replayed_microbatches += fresh.count(Rule.RECOMPUTE) + fresh.count(Rule.REPLAY)
         if dropped:
@@ -450,13 +449,13 @@ class JobCoordinator:
                     f"microbatch {recovery.mb} of {dead} has no live node holding its input"
                 )
                 return
-            self._spawn(self._dispatch(recovery.mb, stage, recovery.rule, dead,
+            self.spawn(self._dispatch(recovery.mb, stage, recovery.rule, dead,
                                        recovery.activation_from, recovery.gradient_from or "",
                                        iteration, round_), f"dispatch {recovery.mb}")
         self._try_commit()
 
     def _record_drops(self, iteration: int, dropped: frozenset[int]) -> None:
-        progress = self._progress()
+        progress = self.progress()
         for entry in progress.dropped:
             if entry.iteration == iteration:
                 entry.microbatches.extend(sorted(dropped))
@@ -480,7 +479,7 @@ class JobCoordinator:
             sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,
             microbatch=mb, stage=stage, rule=int(rule), dead=dead, gradient_from=gradient_from,
         )
-        took = await self._to(
+        took = await self.call_to(
             source,
             lambda stubs, t: stubs.jobs.Recover(request, timeout=t),
             lambda: self.manager.recover(request),
@@ -499,8 +498,8 @@ class JobCoordinator:
             self.manager.fail(self.job_id, str(err))
             return
         self.planned = {}
-        self._moved()
-        progress = self._progress()
+        self.moved()
+        progress = self.progress()
         progress.restarts += 1
         # This iteration's drops are undone: the new round injects every microbatch again.
         kept = [e for e in progress.dropped if e.iteration != iteration]
@@ -517,16 +516,19 @@ class JobCoordinator:
             reason=reason[:300], weights=weights,
         )
         for node in sorted(self.plan.participants):
-            self._spawn(
-                self._to(node, lambda stubs, t: stubs.jobs.Restart(request, timeout=t),
+            self.spawn(
+                self.call_to(node, lambda stubs, t: stubs.jobs.Restart(request, timeout=t),
                          lambda: self.manager.restart(request)),
                 "restart",
             )
 
-    def _update_pause(self) -> None:
+    def update_pause(self) -> None:
         empty = self.plan.empty_stages()
-        progress = self._progress()
+        progress = self.progress()
         now = time.monotonic()
+        if not all(self.entrance.check_empty(stage) for stage in empty):
+            self._stopped = True
+            return
         if empty and self._paused_since is None:
             self._paused_since = now
             progress.paused = (
@@ -545,7 +547,7 @@ class JobCoordinator:
         while not self._stopped and self.plan.injecting < self.plan.iterations:
             await asyncio.sleep(1.0)
             if self._paused_since is not None:
-                self._moved()
+                self.moved()
                 continue
             if time.monotonic() - self._last_progress < self.stall_s:
                 continue
@@ -557,66 +559,16 @@ class JobCoordinator:
                     "are swept again", self.job_id, self.plan.injecting, self.stall_s,
                 )
                 for dead, (stage, _) in sorted(self.dead.items()):
-                    self._spawn(self._recover(dead, stage), f"sweep {dead}")
+                    self.spawn(self._recover(dead, stage), f"sweep {dead}")
                 continue
             self._restart(f"no progress for {self.stall_s:.0f} s")
 
     # ------------------------------------------------------------------ joiners
 
     def enter(self, request: job_pb2.EnterRequest) -> job_pb2.EnterReply:
-        plan = self.plan
-        stage = request.stage
-        if request.sender in self.manager.excluded(self.job_id):
-            raise ReportError(f"{request.sender} was excluded from the job as a bad peer")
-        if not 0 <= stage < plan.num_stages:
-            raise ReportError(f"stage {stage} is outside the job's 0..{plan.num_stages - 1}")
-        live = self.live_participants()
-        reply = job_pb2.EnterReply(
-            iteration=plan.injecting, round=plan.round, coordinator=self.host.node_id,
-        )
-        donors = sorted(p for p, s in live.items() if s == stage and p != request.sender)
-        keeper = self.manager.keeper_of(self.job_id, stage)
-        reply.donors.extend(donors or ([keeper] if keeper else []))
-        kept = self.manager.backup_iteration(self.job_id, stage)
-        if not donors and keeper == self.host.node_id and kept is not None and (
-            kept < plan.injecting
-        ):
-            # Its last replica died after a step and before its new state was kept: the stage's
-            # parameters of this iteration exist nowhere.
-            self.manager.fail(
-                self.job_id, f"stage {stage} lost its last replica before its state of "
-                f"iteration {plan.injecting} could be kept elsewhere; submit the job again",
-            )
-        if (
-            request.has_state
-            and request.state_iteration == plan.injecting
-            and not plan.in_commit
-            and plan.injecting < plan.iterations
-        ):
-            plan.admit(request.sender, stage)
-            reply.admitted = True
-            reply.participants.extend(participants_pb(plan.participants))
-            reply.holders.extend(plan.holders)
-            progress = self._progress()
-            progress.joins += 1
-            self.log.info("job %s: %s enters stage %d at iteration %d", self.job_id,
-                          request.sender, stage, plan.injecting)
-            self._update_pause()
-            self._moved()
-            admit = job_pb2.AdmitRequest(
-                sender=self.host.node_id, job_id=self.job_id,
-                participants=participants_pb(plan.participants),
-            )
-            for node in sorted(plan.participants):
-                if node == request.sender:
-                    continue
-                self._spawn(
-                    self._to(node, lambda stubs, t: stubs.jobs.Admit(admit, timeout=t),
-                             lambda: self.manager.admit(admit)),
-                    "admit",
-                )
-            self.manager.changed(self.active)
-        return reply
+        """A joiner asks whom to fetch its stage's state from, or to take part with the state
+        it holds (gwtf.node.jobroll)."""
+        return self.entrance.enter(request)
 
     # ------------------------------------------------------------------ taking over
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from grpc import aio
 
+from gwtf.job.snapshots import SnapshotPolicy
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobprep import JobLauncher
 from gwtf.node.jobstate import CurrentJob, JobBook
@@ -123,6 +124,8 @@ class Joiner:
 
         stage = host.own_stage()
         deadline = time.monotonic() + host.config.prepare_timeout_s
+        empty = False
+        why = "no answer"
         self.book.active = CurrentJob(job, job.job_id, progress.job_json, None,
                                       coordinator=progress.coordinator)
         while time.monotonic() < deadline:
@@ -149,11 +152,18 @@ class Joiner:
                 await asyncio.sleep(0.5)
                 continue
             state: tuple[int, bytes] | None = None
+            # A stage with no live replica is restored from its keeper's snapshot, of the
+            # iteration the coordinator names when the swarm must roll back to it (4.6).
+            exact = reply.snapshot_iteration if reply.rollback else None
+            empty = not any(
+                (m := host.member(d)) is not None and m.stage == stage for d in reply.donors
+            )
             for donor in reply.donors:
                 try:
-                    state = await self.transfer.fetch_from(donor, job.job_id, stage)
+                    state = await self.transfer.fetch_from(donor, job.job_id, stage, exact)
                     break
                 except RuntimeError as err:
+                    why = str(err)
                     host.log.warning("job %s: the state of stage %d from %s failed: %s; "
                                      "another donor", job.job_id, stage, donor, err)
             if state is None:
@@ -178,6 +188,7 @@ class Joiner:
             except RuntimeError:
                 continue
             if not reply.admitted:
+                why = f"its state of iteration {iteration} was not admitted at {reply.iteration}"
                 host.log.info("job %s: the state of iteration %d is stale (now %d): again",
                               job.job_id, iteration, reply.iteration)
                 await asyncio.sleep(0.2)
@@ -198,6 +209,12 @@ class Joiner:
             return
         host.log.warning("job %s: could not enter within %.0f s", job.job_id,
                          host.config.prepare_timeout_s)
+        if empty:
+            # Its stage has no live replica and this node could not restore it: the job cannot
+            # go on, and says so rather than wait for ever (docs/design.md 4.6).
+            self._fail(job.job_id, f"stage {stage} has no live replica and {host.node_id} "
+                       f"could not restore it from a snapshot within "
+                       f"{host.config.prepare_timeout_s:.0f} s ({why})")
 
     async def _adopt(self, job: Any, module: ModuleType, stage: int) -> bool:
         """Every data holder of the running job died (the job waits, rule 5) and this joiner
@@ -231,19 +248,26 @@ class Joiner:
         if any(c != me and host.member(c) is not None for c in followed):
             return False  # another holder took it over: enter through it
         top = max(r.iteration for _, r in replies.values())
+        record = self.book.records[job.job_id]
+        policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin, start=record.resumed_from)
+        # Stage 0's snapshot of the iteration in progress, else its periodic one, which the
+        # other stages hold too: the swarm then rolls back to it (docs/design.md 4.6).
         state: tuple[int, bytes] | None = None
-        for member in sorted(live, key=lambda m: m.id):
-            try:
-                state = await self.transfer.fetch_from(member.id, job.job_id, 0)
+        for at in (None, policy.last_periodic(top)):
+            for member in sorted(live, key=lambda m: m.id):
+                try:
+                    state = await self.transfer.fetch_from(member.id, job.job_id, 0, at)
+                    break
+                except RuntimeError:
+                    continue
+            if state is not None and state[0] in (top, at):
                 break
-            except RuntimeError:
-                continue
-        if state is None or state[0] != top:
-            host.log.warning(
-                "job %s: every data holder died and no node keeps stage 0's state of iteration "
-                "%d; the job waits", job.job_id, top,
-            )
-            return False
+            state = None
+        if state is None:
+            self._fail(job.job_id, f"every data holder died at iteration {top} and no node "
+                       "keeps a snapshot of stage 0 the swarm can go on from; resume the job "
+                       "from a checkpoint or submit it again")
+            return True
         try:
             executor, corpus = await asyncio.to_thread(
                 module.StageWorker.build_from_state, job, 0, host.num_stages(),
@@ -265,7 +289,9 @@ class Joiner:
         active.last_iteration_end = time.monotonic()
         worker.start(participants, (), None, round_)
         host.log.warning("job %s: every data holder had died; %s takes stage 0 over from its "
-                         "backup of iteration %d", job.job_id, me, top)
+                         "snapshot of iteration %d", job.job_id, me, state[0])
         self.book.records[job.job_id].joins += 1
         await self._take_over(active, "")
+        if state[0] < top and active.coord is not None:
+            active.coord.entrance.roll_back(0, state[0])
         return True

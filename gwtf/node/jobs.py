@@ -19,9 +19,10 @@ participant dies or leaves, the coordinator recovers its work by the rules of do
 (`gwtf.node.jobcoord`, with `gwtf.recovery`); when the coordinator itself dies, the next holder
 takes over. A node that joins the swarm while a job runs fetches its stage's weights and
 optimizer state from a live peer (`FetchState`, streamed; another donor if one dies mid-transfer)
-and enters at an iteration boundary. The last live replica of a stage keeps a backup of its state
-at another node, so that a stage that loses every node resumes when one joins it. A node that
-leaves gracefully first lets the iteration in progress step (`drain`).
+and enters at an iteration boundary. Every stage keeps snapshots of its state at a node of
+another stage, so that a stage that loses every node resumes when one joins it, the swarm rolling
+back to the snapshot's iteration if it is older (docs/design.md 4.6). A node that leaves
+gracefully first lets the iteration in progress step (`drain`).
 
 One job runs at a time; a submission while one runs is refused (the same job again returns its
 id, and so does the same job once it completed: a job is never trained twice; a failed or
@@ -37,7 +38,7 @@ collaborators', which share one `JobBook` (gwtf.node.jobstate: the records and t
                  or the worker
     jobwire      JobWire: calls out: retried calls, progress and failures spread, reports to
                  the coordinator
-    jobtransfer  StateTransfer: stage states to joiners, backups of a lone replica, resumes,
+    jobtransfer  StateTransfer: stage states to joiners, stage snapshots (4.6), resumes,
                  final weights
     jobjoin      Joiner: entering a running job, and adopting one whose holders all died
     gwtf.job.roster  the rules on participants (succession, last replica, backup keeper), pure
@@ -54,7 +55,8 @@ import grpc
 
 from gwtf.job.iterations import CommittedReport, IterationOutcome, PreparedReport
 from gwtf.job.nexthop import next_hop_weights
-from gwtf.job.roster import last_replica, live_holders
+from gwtf.job.roster import live_holders
+from gwtf.job.snapshots import snapshot_sender
 from gwtf.node.codec import InvalidMessage, check_name
 from gwtf.node.errors import Refusal
 from gwtf.node.jobcalls import JobCalls
@@ -233,8 +235,8 @@ class JobManager:
     def keeper_of(self, job_id: str, stage: int) -> str:
         return self.transfer.keeper_of(job_id, stage)
 
-    def backup_iteration(self, job_id: str, stage: int) -> int | None:
-        return self.transfer.backup_iteration(job_id, stage)
+    def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:
+        return self.transfer.snapshot_iterations(job_id, stage)
 
     async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
         await self.transfer.keep_backup(job_id, stage, iteration, data)
@@ -435,7 +437,7 @@ class JobManager:
     def on_member_down(self, member: MemberInfo, verb: str) -> None:
         """A member died or left: if it took part in the running job, its work is recovered
         (docs/design.md 4), and if it coordinated the job, the next data holder takes over
-        (4.5); a node left the last replica of its stage backs its state up (4.6)."""
+        (4.5); a stage it left thin snapshots its state (4.6)."""
         active = self.book.active
         if active is None or member.id not in active.participants:
             return
@@ -461,11 +463,13 @@ class JobManager:
             else:
                 progress.crashes += 1
             active.coord.member_down(member, verb)
-        if worker is not None and stage == worker.stage and last_replica(
-            active.participants, active.departed, stage, me,
-            lambda p: self.host.member(p) is not None,
-        ):
-            self.transfer.send_backup(active.job_id)  # the last replica of its stage now
+        if worker is not None and stage == worker.stage:
+            sender, live = snapshot_sender(
+                active.participants, active.departed, stage,
+                lambda p: p == me or self.host.member(p) is not None,
+            )
+            if sender == me and live <= active.job.snapshot_thin:
+                self.transfer.send_backup(active.job_id)  # its stage got thin (4.6)
         if member.id == active.coordinator:
             holders = live_holders(active.participants, active.departed,
                                    lambda p: p == me or self.host.member(p) is not None)

@@ -1,9 +1,9 @@
 """StateTransfer: a stage's state between nodes (docs/design.md 3.8, 4.6, 10).
 
-    fetch_state     streams this node's stage state (a live replica's, or a backup it keeps) to
-                    a joiner; `fetch_from` is the joiner's side
-    keep_backup     the last live replica of a stage sends its state to a keeper (4.6); `backup`
-                    is the keeper's side, `keeper_of` and `backup_iteration` what the
+    fetch_state     streams this node's stage state (a live replica's, or a snapshot it keeps)
+                    to a joiner; `fetch_from` is the joiner's side
+    keep_backup     a stage's snapshot sender sends its state to a keeper (4.6); `backup` is
+                    the keeper's side, `keeper_of` and `snapshot_iterations` what the
                     coordinator asks of it
     resume          a client's checkpoint of this node's stage (gwtf submit --resume), kept until
                     a Prepare builds the stage from it
@@ -23,6 +23,7 @@ import grpc
 from grpc import aio
 
 from gwtf.job.roster import backup_keeper
+from gwtf.job.snapshots import SnapshotPolicy
 from gwtf.node.codec import InvalidMessage, check_name
 from gwtf.node.errors import Refusal
 from gwtf.node.jobhost import JobsHost
@@ -86,7 +87,11 @@ class StateTransfer:
         self.host = host
         self.book = book
         self.backups: dict[tuple[str, int], tuple[int, bytes]] = {}
-        """(job, stage) -> (iteration, state) of a lone replica, kept for a joiner."""
+        """(job, stage) -> (iteration, state): the newest snapshot of another stage, kept for
+        a node joining it once it has no live replica (docs/design.md 4.6)."""
+        self.periodic: dict[tuple[str, int], tuple[int, bytes]] = {}
+        """(job, stage) -> its newest periodic snapshot: what the swarm rolls back to when the
+        newest is older than the iteration in progress."""
         self.resumes: dict[str, tuple[int, bytes]] = {}
         """job id -> (iteration, this stage's state) a client sent to resume from (Resume)."""
         self._final_weights: tuple[str, int, asyncio.Future[tuple[int, bytes]]] | None = None
@@ -104,10 +109,19 @@ class StateTransfer:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
                           f"{self.host.node_id} holds no state of job {request.job_id[:40]!r}")
         worker = active.worker
-        if worker is not None and worker.stage == request.stage:
+        key = (request.job_id, request.stage)
+        kept = [k for k in (self.backups.get(key), self.periodic.get(key)) if k is not None]
+        if request.exact:
+            exact = [k for k in kept if k[0] == request.iteration]
+            if not exact:
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"{self.host.node_id} keeps no snapshot of stage {request.stage} "
+                              f"of iteration {request.iteration}")
+            iteration, data = exact[0]
+        elif worker is not None and worker.stage == request.stage:
             iteration, data = await worker.state_bytes()
-        elif (request.job_id, request.stage) in self.backups:
-            iteration, data = self.backups[(request.job_id, request.stage)]
+        elif kept:
+            iteration, data = kept[0]
         else:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
                           f"{self.host.node_id} holds no state of stage {request.stage}")
@@ -117,16 +131,20 @@ class StateTransfer:
             if chunk.seq == 0 and fault is not None:
                 fault.hit("state-transfer", iteration)  # the first chunk is on its way
 
-    async def fetch_from(self, donor: str, job_id: str, stage: int) -> tuple[int, bytes]:
-        """The state of `stage` streamed from `donor`: (its iteration, its bytes);
-        RuntimeError if the donor is gone or its stream breaks off."""
+    async def fetch_from(
+        self, donor: str, job_id: str, stage: int, at: int | None = None
+    ) -> tuple[int, bytes]:
+        """The state of `stage` streamed from `donor`: (its iteration, its bytes); with `at`, a
+        keeper's snapshot of exactly that iteration. RuntimeError if the donor is
+        gone, has no such state, or its stream breaks off."""
         member = self.host.member(donor)
         if member is None:
             raise RuntimeError(f"{donor} is not alive")
         parts: list[bytes] = []
         iteration = -1
         total = 0
-        request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage)
+        request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage,
+                                       exact=at is not None, iteration=at or 0)
         try:
             async for chunk in self.host.stubs(member).jobs.FetchState(
                 request, timeout=self.host.config.prepare_timeout_s
@@ -156,27 +174,36 @@ class StateTransfer:
             return self.host.node_id
         return active.keepers.get(stage, "")
 
-    def backup_iteration(self, job_id: str, stage: int) -> int | None:
-        """The iteration of the backup of `stage` this node keeps, if any."""
-        kept = self.backups.get((job_id, stage))
-        return kept[0] if kept is not None else None
+    def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:
+        """The iterations of the snapshots of `stage` this node keeps (none: empty)."""
+        key = (job_id, stage)
+        return {k[0] for k in (self.backups.get(key), self.periodic.get(key)) if k is not None}
 
     async def backup(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
-        """A lone replica's state, kept here so that a node joining its empty stage finds it."""
+        """A stage's snapshot, kept here so that a node joining the stage once it has no live
+        replica finds it: the newest, and the newest periodic one (docs/design.md 4.6)."""
         first, data = await _read_state(chunks, "backup")
         active = self.book.active
         if active is None or active.job_id != first.job_id or active.participants.get(
             first.sender
         ) != first.stage:
             raise InvalidMessage(f"{first.sender[:40]!r} is no stage-{first.stage} participant")
-        self.backups[(first.job_id, first.stage)] = (first.iteration, data)
+        key = (first.job_id, first.stage)
+        newest = self.backups.get(key)
+        if newest is None or first.iteration >= newest[0]:
+            self.backups[key] = (first.iteration, data)
+        policy = SnapshotPolicy(active.job.snapshot_every, active.job.snapshot_thin,
+                                start=self.book.records[first.job_id].resumed_from)
+        if policy.periodic(first.iteration) or key not in self.periodic:
+            self.periodic[key] = (first.iteration, data)
         self.host.log.info("job %s: keeping stage %d's state of iteration %d (from %s)",
                            first.job_id, first.stage, first.iteration, first.sender)
         return job_pb2.BackupAck(received_bytes=len(data))
 
     def send_backup(self, job_id: str) -> None:
-        """This node became the last live replica of its stage mid-iteration: keep its state
-        (of the iteration's start: parameters only change at a step) at another node now."""
+        """This node became its stage's snapshot sender as the stage got thin mid-iteration:
+        keep its state (of the iteration's start: parameters only change at a step) at another
+        node now (docs/design.md 4.6)."""
         active = self.book.current(job_id)
         if active is None or active.worker is None:
             return
@@ -189,7 +216,7 @@ class StateTransfer:
         self.host.spawn(send(), "backup")
 
     async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
-        """Send a lone replica's state to the job's coordinator (or, for the coordinator's own
+        """Send a stage's snapshot to the job's coordinator (or, for the coordinator's own
         stage, to the first live participant of another stage) and remember who keeps it."""
         active = self.book.current(job_id)
         if active is None or iteration >= active.job.iterations:

@@ -26,9 +26,10 @@ from gwtf.node.errors import Refusal
 from gwtf.node.observe import job_event
 from gwtf.node.runtime import COMMIT, ComputeRuntime
 from gwtf.node.sender import DataPlaneSender
-from gwtf.node.stage import Iteration, StageContext
+from gwtf.node.stage import Iteration, StageContext, WorkerStopped
 from gwtf.node.tensors import TensorError
 from gwtf.recovery import Mode, NeighbourReport, Rule
+from gwtf.train.state import StateError
 from gwtf.v1 import job_pb2
 
 __all__ = ["RecoveryHandler"]
@@ -58,6 +59,8 @@ class RecoveryHandler:
         self._restarts: dict[
             int, tuple[int, tuple[str, ...], Mapping[str, int] | None]
         ] = {}
+        self._floor = 0
+        """The round of the latest rollback: every round from before it is below."""
         """Restarts ordered for an iteration this node has not reached yet."""
 
     # ------------------------------------------------------------------ recovery
@@ -182,12 +185,59 @@ class RecoveryHandler:
         ctx = self._ctx
         ctx.participants.update(participants)
         it = ctx.it
-        if (iteration, round_) <= (it.number, it.round):
-            return
+        if (iteration, round_) <= (it.number, it.round) or round_ < self._floor:
+            return  # an older order, or one from before a rollback
         if iteration > it.number:
             self._restarts[iteration] = (round_, holders, weights)
             return
         self._abandon(it, round_, holders, weights)
+
+    def rollback(self, iteration: int, round_: int, holders: tuple[str, ...],
+                 weights: Mapping[str, int] | None, participants: Mapping[str, int]) -> None:
+        """Back to `iteration` as `round_`: a stage lost every replica and the swarm goes on
+        from its snapshot of `iteration` (docs/design.md 4.6). This node restores its own
+        snapshot of it; at that iteration already, it starts it again; one iteration behind
+        (its step is on its way), it does so once it stepped. Refusal when it holds no state
+        of `iteration`: the job cannot go on from there."""
+        ctx = self._ctx
+        ctx.participants.update(participants)
+        it = ctx.it
+        if round_ < self._floor:
+            return  # an older rollback's order
+        self._floor = round_
+        if iteration == it.number + 1:
+            self._restarts = {iteration: (round_, holders, weights)}
+            return
+        if iteration == it.number:
+            self._restarts = {}
+            if round_ > it.round:
+                self._abandon(it, round_, holders, weights)
+            return
+        snapshot = ctx.snapshot
+        if iteration > it.number or snapshot is None or snapshot[0] != iteration:
+            held = f"of iteration {snapshot[0]}" if snapshot is not None else "none"
+            raise Refusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{ctx.host.node_id} holds no stage-{ctx.stage} state of iteration {iteration} "
+                f"(it is at {it.number}, its snapshot is {held})",
+            )
+        self._restarts = {}
+        ctx.host.log.warning(
+            "job %s: rollback from iteration %d to %d: stage %d restores its snapshot",
+            ctx.job_id, it.number, iteration, ctx.stage, extra=job_event(ctx.job_id, iteration),
+        )
+        self._abandon(it, round_, holders, weights, restore=snapshot)
+
+    async def _restore(self, state: bytes) -> None:
+        """The snapshot goes back into the executor on the compute thread, at commit priority:
+        before any work of the iteration it restores (queued after it) runs."""
+        ctx = self._ctx
+        try:
+            await self._runtime.compute(COMMIT, lambda: ctx.executor.restore(state))
+        except WorkerStopped:
+            return
+        except StateError as err:
+            ctx.fail(f"{ctx.host.node_id} could not restore its stage's snapshot: {err}")
 
     def pending_restart(
         self, iteration: int
@@ -197,22 +247,32 @@ class RecoveryHandler:
         return self._restarts.pop(iteration, None)
 
     def _abandon(self, old: Iteration, round_: int, holders: tuple[str, ...],
-                 weights: Mapping[str, int] | None) -> None:
+                 weights: Mapping[str, int] | None,
+                 restore: tuple[int, bytes] | None = None) -> None:
+        """Forget the iteration's work and start `round_`; with `restore`, of its iteration,
+        from that state of this stage (a rollback)."""
         ctx = self._ctx
+        number = old.number if restore is None else restore[0]
         ctx.host.log.warning(
-            "job %s iteration %d starts again as round %d", ctx.job_id, old.number, round_,
-            extra=job_event(ctx.job_id, old.number),
+            "job %s iteration %d starts again as round %d", ctx.job_id, number, round_,
+            extra=job_event(ctx.job_id, number),
         )
         ctx.metrics.count("gwtf_job_restarts", ctx.job_id)
         self._runtime.round_abandoned()
         for task in list(old.tasks):
             task.cancel()
-        ctx.it = Iteration(old.number, round_)
-        self._commit.forget(old.number + 1)
-        ctx.ledger.reset(old.number)
+        ctx.it = Iteration(number, round_)
+        if restore is None:
+            self._commit.forget(number + 1)
+        else:
+            self._commit.forget_all()
+        ctx.ledger.reset(number)
         stale, ctx.free = ctx.free, asyncio.Semaphore(ctx.slots)
         for _ in range(ctx.slots):
             stale.release()  # wake whoever waited for a slot of the old round: it gives up
-        ctx.spawn(self._runtime.compute(COMMIT, ctx.executor.abandon), "abandon")
+        if restore is None:
+            ctx.spawn(self._runtime.compute(COMMIT, ctx.executor.abandon), "abandon")
+        else:
+            ctx.spawn(self._restore(restore[1]), "restore the snapshot")
         ctx.signal()
         self._begin(holders, weights)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport
 from gwtf.job.microbatches import MicrobatchTable, StageRole
+from gwtf.job.snapshots import SnapshotPolicy
 from gwtf.node.errors import Refusal
 from gwtf.node.faults import Fault
 from gwtf.node.membership import MemberInfo
@@ -141,9 +142,9 @@ class WorkerHost(Protocol):
         ...
 
     async def keep_backup(self, job_id: str, stage: int, iteration: int, state: bytes) -> None:
-        """Keep this lone replica's state (of the start of `iteration`) at another node, so
-        that a node joining the stage finds it if this one dies; returns once it is kept (or
-        could not be)."""
+        """Keep this stage's snapshot (its state at the start of `iteration`) at another node,
+        so that a node joining the stage finds it if every replica dies (docs/design.md 4.6);
+        returns once it is kept (or could not be)."""
         ...
 
     def fail(self, job_id: str, reason: str) -> None:
@@ -213,6 +214,11 @@ class StageContext:
         """Set (and replaced) whenever the iteration advances or contributions arrive."""
         self.it = Iteration(executor.iteration)
         self.ledger = Ledger(host.node_id, self.stage, executor.iteration)
+        self.policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin,
+                                     start=executor.iteration)
+        self.snapshot: tuple[int, bytes] | None = None
+        """This stage's own state at the start of its latest periodic boundary (or of the
+        iteration it entered at): what it restores in a rollback (docs/design.md 4.6)."""
         self.stopped = False
         self.tasks: set[asyncio.Task[Any]] = set()
 

@@ -238,6 +238,7 @@ class StageWorker:
         ctx.participants.update(participants)
         ctx.it.round = round_
         ctx.started.set()
+        ctx.spawn(self._commit.snapshot_start(), "snapshot of the start")
         self._pipeline.begin(holders, weights)
 
     def admit(self, participants: Mapping[str, int]) -> None:
@@ -287,7 +288,7 @@ class StageWorker:
         ctx = self._ctx
         number = order.iteration + 1
         self._runtime.round_began()
-        ctx.it = Iteration(number)
+        ctx.it = Iteration(number, order.next_round)
         self._commit.forget(number)
         ctx.ledger.reset(number)
         ctx.signal()
@@ -331,6 +332,13 @@ class StageWorker:
                 weights: Mapping[str, int] | None, participants: Mapping[str, int]) -> None:
         """Start `iteration` again from scratch as `round_` (see the module docstring)."""
         self._recovery.restart(iteration, round_, holders, weights, participants)
+
+    def rollback(self, iteration: int, round_: int, holders: tuple[str, ...],
+                 weights: Mapping[str, int] | None, participants: Mapping[str, int]) -> None:
+        """Go back to `iteration` (older than this node's, or its own) from this stage's
+        snapshot of it, and start it as `round_` (docs/design.md 4.6); Refusal if this node
+        holds no state of that iteration."""
+        self._recovery.rollback(iteration, round_, holders, weights, participants)
 
     # ------------------------------------------------------------------ commit
 

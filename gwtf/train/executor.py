@@ -378,6 +378,24 @@ class StageExecutor:
             )
         )
 
+    def restore(self, data: bytes) -> None:
+        """Go back to this stage's own earlier `state_bytes()` (a rollback, docs/design.md 4.6):
+        its parameters, AdamW state and iteration; the iteration's work in progress is
+        forgotten. Raises StateError for a state of another job or stage."""
+        state = unpack_state(data)
+        if (state.job_id, state.stage, state.first_layer, state.end_layer) != (
+            self.job_id, self.stage, self.spec.first_layer, self.spec.end_layer,
+        ):
+            raise StateError(f"state of {state.job_id} stage {state.stage} cannot restore "
+                             f"{self.job_id} stage {self.stage}")
+        try:
+            self.module.load_state_dict(state.model, strict=True)
+            self.optimizer.load_state_dict(dict(state.optimizer))
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise StateError(f"state does not fit stage {self.stage}: {exc}") from None
+        self.abandon()
+        self.iteration = state.iteration
+
     @classmethod
     def from_state(
         cls,

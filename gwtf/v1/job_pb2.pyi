@@ -44,7 +44,7 @@ class RouteCount(_message.Message):
     def __init__(self, path: _Optional[_Iterable[str]] = ..., microbatches: _Optional[int] = ...) -> None: ...
 
 class JobProgress(_message.Message):
-    __slots__ = ("job_id", "name", "state", "iterations", "iterations_completed", "loss", "param_checksum", "throughput_mb_s", "dropped_microbatches", "error", "microbatches_trained", "elapsed_s", "coordinator", "job_json", "routes", "checksum_mismatches", "iteration_s", "crashes", "leaves", "joins", "rerouted_microbatches", "replayed_microbatches", "replayed_s", "compute_s", "dropped", "lost_microbatches", "restarts", "paused", "paused_s", "excluded", "resumed_from")
+    __slots__ = ("job_id", "name", "state", "iterations", "iterations_completed", "loss", "param_checksum", "throughput_mb_s", "dropped_microbatches", "error", "microbatches_trained", "elapsed_s", "coordinator", "job_json", "routes", "checksum_mismatches", "iteration_s", "crashes", "leaves", "joins", "rerouted_microbatches", "replayed_microbatches", "replayed_s", "compute_s", "dropped", "lost_microbatches", "restarts", "paused", "paused_s", "excluded", "resumed_from", "rollbacks")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class JobProgress(_message.Message):
     PAUSED_S_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACKS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     state: JobState
@@ -107,7 +108,20 @@ class JobProgress(_message.Message):
     paused_s: float
     excluded: _containers.RepeatedCompositeFieldContainer[Exclusion]
     resumed_from: int
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., iterations: _Optional[int] = ..., iterations_completed: _Optional[int] = ..., loss: _Optional[_Iterable[float]] = ..., param_checksum: _Optional[str] = ..., throughput_mb_s: _Optional[float] = ..., dropped_microbatches: _Optional[int] = ..., error: _Optional[str] = ..., microbatches_trained: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., coordinator: _Optional[str] = ..., job_json: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteCount, _Mapping]]] = ..., checksum_mismatches: _Optional[int] = ..., iteration_s: _Optional[_Iterable[float]] = ..., crashes: _Optional[int] = ..., leaves: _Optional[int] = ..., joins: _Optional[int] = ..., rerouted_microbatches: _Optional[int] = ..., replayed_microbatches: _Optional[int] = ..., replayed_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., lost_microbatches: _Optional[int] = ..., restarts: _Optional[int] = ..., paused: _Optional[str] = ..., paused_s: _Optional[float] = ..., excluded: _Optional[_Iterable[_Union[Exclusion, _Mapping]]] = ..., resumed_from: _Optional[int] = ...) -> None: ...
+    rollbacks: _containers.RepeatedCompositeFieldContainer[Rollback]
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., iterations: _Optional[int] = ..., iterations_completed: _Optional[int] = ..., loss: _Optional[_Iterable[float]] = ..., param_checksum: _Optional[str] = ..., throughput_mb_s: _Optional[float] = ..., dropped_microbatches: _Optional[int] = ..., error: _Optional[str] = ..., microbatches_trained: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., coordinator: _Optional[str] = ..., job_json: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteCount, _Mapping]]] = ..., checksum_mismatches: _Optional[int] = ..., iteration_s: _Optional[_Iterable[float]] = ..., crashes: _Optional[int] = ..., leaves: _Optional[int] = ..., joins: _Optional[int] = ..., rerouted_microbatches: _Optional[int] = ..., replayed_microbatches: _Optional[int] = ..., replayed_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., lost_microbatches: _Optional[int] = ..., restarts: _Optional[int] = ..., paused: _Optional[str] = ..., paused_s: _Optional[float] = ..., excluded: _Optional[_Iterable[_Union[Exclusion, _Mapping]]] = ..., resumed_from: _Optional[int] = ..., rollbacks: _Optional[_Iterable[_Union[Rollback, _Mapping]]] = ...) -> None: ...
+
+class Rollback(_message.Message):
+    __slots__ = ("stage", "from_iteration", "to_iteration", "reason")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    FROM_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    TO_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    stage: int
+    from_iteration: int
+    to_iteration: int
+    reason: str
+    def __init__(self, stage: _Optional[int] = ..., from_iteration: _Optional[int] = ..., to_iteration: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Exclusion(_message.Message):
     __slots__ = ("node", "stage", "iteration", "reason")
@@ -338,7 +352,7 @@ class PreparedReply(_message.Message):
     def __init__(self) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("sender", "job_id", "iteration", "round", "attempt", "final", "next_holders", "participants", "loss", "trained", "next_weights", "dropped", "excluded")
+    __slots__ = ("sender", "job_id", "iteration", "round", "attempt", "final", "next_holders", "participants", "loss", "trained", "next_weights", "dropped", "excluded", "next_round")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +366,7 @@ class StepRequest(_message.Message):
     NEXT_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ROUND_FIELD_NUMBER: _ClassVar[int]
     sender: str
     job_id: str
     iteration: int
@@ -365,7 +380,8 @@ class StepRequest(_message.Message):
     next_weights: _containers.RepeatedScalarFieldContainer[int]
     dropped: _containers.RepeatedScalarFieldContainer[int]
     excluded: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., final: _Optional[bool] = ..., next_holders: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., loss: _Optional[float] = ..., trained: _Optional[int] = ..., next_weights: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ..., excluded: _Optional[_Iterable[str]] = ...) -> None: ...
+    next_round: int
+    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., final: _Optional[bool] = ..., next_holders: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., loss: _Optional[float] = ..., trained: _Optional[int] = ..., next_weights: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ..., excluded: _Optional[_Iterable[str]] = ..., next_round: _Optional[int] = ...) -> None: ...
 
 class StepReply(_message.Message):
     __slots__ = ()
@@ -472,7 +488,7 @@ class ReplayedReply(_message.Message):
     def __init__(self) -> None: ...
 
 class RestartRequest(_message.Message):
-    __slots__ = ("sender", "job_id", "iteration", "round", "holders", "participants", "reason", "weights")
+    __slots__ = ("sender", "job_id", "iteration", "round", "holders", "participants", "reason", "weights", "rollback")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -481,6 +497,7 @@ class RestartRequest(_message.Message):
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FIELD_NUMBER: _ClassVar[int]
     sender: str
     job_id: str
     iteration: int
@@ -489,7 +506,8 @@ class RestartRequest(_message.Message):
     participants: _containers.RepeatedCompositeFieldContainer[Participant]
     reason: str
     weights: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., holders: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., reason: _Optional[str] = ..., weights: _Optional[_Iterable[int]] = ...) -> None: ...
+    rollback: bool
+    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., holders: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., reason: _Optional[str] = ..., weights: _Optional[_Iterable[int]] = ..., rollback: _Optional[bool] = ...) -> None: ...
 
 class RestartReply(_message.Message):
     __slots__ = ()
@@ -542,7 +560,7 @@ class EnterRequest(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., stage: _Optional[int] = ..., has_state: _Optional[bool] = ..., state_iteration: _Optional[int] = ...) -> None: ...
 
 class EnterReply(_message.Message):
-    __slots__ = ("admitted", "iteration", "round", "donors", "participants", "holders", "coordinator")
+    __slots__ = ("admitted", "iteration", "round", "donors", "participants", "holders", "coordinator", "rollback", "snapshot_iteration")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -550,6 +568,8 @@ class EnterReply(_message.Message):
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ITERATION_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     iteration: int
     round: int
@@ -557,7 +577,9 @@ class EnterReply(_message.Message):
     participants: _containers.RepeatedCompositeFieldContainer[Participant]
     holders: _containers.RepeatedScalarFieldContainer[str]
     coordinator: str
-    def __init__(self, admitted: _Optional[bool] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., donors: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., holders: _Optional[_Iterable[str]] = ..., coordinator: _Optional[str] = ...) -> None: ...
+    rollback: bool
+    snapshot_iteration: int
+    def __init__(self, admitted: _Optional[bool] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., donors: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., holders: _Optional[_Iterable[str]] = ..., coordinator: _Optional[str] = ..., rollback: _Optional[bool] = ..., snapshot_iteration: _Optional[int] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
     __slots__ = ("sender", "job_id", "participants")
@@ -574,14 +596,18 @@ class AdmitReply(_message.Message):
     def __init__(self) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("sender", "job_id", "stage")
+    __slots__ = ("sender", "job_id", "stage", "exact", "iteration")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
     sender: str
     job_id: str
     stage: int
-    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., stage: _Optional[int] = ...) -> None: ...
+    exact: bool
+    iteration: int
+    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., stage: _Optional[int] = ..., exact: _Optional[bool] = ..., iteration: _Optional[int] = ...) -> None: ...
 
 class StateChunk(_message.Message):
     __slots__ = ("seq", "stage", "iteration", "total_bytes", "payload", "job_id", "sender")

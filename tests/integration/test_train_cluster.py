@@ -200,7 +200,8 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
                             "throughput_mb_s", "dropped_microbatches", "crashes", "leaves",
                             "joins", "rerouted_microbatches", "replayed_microbatches",
                             "replayed_s", "compute_s", "lost_microbatches", "restarts",
-                            "dropped", "excluded", "resumed_from"}
+                            "dropped", "excluded", "resumed_from", "rollbacks"}
+    assert summary["rollbacks"] == []
     ref = reference(job_of("tiny-llama", LLAMA_ITERATIONS))
     assert summary["job_id"] == ref.job_id
     assert summary["iterations_completed"] == LLAMA_ITERATIONS

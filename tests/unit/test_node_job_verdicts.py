@@ -63,7 +63,8 @@ class Host:
             info("z0", 1), lambda: 0.0, failure_timeout_s=3.0, ping_interval_s=0.25,
             tombstone_s=60.0, rng=np.random.default_rng(0),
         )  # fmt: skip
-        # z2 keeps z0 from being its stage's last replica (which would back its state up).
+        # z2 keeps z0's stage from getting thin (z0 would then snapshot its state): the job's
+        # snapshot_thin is 1.
         self.members.merge([info("h0", 0), info("z1", 1), info("z2", 1)])
         self.manager: JobManager | None = None
         self.deaths = 0
@@ -88,7 +89,8 @@ def participant() -> tuple[Host, JobManager, FakeWorker]:
     host.manager = manager
     worker = FakeWorker()
     manager._active = _Active(
-        job=SimpleNamespace(microbatches=8, iterations=3), job_id=JOB, job_json="{}",
+        job=SimpleNamespace(microbatches=8, iterations=3, snapshot_every=4, snapshot_thin=1),
+        job_id=JOB, job_json="{}",
         worker=worker, participants={"h0": 0, "z0": 1, "z1": 1, "z2": 1}, coordinator="h0",  # type: ignore[arg-type]
     )  # fmt: skip
     manager._records[JOB] = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING)

@@ -307,3 +307,30 @@ def test_state_bytes_for_another_stage_or_job_or_garbage_are_refused() -> None:
         StageExecutor.from_state(JOB, 1, S, b"not a state")
     with pytest.raises(StateError, match="cannot be read"):
         StageExecutor.from_state(JOB, 1, S, data[: len(data) // 2])
+
+
+def test_a_rollback_restores_an_earlier_state_and_trains_the_same_again(corpus: Corpus) -> None:
+    # docs/design.md 4.6: a node keeps its stage's state of a boundary and goes back to it;
+    # the iterations after it, redone with the same data, end in the very same bits.
+    path = replicas()
+
+    def iteration(k: int) -> None:
+        for m in range(2):
+            run(path, corpus, m, k)
+        for executor in path:
+            executor.commit(combine_contributions([executor.contribution("n")]))
+
+    iteration(0)
+    kept = [executor.state_bytes() for executor in path]
+    iteration(1)
+    iteration(2)
+    first = [executor.checksum() for executor in path]
+    run(path, corpus, 0, 3)  # work in progress when the rollback comes: forgotten
+    for executor, state in zip(path, kept, strict=True):
+        executor.restore(state)
+        assert executor.iteration == 1 and executor.in_flight == 0 and not executor.accumulated
+    iteration(1)
+    iteration(2)
+    assert [executor.checksum() for executor in path] == first
+    with pytest.raises(StateError):
+        path[0].restore(kept[1])

@@ -1,0 +1,277 @@
+"""Entrance: the coordinator's side of joiners (docs/design.md 3.8) and of a stage that lost every
+replica (4.3 rule 5, 4.6).
+
+A joiner asks whom to fetch its stage's state from (`enter`): the stage's live replicas, or, when
+it has none, the node keeping its snapshots. Then it asks again with the iteration of the state it
+holds, and is admitted when that is the iteration in progress and no commit is under way.
+
+A stage with no live replica is restored from its keeper's snapshots (`gwtf.job.snapshots`): the
+snapshot of the iteration in progress if the keeper has one (nothing is lost), else the stage's
+newest periodic one, and then the swarm rolls back to that iteration when the joiner enters with
+it: the coordinator's bookkeeping goes back (`IterationCoordinator.rollback`), the job's progress
+records the rollback and forgets the iterations undone, and every participant restores its own
+stage's snapshot of that iteration (`Restart` with `rollback`). When no snapshot can restore the
+stage, or a participant holds no state of the rollback's iteration, the job fails with that
+reason at once: no joiner could help it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
+
+from gwtf.job.iterations import IterationCoordinator, ReportError
+from gwtf.job.snapshots import SnapshotPolicy, restore_point
+from gwtf.node.jobhost import JobsHost
+from gwtf.node.transport import Stubs
+from gwtf.v1 import job_pb2
+
+__all__ = ["Coordinating", "Entrance"]
+
+
+class _Manager(Protocol):
+    async def call(
+        self, call: Callable[[Stubs, float], Awaitable[Any]], member: Any,
+        timeout_s: float, *, attempts: int = 3,
+    ) -> Any: ...
+
+    def changed(self, active: Any) -> None: ...
+
+    def excluded(self, job_id: str) -> list[str]: ...
+
+    def fail(self, job_id: str, reason: str, *, spread: bool = True) -> None: ...
+
+    def keeper_of(self, job_id: str, stage: int) -> str: ...
+
+    def snapshot_iterations(self, job_id: str, stage: int) -> set[int]: ...
+
+    def admit(self, request: job_pb2.AdmitRequest) -> job_pb2.AdmitReply: ...
+
+    def restart(self, request: job_pb2.RestartRequest) -> job_pb2.RestartReply: ...
+
+
+class Coordinating(Protocol):
+    """The job coordinator (gwtf.node.jobcoord.JobCoordinator) as its entrance uses it."""
+
+    plan: IterationCoordinator
+    job: Any
+    job_id: str
+    active: Any
+    planned: dict[str, set[int]]
+
+    @property
+    def manager(self) -> _Manager: ...
+
+    @property
+    def host(self) -> JobsHost: ...
+
+    def live_participants(self) -> dict[str, int]: ...
+
+    def progress(self) -> job_pb2.JobProgress: ...
+
+    def moved(self) -> None: ...
+
+    def update_pause(self) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None: ...
+
+    async def call_to(
+        self, node: str, remote: Callable[[Stubs, float], Awaitable[Any]],
+        local: Callable[[], Any], *, attempts: int = 5,
+    ) -> Any: ...
+
+
+def participants_pb(participants: dict[str, int]) -> list[job_pb2.Participant]:
+    return [job_pb2.Participant(id=p, stage=s) for p, s in sorted(participants.items())]
+
+
+class Entrance:
+    """Joiners and rollbacks of one coordinated job: see the module docstring."""
+
+    def __init__(self, coord: Coordinating) -> None:
+        self.coord = coord
+        job = coord.job
+        self.policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin,
+                                     start=coord.progress().resumed_from)
+
+    def _restore_point(self, stage: int) -> tuple[str, int | None]:
+        """(the keeper of `stage`'s snapshots, the iteration it is restored at: None when no
+        snapshot this coordinator knows of can restore it)."""
+        coord = self.coord
+        keeper = coord.manager.keeper_of(coord.job_id, stage)
+        if keeper != coord.host.node_id:
+            # Stage 0's snapshots are kept away from its coordinator; their iterations are
+            # checked by the holder that adopts the job (gwtf.node.jobjoin).
+            return keeper, coord.plan.injecting if keeper else None
+        kept = coord.manager.snapshot_iterations(coord.job_id, stage)
+        return keeper, restore_point(self.policy, coord.plan.injecting, kept)
+
+    def check_empty(self, stage: int) -> bool:
+        """`stage` has no live replica: False (and the job failed, with the reason) when no
+        snapshot can restore it, so that the job does not wait for a joiner in vain."""
+        coord = self.coord
+        keeper, point = self._restore_point(stage)
+        if point is not None:
+            return True
+        if keeper:
+            why = (f"the snapshots of it kept at {keeper} are of iterations "
+                   f"{sorted(coord.manager.snapshot_iterations(coord.job_id, stage))}, and "
+                   f"neither iteration {coord.plan.injecting} nor the periodic one the other "
+                   f"stages keep ({self.policy.last_periodic(coord.plan.injecting)}) is among "
+                   "them")
+        else:
+            why = "no node keeps a snapshot of it"
+        coord.manager.fail(
+            coord.job_id, f"stage {stage} lost every replica at iteration "
+            f"{coord.plan.injecting} and {why}; resume the job from a checkpoint or submit it "
+            "again",
+        )
+        return False
+
+    # ------------------------------------------------------------------ joiners
+
+    def enter(self, request: job_pb2.EnterRequest) -> job_pb2.EnterReply:
+        coord = self.coord
+        plan = coord.plan
+        stage = request.stage
+        if request.sender in coord.manager.excluded(coord.job_id):
+            raise ReportError(f"{request.sender} was excluded from the job as a bad peer")
+        if not 0 <= stage < plan.num_stages:
+            raise ReportError(f"stage {stage} is outside the job's 0..{plan.num_stages - 1}")
+        live = coord.live_participants()
+        reply = job_pb2.EnterReply(
+            iteration=plan.injecting, round=plan.round, coordinator=coord.host.node_id,
+        )
+        donors = sorted(p for p, s in live.items() if s == stage and p != request.sender)
+        point: int | None = plan.injecting
+        if donors:
+            reply.donors.extend(donors)
+        else:
+            keeper, point = self._restore_point(stage)
+            if point is None:
+                self.check_empty(stage)
+                return reply
+            reply.donors.append(keeper)
+            reply.rollback = point < plan.injecting
+            reply.snapshot_iteration = point
+        if not request.has_state or plan.injecting >= plan.iterations or plan.in_commit:
+            return reply
+        if request.state_iteration == plan.injecting:
+            self._admit(request.sender, stage, reply)
+        elif not donors and request.state_iteration == point:
+            self._rollback(request.sender, stage, point, reply)
+        return reply
+
+    def _admit(self, node: str, stage: int, reply: job_pb2.EnterReply) -> None:
+        coord = self.coord
+        plan = coord.plan
+        plan.admit(node, stage)
+        reply.admitted = True
+        reply.round = plan.round
+        reply.iteration = plan.injecting
+        reply.participants.extend(participants_pb(plan.participants))
+        reply.holders.extend(plan.holders)
+        coord.progress().joins += 1
+        coord.host.log.info("job %s: %s enters stage %d at iteration %d", coord.job_id, node,
+                            stage, plan.injecting)
+        coord.update_pause()
+        coord.moved()
+        admit = job_pb2.AdmitRequest(
+            sender=coord.host.node_id, job_id=coord.job_id,
+            participants=participants_pb(plan.participants),
+        )
+        for other in sorted(plan.participants):
+            if other == node:
+                continue
+            coord.spawn(
+                coord.call_to(other, lambda stubs, t: stubs.jobs.Admit(admit, timeout=t),
+                              lambda: coord.manager.admit(admit)),
+                "admit",
+            )
+        coord.manager.changed(coord.active)
+
+    # ------------------------------------------------------------------ rollbacks
+
+    def _rollback(self, node: str, stage: int, to: int, reply: job_pb2.EnterReply) -> None:
+        """`node` holds the snapshot of `stage` (which has no live replica) of iteration `to`,
+        older than the one in progress: the swarm goes back to `to` and `node` enters there."""
+        if self.roll_back(stage, to, {node: stage}):
+            self._admit(node, stage, reply)
+
+    def roll_back(self, stage: int, to: int, joining: dict[str, int] | None = None) -> bool:
+        """`stage` lost every replica and is restored (by `joining`, or by this coordinator, a
+        holder that adopted the job) from its snapshot of iteration `to`, older than the one in
+        progress: every participant goes back to `to`. False if the job failed instead."""
+        coord = self.coord
+        plan = coord.plan
+        before = plan.injecting
+        try:
+            round_, holders, weights = plan.rollback(to)
+        except ValueError as err:
+            coord.manager.fail(coord.job_id, str(err))
+            return False
+        coord.planned = {}
+        reason = (f"stage {stage} lost every replica at iteration {before}; its newest snapshot "
+                  f"is of iteration {to}")
+        self._record(stage, before, to, reason)
+        coord.host.log.warning("job %s rolls back from iteration %d to %d as round %d: %s",
+                               coord.job_id, before, to, round_, reason)
+        request = job_pb2.RestartRequest(
+            sender=coord.host.node_id, job_id=coord.job_id, iteration=to, round=round_,
+            holders=holders, participants=participants_pb({**plan.participants, **(joining or {})}),
+            reason=reason[:300], weights=weights, rollback=True,
+        )
+        for other in sorted(plan.participants):
+            coord.spawn(self._order_rollback(other, request), "rollback")
+        coord.manager.changed(coord.active)
+        return True
+
+    def _record(self, stage: int, before: int, to: int, reason: str) -> None:
+        """The job's progress goes back to iteration `to`: the iterations undone are no longer
+        counted (they are trained again), and the rollback is on the record."""
+        coord = self.coord
+        progress = coord.progress()
+        progress.rollbacks.append(job_pb2.Rollback(
+            stage=stage, from_iteration=before, to_iteration=to, reason=reason[:300],
+        ))
+        done = progress.iterations_completed
+        undone = range(to, max(done, to))
+        dropped = {e.iteration: len(e.microbatches) for e in progress.dropped}
+        progress.microbatches_trained -= sum(
+            coord.job.microbatches - dropped.get(k, 0) for k in undone
+        )
+        kept = [e for e in progress.dropped if e.iteration < to]
+        progress.dropped_microbatches = sum(len(e.microbatches) for e in kept)
+        del progress.dropped[:]
+        progress.dropped.extend(kept)
+        progress.iterations_completed = min(done, to)
+        cut = max(0, to - progress.resumed_from)
+        del progress.loss[cut:]
+        del progress.iteration_s[cut:]
+
+    async def _order_rollback(self, node: str, request: job_pb2.RestartRequest) -> None:
+        """Tell `node` to roll back; one that is alive and holds no state of the iteration
+        leaves the job no way on: it fails, with the node's reason."""
+        coord = self.coord
+        host = coord.host
+        if node == host.node_id:
+            try:
+                coord.manager.restart(request)
+            except Exception as err:  # the refusal a remote participant would send
+                coord.manager.fail(coord.job_id, f"the rollback to iteration "
+                                   f"{request.iteration} failed: {err}")
+            return
+        member = host.member(node)
+        if member is None:
+            return
+        try:
+            await coord.manager.call(
+                lambda stubs, t: stubs.jobs.Restart(request, timeout=t), member,
+                host.config.rpc_timeout_s, attempts=5,
+            )
+        except RuntimeError as err:
+            if host.member(node) is not None and (coord.plan.injecting, coord.plan.round) == (
+                request.iteration, request.round
+            ):
+                coord.manager.fail(coord.job_id, f"the rollback to iteration "
+                                   f"{request.iteration} failed: {err}")

@@ -1,0 +1,170 @@
+"""A wiped stage does not lose the job (docs/design.md 4.6), with real node processes SIGKILLed at
+the same moment.
+
+Each case starts its own swarm of 6 nodes in 3 stages (2 data holders, 2 nodes in each other
+stage) and trains one short tiny-gpt job, killing nodes by pid with SIGKILL while it runs:
+
+- both stage-1 nodes at once, in a job whose stages are snapshotted every 4 iterations and
+  after every step only when down to one replica (`snapshot_thin = 1`): the stage's newest
+  snapshot is older than the iteration in progress, so a node that joins stage 1 restores it and
+  the swarm rolls back to it;
+- both data holders at once, the coordinator among them, in the same job: a holder that joins
+  adopts the job from stage 0's snapshot and the swarm rolls back to it;
+- both stage-1 nodes at once with the default policy, where a stage of two replicas is thin and
+  snapshotted after every step: the joiner restores the iteration in progress, no rollback;
+- one node of stage 1 and one of stage 2 at once: no stage is wiped, the iteration starts over;
+- the coordinator, which keeps the other stages' snapshots, with both stage-1 nodes: no snapshot
+  can restore stage 1, and the job fails at once saying so.
+
+Each ends with the loss curve and parameters of `gwtf.train.train_reference` over the same
+microbatches, bit for bit (the iterations a rollback undid are trained again with the same data,
+so they count once), and with what happened on the job's record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from cluster import LocalSwarm, wait_for
+
+from gwtf.client import GwtfClient, JobResult
+from gwtf.train import PRESETS, JobConfig, train_reference
+
+pytestmark = pytest.mark.chaos
+
+NODES = [
+    ("h0", 0, 0.05),
+    ("h1", 0, 0.08),
+    ("a0", 1, 0.06),
+    ("a1", 1, 0.09),
+    ("z0", 2, 0.05),
+    ("z1", 2, 0.07),
+]
+WAIT_S = 120.0
+
+
+@pytest.fixture
+def swarm(tmp_path: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
+    # The job's own activation size, as in tests/chaos/test_recovery.py.
+    with LocalSwarm(tmp_path, heartbeat_s=0.25, failure_timeout_s=3.0, train=True) as s:
+        s.start(NODES, 3, "--activation-bytes", "131072")
+        s.wait_formed()
+        yield s
+
+
+def job_for(case: str, iterations: int, **snapshots: int) -> JobConfig:
+    return dataclasses.replace(PRESETS["tiny-gpt"], name=f"snap-{case}", iterations=iterations,
+                               **snapshots)
+
+
+def kill_at_once(swarm: LocalSwarm, *node_ids: str) -> None:
+    """SIGKILL each node by pid, one right after the other, then reap them."""
+    procs = [swarm.procs[n] for n in node_ids]
+    for proc in procs:
+        proc.popen.send_signal(signal.SIGKILL)
+    for proc in procs:
+        assert proc.popen.wait(timeout=10) == -9, proc.id
+
+
+def assert_equals_reference(result: JobResult, job: JobConfig) -> None:
+    assert result.state == "completed", result.error
+    assert result.iterations_completed == job.iterations
+    assert result.lost_microbatches == 0
+    assert result.checksum_mismatches == 0
+    assert result.dropped_microbatches == 0, result.dropped
+    assert result.microbatches_trained == job.iterations * job.microbatches
+    assert len(result.loss) == job.iterations
+    ref = train_reference(job, microbatch_ids=result.trained_ids(job.microbatches))
+    assert result.loss == ref.loss
+    assert result.param_checksum == ref.param_checksum
+
+
+def wipe_stage_1_and_join(swarm: LocalSwarm, job: JobConfig, kill_after: int) -> JobResult:
+    """Train `job`; once `kill_after` iterations completed, SIGKILL both stage-1 nodes at once;
+    once the job pauses for want of stage 1, start a new stage-1 node. The job's result."""
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: client.progress(job_id).iterations_completed >= kill_after, WAIT_S,
+             f"{kill_after} iterations")
+    kill_at_once(swarm, "a0", "a1")
+    wait_for(lambda: "stage 1 has no live node" in client.progress(job_id).paused, 30,
+             "the job to pause for stage 1")
+    swarm.join("a9", 1, 0.07)
+    return client.wait(job_id, timeout_s=WAIT_S)
+
+
+def test_a_wiped_stage_rolls_back_to_its_snapshot(swarm: LocalSwarm) -> None:
+    job = job_for("rollback", 10, snapshot_every=4, snapshot_thin=1)
+    began = time.monotonic()
+    result = wipe_stage_1_and_join(swarm, job, kill_after=5)
+    assert_equals_reference(result, job)
+    assert (result.crashes, result.joins) == (2, 1)
+    # Stage 1 was not thin (two replicas): its newest snapshot was the periodic one of
+    # iteration 4, older than the iteration in progress, which the swarm went back to.
+    assert len(result.rollbacks) == 1, result.rollbacks
+    back = result.rollbacks[0]
+    assert back.stage == 1 and back.to_iteration == 4 < back.from_iteration, back
+    assert "stage 1 lost every replica" in back.reason
+    assert result.paused == "" and result.paused_s > 0
+    assert time.monotonic() - began < WAIT_S
+
+
+def test_wiped_data_holders_roll_back_when_a_holder_joins(swarm: LocalSwarm) -> None:
+    # Stage 0 wiped takes the coordinator along; its snapshots are kept at a0. A holder that
+    # joins adopts the job from stage 0's periodic snapshot and the swarm rolls back to it.
+    job = job_for("holders", 10, snapshot_every=4, snapshot_thin=1)
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: client.progress(job_id).iterations_completed >= 5, WAIT_S, "5 iterations")
+    kill_at_once(swarm, "h0", "h1")
+    wait_for(lambda: "stage 0 has no live node" in client.progress(job_id).paused, 30,
+             "the job to wait for a data holder")
+    swarm.bootstrap = swarm.procs["z0"].address  # the first node, h0, is gone
+    swarm.join("h7", 0, 0.07)
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    assert_equals_reference(result, job)
+    assert result.coordinator == "h7"
+    assert [(b.stage, b.to_iteration) for b in result.rollbacks] == [(0, 4)], result.rollbacks
+    assert result.rollbacks[0].from_iteration > 4
+
+
+def test_a_wiped_thin_stage_resumes_where_it_was(swarm: LocalSwarm) -> None:
+    # The measured case of issue 16: with two replicas, stage 1 is thin by default and sends its
+    # state after every step, so the joiner restores the very iteration in progress.
+    job = job_for("thin", 6)
+    result = wipe_stage_1_and_join(swarm, job, kill_after=2)
+    assert_equals_reference(result, job)
+    assert (result.crashes, result.joins) == (2, 1)
+    assert result.rollbacks == ()
+
+
+def test_two_kills_in_different_stages_at_once(swarm: LocalSwarm) -> None:
+    job = job_for("two-stages", 6)
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S, "2 iterations")
+    kill_at_once(swarm, "a1", "z1")
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    assert_equals_reference(result, job)
+    assert result.crashes == 2 and result.rollbacks == ()
+
+
+def test_a_wiped_stage_with_no_snapshot_fails_the_job_with_its_reason(
+    swarm: LocalSwarm,
+) -> None:
+    # The coordinator keeps the other stages' snapshots: killed with both stage-1 nodes, it takes
+    # them along. The next holder coordinates, finds stage 1 empty with no snapshot anywhere,
+    # and the job fails at once with that reason instead of waiting for a joiner.
+    job = job_for("no-snapshot", 8)
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S, "2 iterations")
+    kill_at_once(swarm, "h0", "a0", "a1")
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    assert result.state == "failed"
+    assert "stage 1 lost every replica" in result.error, result.error
+    assert "no node keeps a snapshot of it" in result.error, result.error

@@ -1,0 +1,88 @@
+"""Stage snapshots and rollbacks (gwtf.job.snapshots, IterationCoordinator.rollback), with no
+I/O: docs/design.md 4.6."""
+
+import pytest
+
+from gwtf.job.iterations import (
+    CommittedReport,
+    IterationCoordinator,
+    PreparedReport,
+    ReportError,
+    StepOrder,
+)
+from gwtf.job.snapshots import SnapshotPolicy, restore_point, snapshot_sender
+
+PARTICIPANTS = {"h0": 0, "a0": 1, "a1": 1, "z0": 2}
+
+
+def test_periodic_boundaries_thin_stages_and_the_sender() -> None:
+    policy = SnapshotPolicy(every=4, thin=2, start=2)
+    assert [k for k in range(2, 11) if policy.periodic(k)] == [2, 4, 8]
+    assert [policy.last_periodic(k) for k in (2, 3, 4, 7, 8)] == [2, 2, 4, 4, 8]
+    assert policy.due(5, live_replicas=2) and not policy.due(5, live_replicas=3)
+    assert policy.due(8, live_replicas=3)
+    alive = {"a0", "a1", "z0"}.__contains__
+    assert snapshot_sender(PARTICIPANTS, set(), 1, alive) == ("a0", 2)
+    assert snapshot_sender(PARTICIPANTS, {"a0"}, 1, alive) == ("a1", 1)
+    assert snapshot_sender(PARTICIPANTS, set(), 1, lambda p: False) == ("", 0)
+
+
+def test_a_wiped_stage_is_restored_at_the_iteration_in_progress_or_its_periodic_one() -> None:
+    policy = SnapshotPolicy(every=4, thin=2)
+    assert restore_point(policy, 6, {4, 6}) == 6  # a thin stage's snapshot of now: no loss
+    assert restore_point(policy, 6, {4, 5}) == 4  # the other stages keep 4: roll back there
+    assert restore_point(policy, 6, {5}) is None  # nobody else keeps 5
+    assert restore_point(policy, 6, set()) is None
+
+
+def run_iteration(c: IterationCoordinator) -> None:
+    """Every microbatch done, every member prepared and stepped."""
+    c.done("h0", c.injecting, c.round, range(c.microbatches))
+    order = c.commit_order()
+    assert order is not None
+    step = None
+    for node, stage in sorted(PARTICIPANTS.items()):
+        last = stage == 2
+        ids = frozenset(range(c.microbatches)) if node != "a1" else frozenset()
+        step = c.prepared(PreparedReport(
+            node, c.injecting, c.round, c.attempt, stage, ids,
+            losses={m: 1.0 for m in ids} if last else {},
+            routes={("h0", "a0", "z0"): len(ids)} if last else {},
+        ))
+    assert isinstance(step, StepOrder)
+    for node, stage in sorted(PARTICIPANTS.items()):
+        c.committed(CommittedReport(node, step.iteration, stage, f"c{stage}"))
+
+
+def test_a_rollback_undoes_the_iterations_since_and_fences_off_their_rounds() -> None:
+    c = IterationCoordinator(iterations=8, microbatches=4, participants=PARTICIPANTS,
+                             num_stages=3, holders=("h0",))
+    for _ in range(5):
+        run_iteration(c)
+    c.done("h0", 5, 0, [0, 1])
+    assert (c.injecting, c.completed) == (5, 5)
+    c.member_down("a0")
+    c.member_down("a1")
+    round_, holders, _ = c.rollback(4)
+    assert (c.injecting, c.completed, c.round) == (4, 4, round_) and round_ >= 1
+    assert holders == ("h0",) and c.finished == set()
+    # A report from before the rollback, of the iteration it undid, is refused...
+    with pytest.raises(ReportError):
+        c.done("h0", 5, 0, [2])
+    assert c.finished == set()
+    # ...and so is one of the rolled-back iteration's earlier rounds.
+    c.done("h0", 4, 0, [2])
+    assert c.finished == set()
+    c.admit("a9", 1)
+    c.done("h0", 4, round_, range(4))
+    order = c.commit_order()
+    assert order is not None and order.iteration == 4 and "a9" in order.members
+    # Every iteration from now on starts above the rounds used before the rollback.
+    c.member_down("a9")
+    c.admit("a0", 1)
+    c.admit("a1", 1)
+    c.restart()
+    run_iteration(c)
+    assert (c.injecting, c.round) == (5, round_)
+    with pytest.raises(ValueError):
+        c.rollback(6)
