@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import grpc
@@ -72,7 +72,10 @@ class SwarmEntry:
     async def enter(self) -> str:
         """Create a swarm (no bootstrap) or join one; NodeError if that is impossible. Returns
         the bootstrap address joined through ("" for a new swarm)."""
-        if self._state.settings.bootstrap:
+        state = self._state
+        if state.settings.stage is None:  # its log says so until it has chosen (`_place`)
+            state.log = NodeLog(LOG, {"node": state.node_id, "stage": "auto"})
+        if state.settings.bootstrap:
             return await self._join()
         await self._create()
         return ""
@@ -100,7 +103,7 @@ class SwarmEntry:
             raise NodeError(f"cannot create a swarm: {err}", 2) from None
         self._check_stage(swarm)
         await self._preload()
-        compute_s = await self._place(swarm, [])
+        compute_s = await self._place(swarm, _no_members)
         self._setup(swarm, self._me(compute_s, epoch), warm=False, round_=0, tightens=0)
         state.log.info(
             "created swarm %s: %d stages, %d-byte activations",
@@ -133,34 +136,44 @@ class SwarmEntry:
                 2,
             )
 
-    async def _place(self, swarm: SwarmSettings, members: list[MemberInfo]) -> float:
-        """This node's stage (the one given, or chosen among `members`, those its bootstrap
-        member knows: docs/design.md 2.11) and its compute time there. A chosen stage
-        goes into the node's settings (and its log), where the rest of the node reads it."""
+    async def _place(
+        self, swarm: SwarmSettings, view_at: Callable[[], Awaitable[list[MemberInfo]]]
+    ) -> float:
+        """This node's stage and its compute time there: the stage it was given, or the one it
+        chooses (docs/design.md 2.11) among the members `view_at()` returns (its bootstrap
+        member's). A chosen stage goes into the node's settings (and its log), where the rest
+        of the node reads it."""
         state = self._state
         s = state.settings
-        measured: dict[int, float] = {}
         if s.stage is not None:
-            measured[s.stage] = await self._compute_s(swarm, s.stage)
-            return measured[s.stage]
-        view = swarm_view(members, swarm.num_stages, swarm.activation_bytes, s.links)
-        if open_stage(view) is None:
-            # Every stage is held: the node weighs each, so it needs its speed at each.
-            for stage in range(swarm.num_stages):
-                measured[stage] = await self._compute_s(swarm, stage)
-        stage = choose_stage(view, state.node_id, s.location, measured.__getitem__)
-        if stage not in measured:
-            measured[stage] = await self._compute_s(swarm, stage)
+            return await self._compute_s(swarm, s.stage)
+        measured: dict[int, float] = {}
+        await self._choose(swarm, await view_at(), measured)
+        # Measuring took seconds (a model's stages are built): the swarm may have changed, by
+        # other joiners above all. Choose again on a fresh view, just before joining.
+        stage, view = await self._choose(swarm, await view_at(), measured)
         state.settings = dataclasses.replace(s, stage=stage)
         state.log = NodeLog(LOG, {"node": state.node_id, "stage": stage})
+        me = NodeSpec.make(state.node_id, stage, measured[stage], s.location or ONE_SITE)
         state.log.info(
             "stage auto: took stage %d of %d (%d live members; flow %.3f -> %.3f microbatches/s)",
             stage, swarm.num_stages, len(view.nodes), view.max_flow(),
-            view.replaced(
-                NodeSpec.make(state.node_id, stage, measured[stage], s.location or ONE_SITE)
-            ).max_flow(),
+            view.replaced(me).max_flow(),
         )  # fmt: skip
         return measured[stage]
+
+    async def _choose(
+        self, swarm: SwarmSettings, members: list[MemberInfo], measured: dict[int, float]
+    ) -> tuple[int, Swarm]:
+        """The stage to take among `members`, measuring (into `measured`) what the choice
+        needs: the open stage alone if there is one, else every stage (docs/design.md 3.3)."""
+        s = self._state.settings
+        view = swarm_view(members, swarm.num_stages, swarm.activation_bytes, s.links)
+        empty = open_stage(view)
+        for stage in range(swarm.num_stages) if empty is None else (empty,):
+            if stage not in measured:
+                measured[stage] = await self._compute_s(swarm, stage)
+        return choose_stage(view, self._state.node_id, s.location, measured.__getitem__), view
 
     async def _compute_s(self, swarm: SwarmSettings, stage: int) -> float:
         s = self._state.settings
@@ -243,8 +256,7 @@ class SwarmEntry:
             )
         self._check_stage(swarm)
         await self._preload()
-        members = [] if state.settings.stage is not None else await self._members_at(via, swarm)
-        compute_s = await self._place(swarm, members)
+        compute_s = await self._place(swarm, lambda: self._members_at(via, swarm))
         epoch = time.time_ns()
         me = self._me(compute_s, epoch)
         try:
@@ -321,6 +333,11 @@ def choose_stage(
         return empty
     place = location or ONE_SITE
     return best_stage(swarm, lambda stage: NodeSpec.make(node_id, stage, compute_s(stage), place))
+
+
+async def _no_members() -> list[MemberInfo]:
+    """The members of a swarm this node is creating."""
+    return []
 
 
 def _refused_by_bootstrap(address: str, err: aio.AioRpcError) -> None:

@@ -1,0 +1,48 @@
+"""`gwtf node --stage auto` on real processes (docs/design.md 2.11): the first node of a swarm
+takes stage 0; a node that joins without a stage takes the stage the minimum cut names, even
+where that stage already has the most nodes, and the swarm's flow rises with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cluster import LocalSwarm, pipeline_arcs, wait_for
+
+pytestmark = pytest.mark.integration
+
+SETTLE_S = 90.0
+
+
+def test_a_node_without_a_stage_takes_the_bottleneck(tmp_path: Path) -> None:
+    with LocalSwarm(tmp_path, heartbeat_s=0.25, failure_timeout_s=3.0) as swarm:
+        # The first node, given no stage, creates the swarm at stage 0.
+        first = swarm.spawn("h", None, 0.1, "--stages", "3")
+        swarm.wait_listening(first)
+        assert first.stage == 0
+        swarm.bootstrap = first.address
+        # Stage 1 is the bottleneck: two slow nodes (1 microbatch/s each) between one fast
+        # node at stage 0 and one at stage 2 (10 each). Stage 1 has the most nodes: a rule
+        # that filled the emptiest stage would put a joiner at stage 0.
+        pinned = [swarm.spawn("r1", 1, 1.0), swarm.spawn("r2", 1, 1.0),
+                  swarm.spawn("t", 2, 0.1)]
+        swarm.wait_listening(*pinned)
+        everyone = {"h", "r1", "r2", "t"}
+        before = wait_for(lambda: swarm.settled(everyone, pipeline_arcs([1, 2, 1])), SETTLE_S,
+                          "the four pinned nodes to settle")
+        assert before["flow_value"] == pytest.approx(2.0, rel=0.01)
+
+        joiner = swarm.join("j", None, 0.1)  # no --stage: auto
+        assert joiner.stage == 1
+        # What it says of itself, and what the others know of it.
+        own = swarm.status("j", swarm=False)
+        assert own is not None
+        assert {m["id"]: m["stage"] for m in own["members"]}["j"] == 1
+        after = wait_for(lambda: swarm.settled(everyone | {"j"}, pipeline_arcs([1, 3, 1])),
+                         SETTLE_S, "the swarm to settle with the joiner")
+        assert {m["id"]: m["stage"] for m in after["members"] if m["alive"]}["j"] == 1
+        assert all(m["stage"] == 1 for m in after["members"] if m["id"] == "j")
+        # The flow went from stage 1's 2 microbatches/s to what stages 0 and 2 allow.
+        assert after["flow_value"] == pytest.approx(10.0, rel=0.01)
+        log = joiner.log.read_text()
+        assert "stage auto: took stage 1 of 3" in log, log[-2000:]
