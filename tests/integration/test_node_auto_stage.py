@@ -4,6 +4,8 @@ where that stage already has the most nodes, and the swarm's flow rises with it.
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,8 +34,15 @@ def test_a_node_without_a_stage_takes_the_bottleneck(tmp_path: Path) -> None:
                           "the four pinned nodes to settle")
         assert before["flow_value"] == pytest.approx(2.0, rel=0.01)
 
-        joiner = swarm.join("j", None, 0.1)  # no --stage: auto
+        joiner = swarm.join("j", None, 0.1, "--metrics-port", "0")  # no --stage: auto
         assert joiner.stage == 1
+        # What its metrics say: its stage, and its capacity there.
+        line = joiner.lines.get(timeout=30)
+        match = re.search(r"metrics on (http://\S+)", line or "")
+        assert match, line
+        samples = scrape(match.group(1))
+        assert samples['gwtf_node_info{location="-",node="j",stage="1"}'] == 1
+        assert samples["gwtf_capacity_microbatches_per_second"] == pytest.approx(10.0)
         # What it says of itself, and what the others know of it.
         own = swarm.status("j", swarm=False)
         assert own is not None
@@ -46,3 +55,14 @@ def test_a_node_without_a_stage_takes_the_bottleneck(tmp_path: Path) -> None:
         assert after["flow_value"] == pytest.approx(10.0, rel=0.01)
         log = joiner.log.read_text()
         assert "stage auto: took stage 1 of 3" in log, log[-2000:]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Every sample of the Prometheus exposition as {name{labels}: value}."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
