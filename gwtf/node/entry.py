@@ -327,7 +327,9 @@ def choose_stage(
 ) -> int:
     """The stage a node without one takes (docs/design.md 2.11): a stage with no node if there
     is one (the lowest; `compute_s` is then not called), else the one where the node, taking
-    `compute_s(stage)` seconds per microbatch there, adds the most flow to `swarm`."""
+    `compute_s(stage)` seconds per microbatch there, adds the most flow to `swarm`. An earlier
+    incarnation of the node that `swarm` still holds is not counted: this one replaces it."""
+    swarm = swarm.replaced(None, drop=node_id)
     empty = open_stage(swarm)
     if empty is not None:
         return empty

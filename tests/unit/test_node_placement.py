@@ -84,3 +84,16 @@ def test_the_link_matrix_decides_where_links_bind() -> None:
     view = swarm_view(members, 3, ACT, links)
     assert 1.4 < view.max_flow() < 1.6
     assert choose_stage(view, "new", "near", same_everywhere(0.1)) == 1
+
+
+def test_a_restarted_node_does_not_count_its_earlier_incarnation() -> None:
+    # "r" crashed and restarts before the swarm noticed: its old record still holds stage 1,
+    # stage 1's only node. The new incarnation replaces it, so for it stage 1 is open; for any
+    # other node stage 2 (5 microbatches/s) is the bottleneck.
+    members = [member("h", 0, 0.1), member("h2", 0, 0.1), member("r", 1, 0.1),
+               member("t", 2, 0.2)]
+    view = swarm_view(members, 3, ACT, None)
+    calls: list[int] = []
+    assert choose_stage(view, "r", "", same_everywhere(0.1, calls)) == 1
+    assert calls == []
+    assert choose_stage(view, "new", "", same_everywhere(0.1)) == 2
