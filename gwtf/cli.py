@@ -130,11 +130,14 @@ def _rate(text: str) -> float:
     return value
 
 
-def _stage(text: str) -> int:
+def _stage(text: str) -> int | None:
+    """A stage number, or None for "auto" (the node chooses, docs/design.md 2.11)."""
+    if text == "auto":
+        return None
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a stage number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a stage number or auto, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a stage number >= 0, got {value}")
     return value
@@ -212,8 +215,10 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       help="a TOML file of settings, named as these flags are (stage = 1, "
                       "bootstrap = [\"HOST:PORT\"], log-json = true, ...): the flags given "
                       "here as well win over it")
-    node.add_argument("--stage", type=_stage, required=True, metavar="K",
-                      help="the pipeline stage this node holds (0 = a data holder)")
+    node.add_argument("--stage", type=_stage, default="auto", metavar="K|auto",
+                      help="the pipeline stage this node holds (0 = a data holder); default "
+                      "auto: the stage where this node adds the most flow to the swarm (the "
+                      "bottleneck the minimum cut names; the first node of a swarm takes 0)")
     node.add_argument("--port", type=_port, default=0, metavar="P",
                       help="port to listen on (default 0: a free one, printed)")
     node.add_argument("--host", default="127.0.0.1", metavar="HOST",

@@ -39,7 +39,7 @@ import networkx as nx
 from gwtf.flow.oracle import SINK, SOURCE, build_oracle_network
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology, TopologyError
 
-__all__ = ["Move", "Seat", "Swarm", "best_stage", "propose_move"]
+__all__ = ["Move", "Seat", "Swarm", "best_stage", "open_stage", "propose_move"]
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,20 @@ Seat = Callable[[int], NodeSpec]
 """A node as it would be at a stage: its speed, and so its capacity, depend on the stage."""
 
 
+def open_stage(swarm: Swarm) -> int | None:
+    """The lowest stage with no node, None if every stage has one.
+
+    While a stage has no node the flow is 0 at every other stage, whoever joins, and the one
+    stage where a joiner can make it positive is the empty one (when there is one); ties go to
+    the fewest nodes. So `best_stage` returns this stage whatever the joiner's seat: a joiner
+    needs no speed at the other stages to know where it goes (the first node of a swarm takes
+    stage 0), and the node measures only the stage it takes (docs/design.md 2.11)."""
+    return next((s for s in range(swarm.stages) if swarm.count(s) == 0), None)
+
+
 def best_stage(swarm: Swarm, seat: Seat) -> int:
-    """The stage where the node `seat` describes adds the most flow to `swarm`."""
+    """The stage where the node `seat` describes adds the most flow to `swarm` (the
+    `open_stage` when there is one)."""
     best = 0
     best_key: tuple[float, int, int] | None = None
     for stage in range(swarm.stages):

@@ -1,7 +1,8 @@
 """`gwtf node`: run one node until SIGTERM or Ctrl-C, then leave the swarm gracefully.
 
 Output: one line on stdout once the node is in its swarm,
-`gwtf node ID listening on HOST:PORT (stage K of S, swarm SWARM)`; logs on stderr, one line per
+`gwtf node ID listening on HOST:PORT (stage K of S, swarm SWARM)` (K: the stage it was given, or
+the one it chose with `--stage auto`, docs/design.md 2.11); logs on stderr, one line per
 event. Errors a user can cause end in one line on stderr and a non-zero exit: 2 for wrong input
 (flags, matrix file, a stage outside the swarm), 1 when the world is not as expected (port in
 use, bootstrap unreachable).
@@ -123,6 +124,12 @@ def run_node(args: argparse.Namespace) -> int:
     from gwtf.node.ratelimit import RateLimit
     from gwtf.node.security import SecurityError, credentials_from_args
 
+    if args.stages is None and not args.bootstrap:
+        # Before the node binds anything: without a stage, `gwtf node` alone is the likeliest
+        # way to get here, and its answer is a usage error like any other.
+        print("gwtf node: error: the first node of a swarm needs --stages S (or give "
+              "--bootstrap HOST:PORT to join a running swarm)", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.id is not None:
             check_name("--id", args.id)
@@ -214,7 +221,7 @@ async def _serve(settings: NodeSettings, config: NodeConfig) -> int:
         return err.exit_code
     print(
         f"gwtf node {node.node_id} listening on {node.address} "
-        f"(stage {settings.stage} of {node.swarm.num_stages}, swarm {node.swarm.swarm_id})",
+        f"(stage {node.own_stage()} of {node.swarm.num_stages}, swarm {node.swarm.swarm_id})",
         flush=True,
     )
     if node.metrics.port is not None:

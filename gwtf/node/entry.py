@@ -6,28 +6,38 @@ them, loads torch if it trains and measures its compute (neither while it is a m
 the interpreter for seconds, in which a member would answer no heartbeat), then `Join`s with a
 fresh epoch and receives the member table and the swarm's phase, so that its flow state machine
 starts warm when the swarm is final.
+
+A node without a stage (`--stage auto`) chooses one first (docs/design.md 2.11): the stage where it
+adds the most flow to the swarm as its bootstrap member sees it (`choose_stage`, the pure
+`gwtf.flow.placement.best_stage` on the members' stages, speeds and locations and the link matrix),
+measuring its compute at every stage it weighs (docs/design.md 3.3).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import grpc
 from grpc import aio
 
+from gwtf.flow.placement import Swarm, best_stage, open_stage
+from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
 from gwtf.node.codec import InvalidMessage, member_to_pb, members_from_pb, swarm_from_pb
 from gwtf.node.config import SwarmSettings
 from gwtf.node.driver import FlowDriver
 from gwtf.node.errors import NodeError
 from gwtf.node.membership import MemberInfo, Membership
+from gwtf.node.observe import NodeLog
 from gwtf.node.peers import Peers
-from gwtf.node.state import NodeState
+from gwtf.node.state import LOG, NodeState
 from gwtf.v1 import node_pb2
 
-__all__ = ["Preloader", "SwarmEntry", "measure_compute"]
+__all__ = ["Preloader", "SwarmEntry", "choose_stage", "measure_compute", "swarm_view"]
 
 
 class Preloader(Protocol):
@@ -62,7 +72,10 @@ class SwarmEntry:
     async def enter(self) -> str:
         """Create a swarm (no bootstrap) or join one; NodeError if that is impossible. Returns
         the bootstrap address joined through ("" for a new swarm)."""
-        if self._state.settings.bootstrap:
+        state = self._state
+        if state.settings.stage is None:  # its log says so until it has chosen (`_place`)
+            state.log = NodeLog(LOG, {"node": state.node_id, "stage": "auto"})
+        if state.settings.bootstrap:
             return await self._join()
         await self._create()
         return ""
@@ -90,7 +103,7 @@ class SwarmEntry:
             raise NodeError(f"cannot create a swarm: {err}", 2) from None
         self._check_stage(swarm)
         await self._preload()
-        compute_s = await self._compute_s(swarm)
+        compute_s = await self._place(swarm, _no_members)
         self._setup(swarm, self._me(compute_s, epoch), warm=False, round_=0, tightens=0)
         state.log.info(
             "created swarm %s: %d stages, %d-byte activations",
@@ -116,30 +129,70 @@ class SwarmEntry:
 
     def _check_stage(self, swarm: SwarmSettings) -> None:
         stage = self._state.settings.stage
-        if not 0 <= stage < swarm.num_stages:
+        if stage is not None and not 0 <= stage < swarm.num_stages:
             raise NodeError(
                 f"stage {stage} is outside the swarm's stages "
                 f"0..{swarm.num_stages - 1}; choose --stage in that range",
                 2,
             )
 
-    async def _compute_s(self, swarm: SwarmSettings) -> float:
+    async def _place(
+        self, swarm: SwarmSettings, view_at: Callable[[], Awaitable[list[MemberInfo]]]
+    ) -> float:
+        """This node's stage and its compute time there: the stage it was given, or the one it
+        chooses (docs/design.md 2.11) among the members `view_at()` returns (its bootstrap
+        member's). A chosen stage goes into the node's settings (and its log), where the rest
+        of the node reads it."""
+        state = self._state
+        s = state.settings
+        if s.stage is not None:
+            return await self._compute_s(swarm, s.stage)
+        measured: dict[int, float] = {}
+        await self._choose(swarm, await view_at(), measured)
+        # Measuring took seconds (a model's stages are built): the swarm may have changed, by
+        # other joiners above all. Choose again on a fresh view, just before joining.
+        stage, view = await self._choose(swarm, await view_at(), measured)
+        state.settings = dataclasses.replace(s, stage=stage)
+        state.log = NodeLog(LOG, {"node": state.node_id, "stage": stage})
+        me = NodeSpec.make(state.node_id, stage, measured[stage], s.location or ONE_SITE)
+        state.log.info(
+            "stage auto: took stage %d of %d (%d live members; flow %.3f -> %.3f microbatches/s)",
+            stage, swarm.num_stages, len(view.nodes), view.max_flow(),
+            view.replaced(me).max_flow(),
+        )  # fmt: skip
+        return measured[stage]
+
+    async def _choose(
+        self, swarm: SwarmSettings, members: list[MemberInfo], measured: dict[int, float]
+    ) -> tuple[int, Swarm]:
+        """The stage to take among `members`, measuring (into `measured`) what the choice
+        needs: the open stage alone if there is one, else every stage (docs/design.md 3.3)."""
+        s = self._state.settings
+        view = swarm_view(members, swarm.num_stages, swarm.activation_bytes, s.links)
+        empty = open_stage(view)
+        for stage in range(swarm.num_stages) if empty is None else (empty,):
+            if stage not in measured:
+                measured[stage] = await self._compute_s(swarm, stage)
+        return choose_stage(view, self._state.node_id, s.location, measured.__getitem__), view
+
+    async def _compute_s(self, swarm: SwarmSettings, stage: int) -> float:
         s = self._state.settings
         log = self._state.log
         if s.compute_s is not None:
             return s.compute_s
-        log.info("measuring compute: a warm-up of stage %d of %s", s.stage, s.job)
+        log.info("measuring compute: a warm-up of stage %d of %s", stage, s.job)
         try:
             seconds = await asyncio.to_thread(
-                measure_compute, s.job, s.stage, swarm.num_stages, self._jobs.placement,
+                measure_compute, s.job, stage, swarm.num_stages, self._jobs.placement,
             )
         except (ValueError, OSError) as err:
             raise NodeError(f"cannot measure this node's compute time: {err}", 2) from None
-        log.info("compute: %.4f s per microbatch", seconds)
+        log.info("compute: %.4f s per microbatch at stage %d", seconds, stage)
         return seconds
 
     def _me(self, compute_s: float, epoch: int) -> MemberInfo:
         state = self._state
+        assert state.settings.stage is not None, "placed by _place"
         return MemberInfo(
             id=state.node_id,
             address=state.address,
@@ -176,7 +229,7 @@ class SwarmEntry:
         for address in state.settings.bootstrap:
             try:
                 config_reply = await self._peers.stubs_at(address).membership.Config(
-                    node_pb2.ConfigRequest(stage=state.settings.stage), timeout=timeout
+                    node_pb2.ConfigRequest(stage=state.settings.stage or 0), timeout=timeout
                 )
             except aio.AioRpcError as err:
                 _refused_by_bootstrap(address, err)
@@ -203,7 +256,7 @@ class SwarmEntry:
             )
         self._check_stage(swarm)
         await self._preload()
-        compute_s = await self._compute_s(swarm)
+        compute_s = await self._place(swarm, lambda: self._members_at(via, swarm))
         epoch = time.time_ns()
         me = self._me(compute_s, epoch)
         try:
@@ -229,6 +282,64 @@ class SwarmEntry:
             swarm.num_stages,
         )
         return via
+
+    async def _members_at(self, via: str, swarm: SwarmSettings) -> list[MemberInfo]:
+        """The members the bootstrap member `via` knows (itself included, departed ones too):
+        the view a node without a stage chooses its stage on."""
+        try:
+            reply = await self._peers.stubs_at(via).status.Get(
+                node_pb2.StatusRequest(swarm=False), timeout=self._state.config.rpc_timeout_s
+            )
+            members = members_from_pb(reply.members, swarm.num_stages)
+        except aio.AioRpcError as err:
+            _refused_by_bootstrap(via, err)
+            raise NodeError(f"cannot read the members at {via}: {_describe(err)}", 1) from None
+        except InvalidMessage as err:
+            raise NodeError(f"the bootstrap node {via} sent invalid members: {err}", 1) from None
+        return members
+
+
+ONE_SITE = "one-site"
+"""The location placement gives every node of a swarm without a link matrix (a topology names
+one; the node then emulates no WAN, and every pair is the intra-location link)."""
+
+
+def swarm_view(
+    members: Iterable[MemberInfo],
+    num_stages: int,
+    activation_bytes: int,
+    links: Mapping[frozenset[str], LinkSpec] | None,
+) -> Swarm:
+    """The swarm as placement sees it (docs/design.md 2.11): each live member at its stage with
+    its announced compute time and capacity and its location; the links of the emulated WAN's
+    matrix, or none without one (every member then has location "": all are put at one place,
+    joined by the intra-location link, as on one machine or one site)."""
+    nodes = tuple(
+        NodeSpec(m.id, m.stage, m.compute_s, m.location or ONE_SITE, m.capacity)
+        for m in sorted(members, key=lambda m: m.id)
+        if m.alive
+    )
+    return Swarm(num_stages, activation_bytes, nodes, dict(links or {}), DEFAULT_INTRA)
+
+
+def choose_stage(
+    swarm: Swarm, node_id: str, location: str, compute_s: Callable[[int], float]
+) -> int:
+    """The stage a node without one takes (docs/design.md 2.11): a stage with no node if there
+    is one (the lowest; `compute_s` is then not called), else the one where the node, taking
+    `compute_s(stage)` seconds per microbatch there, adds the most flow to `swarm`. An earlier
+    incarnation of the node that `swarm` still holds is not counted: this one replaces it."""
+    swarm = swarm.replaced(None, drop=node_id)
+    empty = open_stage(swarm)
+    if empty is not None:
+        return empty
+    place = location or ONE_SITE
+    return best_stage(swarm, lambda stage: NodeSpec.make(node_id, stage, compute_s(stage), place))
+
+
+async def _no_members() -> list[MemberInfo]:
+    """The members of a swarm this node is creating."""
+    return []
 
 
 def _refused_by_bootstrap(address: str, err: aio.AioRpcError) -> None:

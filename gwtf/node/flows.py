@@ -335,7 +335,7 @@ class FlowControl:
         return self._state.members.alive()
 
     def own_stage(self) -> int:
-        return self._state.settings.stage
+        return self._state.members.me.stage
 
     def wants_rescale(self) -> bool:
         return self._state.driver.node.wants_rescale()

@@ -91,7 +91,6 @@ class Node:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
         self.config = config
         self._state = state = NodeState(settings, config, clock)
         self._health = HealthServicer()
@@ -110,6 +109,12 @@ class Node:
             state, self._peers, self._flows, self._status, self.jobs.on_member_down
         )
         self._entry = SwarmEntry(state, self._peers, self.jobs, self._flows.new_driver)
+
+    @property
+    def settings(self) -> NodeSettings:
+        """The node's settings: those it was given until it entered its swarm, then with the
+        stage it chose if it was given none (`--stage auto`, gwtf.node.entry)."""
+        return self._state.settings
 
     # ================================================================== lifecycle
 
@@ -263,7 +268,7 @@ class Node:
     # ================================================================== what jobs need
 
     def own_stage(self) -> int:
-        return self.settings.stage
+        return self.members.me.stage
 
     def num_stages(self) -> int:
         return self.swarm.num_stages

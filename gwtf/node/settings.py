@@ -27,7 +27,10 @@ __all__ = ["NodeSettings"]
 class NodeSettings:
     """Who this node is and where it goes (the `gwtf node` flags)."""
 
-    stage: int
+    stage: int | None
+    """The stage this node holds; None (`--stage auto`): the one where it adds the most flow,
+    chosen on entering the swarm (docs/design.md 2.11), after which the node's state holds
+    these settings with that stage."""
     host: str = "127.0.0.1"
     port: int = 0
     advertise: str | None = None

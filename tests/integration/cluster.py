@@ -26,7 +26,7 @@ from gwtf.node.launch import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
-_LISTENING = re.compile(r"listening on (\S+)")
+_LISTENING = re.compile(r"listening on (\S+) \(stage (\d+)")
 
 T = TypeVar("T")
 
@@ -50,6 +50,7 @@ def wait_for(
 class Proc:
     id: str
     stage: int
+    """The stage it was given, or -1 for `--stage auto` until it says which it took."""
     popen: subprocess.Popen[str]
     log: Path
     address: str = ""
@@ -88,11 +89,12 @@ class LocalSwarm:
 
     # ---------------------------------------------------------------- processes
 
-    def spawn(self, node_id: str, stage: int, compute_s: float, *args: str) -> Proc:
+    def spawn(self, node_id: str, stage: int | None, compute_s: float, *args: str) -> Proc:
+        """A node at `stage`, or with no --stage (None: it chooses, `--stage auto`)."""
         argv = [
             self.python, "-m", "gwtf", "node",
             "--id", node_id,
-            "--stage", str(stage),
+            *(("--stage", str(stage)) if stage is not None else ()),
             "--port", "0",
             "--compute-s", repr(compute_s),
             "--heartbeat-s", repr(self.heartbeat_s),
@@ -120,7 +122,7 @@ class LocalSwarm:
             env=child_env(PYTHONUNBUFFERED="1"),
         )
         handle.close()
-        proc = Proc(node_id, stage, popen, log)
+        proc = Proc(node_id, -1 if stage is None else stage, popen, log)
         threading.Thread(target=self._read, args=(proc,), daemon=True).start()
         self.procs[node_id] = proc
         return proc
@@ -145,6 +147,7 @@ class LocalSwarm:
                 match = _LISTENING.search(line)
                 if match:
                     proc.address = match.group(1)
+                    proc.stage = int(match.group(2))  # the one it took, if it chose
 
     def start(
         self, nodes: list[tuple[str, int, float]], num_stages: int, *swarm_args: str
@@ -159,7 +162,7 @@ class LocalSwarm:
         rest = [self.spawn(i, s, c) for i, s, c in nodes[1:]]
         self.wait_listening(*rest)
 
-    def join(self, node_id: str, stage: int, compute_s: float, *args: str) -> Proc:
+    def join(self, node_id: str, stage: int | None, compute_s: float, *args: str) -> Proc:
         proc = self.spawn(node_id, stage, compute_s, *args)
         self.wait_listening(proc)
         return proc

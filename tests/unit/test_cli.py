@@ -134,3 +134,16 @@ def test_the_deployment_example_config_is_what_gwtf_node_accepts() -> None:
     assert "gwtf node --config /etc/gwtf/node.toml" in (deploy / "gwtf-node.service").read_text()
     dockerfile = (deploy / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["gwtf", "node"]' in dockerfile and "/etc/gwtf/node.toml" in dockerfile
+
+
+def test_node_stage_is_auto_unless_pinned() -> None:
+    from gwtf.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["node"]).stage is None  # auto: the node chooses (design 2.11)
+    assert parser.parse_args(["node", "--stage", "auto"]).stage is None
+    assert parser.parse_args(["node", "--stage", "2"]).stage == 2
+    result = run_gwtf("node", "--help")
+    assert result.returncode == 0, result.stderr
+    words = " ".join(result.stdout.split())
+    assert "--stage K|auto" in words and "default auto" in words, words

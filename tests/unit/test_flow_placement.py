@@ -4,7 +4,10 @@ one, and a stage's last node never moves."""
 
 from __future__ import annotations
 
-from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gwtf.flow.placement import Seat, Swarm, best_stage, open_stage, propose_move
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
 
 LINKS = {frozenset(("a", "b")): LinkSpec(20.0, 10.0)}
@@ -41,6 +44,30 @@ def test_a_stage_without_a_node_gets_the_joiner() -> None:
     s = swarm(("h0", 0, 5), ("h1", 0, 5), ("t0", 2, 5))
     assert s.max_flow() == 0
     assert best_stage(s, seat_of(1.0)) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    held=st.lists(st.tuples(st.integers(0, 2), st.floats(0.5, 20.0)), max_size=6),
+    speeds=st.lists(st.floats(0.5, 20.0), min_size=3, max_size=3),
+)
+def test_with_a_stage_empty_the_joiner_takes_the_lowest_empty_one_whatever_its_speeds(
+    held: list[tuple[int, float]], speeds: list[float]
+) -> None:
+    s = swarm(*((f"n{k}", stage, cap) for k, (stage, cap) in enumerate(held)))
+    empty = open_stage(s)
+    if empty is None:
+        assert {stage for stage, _ in held} == {0, 1, 2}
+        return
+    assert empty == min({0, 1, 2} - {stage for stage, _ in held})
+    # The node needs no speed at the other stages to know where it goes (design 2.11).
+    assert best_stage(s, lambda stage: NodeSpec.make("new", stage, 1.0 / speeds[stage], "a")) \
+        == empty
+
+
+def test_an_empty_swarm_gives_its_first_node_stage_0() -> None:
+    assert open_stage(swarm()) == 0
+    assert best_stage(swarm(), seat_of(3.0)) == 0
 
 
 def seats(s: Swarm) -> dict[str, Seat]:
