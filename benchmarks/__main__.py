@@ -14,6 +14,7 @@ BENCHMARKS = {
     "churn": "benchmarks.churn_real",
     "flow": "benchmarks.flow",
     "sim": "benchmarks.sim",
+    "replay": "benchmarks.replay",
     "node": "benchmarks.node_control",
     "robust": "benchmarks.robust",
     "tensor": "benchmarks.tensor",

@@ -37,6 +37,7 @@ from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
 from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.scenario import NodeInfo, Scenario
+from gwtf.sim.shipping import Shipper
 from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation
 
 __all__ = ["Policy", "make_policy", "simulation"]
@@ -722,7 +723,7 @@ def simulation(scenario: Scenario, policy_name: str, seed: int | None = None) ->
     """The simulation of `scenario` under the policy named `policy_name` (gwtf, oracle, swarm,
     swarm-rebalance or dtfm)."""
     return Simulation(scenario, policy_name, seed, make_policy=lambda sim, name: make_policy(
-        name, sim))
+        name, sim), make_shipping=Shipper)
 
 
 def make_policy(name: str, sim: Simulation) -> Policy:

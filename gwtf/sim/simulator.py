@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, TopologyError
-from gwtf.recovery import Ledger, Rule, check_commit, plan_crash
+from gwtf.recovery import CrashPlan, Ledger, Rule, check_commit, plan_crash
 from gwtf.sim.engine import Engine, EventSink, Kind, returns_events
 from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.traces import TraceEvent
@@ -169,6 +169,7 @@ class SimResult:
     commit_times: list[float]
     series: list[tuple[float, float, int, int, int]]
     audit: dict[str, int]
+    shipping: dict[str, Any] = field(default_factory=dict)
 
     @property
     def wasted_compute_fraction(self) -> float:
@@ -206,6 +207,7 @@ class SimResult:
             "moves": self.moves,
             "restarts": self.restarts,
             "paused_s": round(self.paused_s, 3),
+            "shipping": dict(self.shipping),
         }
 
 
@@ -249,13 +251,37 @@ class PolicyHooks(Protocol):
     def place(self, info: NodeInfo) -> int | None: ...
 
 
+class ShippingHooks(Protocol):
+    """Bounded replay (docs/design.md 4.9), `gwtf.sim.shipping.Shipper`."""
+
+    def accumulated(self, node: SimNode) -> None: ...
+
+    def crashed(self, node: SimNode) -> float: ...
+
+    def cover(self, dead: SimNode) -> tuple[frozenset[int], str | None]: ...
+
+    def keep(self, plan: CrashPlan, dead: SimNode) -> list[MB]: ...
+
+    def is_kept(self, mb: MB, s: int) -> bool: ...
+
+    def regenerate(self, mb: MB, s: int, *, charge: bool) -> float | None: ...
+
+    def regenerate_gradient(self, mb: MB, s: int, up: SimNode) -> float: ...
+
+    def reset(self) -> None: ...
+
+    def totals(self) -> dict[str, Any]: ...
+
+
 class Simulation:
     """One policy on one scenario. `run()` returns a `SimResult`. `make_policy` builds the
-    policy around the simulation (`gwtf.sim.policies.simulation` does it by name)."""
+    policy around the simulation (`gwtf.sim.policies.simulation` does it by name), and
+    `make_shipping` its shipments of partial sums."""
 
     def __init__(
         self, scenario: Scenario, policy_name: str, seed: int | None = None, *,
         make_policy: Callable[[Simulation, str], PolicyHooks],
+        make_shipping: Callable[[Simulation], ShippingHooks],
     ) -> None:
         self.sc = scenario
         self.policy_name = policy_name
@@ -307,6 +333,7 @@ class Simulation:
         ]
         self._caps: dict[tuple[str, int], float] = {}
         self.policy = make_policy(self, policy_name)
+        self.shipping = make_shipping(self)
 
     # ------------------------------------------------------------------ helpers
 
@@ -454,6 +481,7 @@ class Simulation:
             commit_times=self.commit_times,
             series=self.series,
             audit=self.audit,
+            shipping=self.shipping.totals(),
         )
 
     @returns_events
@@ -476,6 +504,7 @@ class Simulation:
         for node in self.nodes.values():
             node.ledger.reset(index)
             node.iter_compute = 0.0
+        self.shipping.reset()
         self.policy.on_iteration_start(it)
         self._check_paused()
         for holder in self.active_nodes(0):
@@ -676,6 +705,7 @@ class Simulation:
         mb.st[s] = DONE
         mb.done_count += 1
         node.ledger.accumulated(mb.id)
+        self.shipping.accumulated(node)
         it = self.iteration
         if s == 0 and not mb.finished:
             mb.finished = True
@@ -708,7 +738,8 @@ class Simulation:
                 if down is not None and down.alive and mb.st[s + 1] == DONE:
                     mb.g_inflight[s] = True
                     down.ledger.gradient_sent(mb.id, node.id)
-                    arrive = self.transfer(down, node, self.sc.activation_bytes)
+                    arrive = self.transfer(down, node, self.sc.activation_bytes) + \
+                        self.shipping.regenerate_gradient(mb, s + 1, node)
                     self.sink.emit(arrive, Kind.ARRIVE, self._on_gradient,
                                          (mb, s, node, down.id))
 
@@ -742,14 +773,17 @@ class Simulation:
     def _try_recover(self, mb: MB, s: int) -> None:
         rule = mb.need[s]
         source = self._input_source(mb, s)
-        if source is None:
+        if source is None or s > 0 and self.shipping.regenerate(mb, s - 1, charge=False) is None:
             return
         grad_source = None
         replay_now = rule == Rule.REPLAY
         if rule == Rule.REPLAY and s < self.S - 1:
             down = mb.node[s + 1]
             if down is not None and down.alive and mb.st[s + 1] == DONE:
-                grad_source = down
+                if self.shipping.is_kept(mb, s + 1):
+                    replay_now = False  # its gradient needs this stage's output first
+                else:
+                    grad_source = down
             elif down is None or not down.alive:
                 # The next stage's gradient died too and is itself being rebuilt, which needs
                 # this stage's output first: redo the forward now, the backward when it comes.
@@ -776,7 +810,8 @@ class Simulation:
             source.ledger.activation_sent(mb.id, target.id, mode)
         elif source is not target:
             source.ledger.gradient_target(mb.id, target.id, mode)
-        arrive = self.transfer(source, target, act if s > 0 else 0)
+        arrive = self.transfer(source, target, act if s > 0 else 0) + (
+            self.shipping.regenerate(mb, s - 1, charge=True) or 0.0 if s > 0 else 0.0)
         down = mb.node[s + 1] if s < self.S - 1 else None
         if down is not None and down.alive and s > 0:
             down.ledger.gradient_target(mb.id, target.id, mode)
@@ -937,7 +972,7 @@ class Simulation:
         node.job = None
         it = self.iteration
         if node.active and it is not None:
-            self.wasted += node.iter_compute
+            self.wasted += node.iter_compute + self.shipping.crashed(node)
         node.iter_compute = 0.0
         node.bwd_q.clear()
         node.fwd_q.clear()
@@ -966,7 +1001,11 @@ class Simulation:
         reports = [n.ledger.report_about(dead.id) for n in self.nodes.values()
                    if n.alive and n.stage in (s - 1, s + 1)]
         held = [mb.id for mb in it.mbs.values() if mb.node[0] is dead] if s == 0 else []
-        plan = plan_crash(dead.id, s, self.S, reports, finished=it.finished, held_by_dead=held)
+        covered, keeper = self.shipping.cover(dead)
+        plan = plan_crash(dead.id, s, self.S, reports, finished=it.finished, held_by_dead=held,
+                          covered=covered, keeper=keeper)
+        for kept in self.shipping.keep(plan, dead):
+            self._pump(kept)
         swarm = not self.policy.exact_commit
         for mb_id in sorted(plan.dropped):
             mb = it.mbs.get(mb_id)
