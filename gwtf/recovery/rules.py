@@ -141,6 +141,7 @@ def plan_crash(
     held_by_dead: Iterable[MicrobatchId] = (),
     covered: Collection[MicrobatchId] = (),
     keeper: str | None = None,
+    dropped_before: Collection[MicrobatchId] = (),
 ) -> CrashPlan:
     """The recoveries for every microbatch of the current iteration that `dead` held.
 
@@ -153,8 +154,10 @@ def plan_crash(
     (docs/design.md 4.9). Each becomes a `Rule.KEEP` instead of a replay. The sum is one tensor,
     taken whole or not at all: if a neighbour's evidence for one of its ids is weaker than
     BACKWARD_DONE (the dead node's input gradient may not have reached upstream, so the
-    microbatch must pass through stage `dead_stage` again and would be accumulated twice), the
-    sum is not used and every id follows rules 1-4.
+    microbatch must pass through stage `dead_stage` again and would be accumulated twice), or
+    if it covers a microbatch of `dropped_before` (dropped earlier in the iteration, while the
+    dead node, not yet noticed, held its contribution), the sum is not used and every id follows
+    rules 1-4.
     """
     if not 0 <= dead_stage < num_stages:
         raise ValueError(f"stage {dead_stage} is outside 0..{num_stages - 1}")
@@ -171,6 +174,8 @@ def plan_crash(
                 evidence[mb] = Evidence.BACKWARD_DONE
     kept = frozenset(covered) if keeper is not None and keeper != dead else frozenset()
     if any(evidence.get(mb, Evidence.BACKWARD_DONE) != Evidence.BACKWARD_DONE for mb in kept):
+        kept = frozenset()
+    if not kept.isdisjoint(dropped_before):
         kept = frozenset()
     recoveries: list[Recovery] = []
     dropped: set[MicrobatchId] = set()

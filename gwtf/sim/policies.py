@@ -38,7 +38,7 @@ from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wr
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.shipping import Shipper
-from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation
+from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation, allreduce_s
 
 __all__ = ["Policy", "make_policy", "simulation"]
 
@@ -648,7 +648,7 @@ class DtfmPolicy(Policy):
             return sim.one_way(nodes[a], nodes[b], sc.activation_bytes)
 
         def allreduce(ids: Sequence[str]) -> float:
-            return sim.allreduce_s([nodes[i] for i in ids])
+            return allreduce_s(sc, sim.link, [nodes[i] for i in ids])
 
         chains = dtfm_schedule(stage_nodes, hop, allreduce, sc.microbatches_per_iteration,
                                self.rng, sc.dtfm_search_evaluations)

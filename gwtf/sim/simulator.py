@@ -51,7 +51,7 @@ from gwtf.sim.engine import Engine, EventSink, Kind, returns_events
 from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.traces import TraceEvent
 
-__all__ = ["SimulationError", "Simulation", "SimResult"]
+__all__ = ["SimulationError", "Simulation", "SimResult", "allreduce_s", "hop_estimate"]
 
 NONE, INFLIGHT, FWD_Q, WAIT_G, BWD_Q, DONE = range(6)
 J_FWD, J_RFWD, J_BWD, J_FUSED = range(4)
@@ -251,6 +251,32 @@ class PolicyHooks(Protocol):
     def place(self, info: NodeInfo) -> int | None: ...
 
 
+def hop_estimate(sc: Scenario) -> float:
+    """The median one-way time of an activation over the scenario's links."""
+    act = sc.activation_bytes
+    values = [link.rtt_ms / 2000 + act * 8 / (link.bandwidth_gbps * 1e9)
+              for link in sc.links.values()]
+    return statistics.median(values) if values else sc.intra.rtt_ms / 2000
+
+
+def allreduce_s(
+    sc: Scenario, link_of: Callable[[SimNode, SimNode], LinkSpec | None], members: list[SimNode]
+) -> float:
+    """Seconds of a ring all-reduce of one stage's gradients among `members`."""
+    n = len(members)
+    if n <= 1:
+        return 0.0
+    nbytes = sc.params_per_stage[members[0].stage] * sc.grad_bytes_per_param
+    worst_bw = math.inf
+    worst_lat = 0.0
+    ring = sorted(members, key=lambda m: (m.location, m.id))
+    for a, b in zip(ring, ring[1:] + ring[:1], strict=False):
+        link = link_of(a, b) or sc.intra
+        worst_bw = min(worst_bw, link.bandwidth_gbps)
+        worst_lat = max(worst_lat, link.rtt_ms / 2000)
+    return 2 * (n - 1) / n * nbytes * 8 / (worst_bw * 1e9) + 2 * (n - 1) * worst_lat
+
+
 class ShippingHooks(Protocol):
     """Bounded replay (docs/design.md 4.9), `gwtf.sim.shipping.Shipper`."""
 
@@ -323,7 +349,7 @@ class Simulation:
         self._last_sample = (0.0, 0)
         self.audit = {"injected": 0, "finished": 0, "dropped": 0, "abandoned": 0,
                       "commit_checks": 0, "conserved_iterations": 0}
-        self.hop_estimate = self._hop_estimate()
+        self.hop_estimate = hop_estimate(scenario)
         # The median machine of each stage, for the time a microbatch spends downstream.
         universe = list(scenario.nodes.values())
         self._medians = [
@@ -358,14 +384,6 @@ class Simulation:
         self._pipe[key] = end
         return end + link.rtt_ms / 2000
 
-    def _hop_estimate(self) -> float:
-        act = self.sc.activation_bytes
-        values = [
-            link.rtt_ms / 2000 + act * 8 / (link.bandwidth_gbps * 1e9)
-            for link in self.sc.links.values()
-        ]
-        return statistics.median(values) if values else self.sc.intra.rtt_ms / 2000
-
     def capacity(self, node: SimNode) -> float:
         """Microbatches/s the node can sustain: compute, and memory slots over the time a
         microbatch stays there (its own compute plus the rest of the pipeline and back)."""
@@ -399,21 +417,6 @@ class Simulation:
         if key not in self._caps:
             self._caps[key] = self.capacity(n)
         return self._caps[key]
-
-    def allreduce_s(self, members: list[SimNode]) -> float:
-        n = len(members)
-        if n <= 1:
-            return 0.0
-        stage = members[0].stage
-        nbytes = self.sc.params_per_stage[stage] * self.sc.grad_bytes_per_param
-        worst_bw = math.inf
-        worst_lat = 0.0
-        ring = sorted(members, key=lambda m: (m.location, m.id))
-        for a, b in zip(ring, ring[1:] + ring[:1], strict=False):
-            link = self.link(a, b) or self.sc.intra
-            worst_bw = min(worst_bw, link.bandwidth_gbps)
-            worst_lat = max(worst_lat, link.rtt_ms / 2000)
-        return 2 * (n - 1) / n * nbytes * 8 / (worst_bw * 1e9) + 2 * (n - 1) * worst_lat
 
     # ------------------------------------------------------------------ setup and run
 
@@ -541,7 +544,7 @@ class Simulation:
                 )
         it.aggregating = True
         it.agg_token += 1
-        duration = max((self.allreduce_s(self.policy.aggregation_members(s))
+        duration = max((allreduce_s(self.sc, self.link, self.policy.aggregation_members(s))
                         for s in range(self.S)), default=0.0)
         self.sink.emit(self.engine.now + duration, Kind.ITERATION, self._on_commit,
                              (it, it.agg_token))
@@ -1003,7 +1006,7 @@ class Simulation:
         held = [mb.id for mb in it.mbs.values() if mb.node[0] is dead] if s == 0 else []
         covered, keeper = self.shipping.cover(dead)
         plan = plan_crash(dead.id, s, self.S, reports, finished=it.finished, held_by_dead=held,
-                          covered=covered, keeper=keeper)
+                          covered=covered, keeper=keeper, dropped_before=it.dropped)
         for kept in self.shipping.keep(plan, dead):
             self._pump(kept)
         swarm = not self.policy.exact_commit

@@ -190,3 +190,16 @@ def test_reset_forgets_shipments() -> None:
     y.reset(1)
     x.reset(1)
     assert y.held_for("x") == frozenset() and x.keeper is None and x.unshipped() == 0
+
+
+def test_a_sum_covering_a_dropped_microbatch_is_not_used() -> None:
+    """A microbatch dropped while the dead node, not yet noticed, held its contribution must not
+    come back through the kept sum (check_commit would find it extra)."""
+    h, x, y, z = setup()
+    for mb in (1, 2):
+        run(mb, h, x, z)
+    ship(x, y)
+    reports = [h.report_about("x"), z.report_about("x")]
+    plan = plan_crash("x", 1, S, reports, covered=y.held_for("x"), keeper="y",
+                      dropped_before={2})
+    assert plan.count(Rule.KEEP) == 0 and plan.count(Rule.REPLAY) == 2
