@@ -20,7 +20,7 @@ What is simulated (docs/design.md 5):
 - Churn: joins, graceful leaves (noticed at once), crashes (noticed `detection_timeout_s` later;
   the `oracle` notices at once), link changes.
 - Crash recovery: the rules of docs/design.md 4 from `gwtf.recovery`, driven by each node's
-  `Ledger`.
+  `Ledger`, with partial gradient sums shipped to a stage keeper (4.9, `gwtf.sim.shipping`).
   `swarm` retries in-flight work elsewhere like rules 1-2, but a dead peer's accumulated
   gradients and a dead trainer's microbatches are lost (counted in `lost`, and not in the
   throughput: only microbatches whose gradient reached every stage's optimizer count as
