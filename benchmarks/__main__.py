@@ -15,6 +15,7 @@ BENCHMARKS = {
     "flow": "benchmarks.flow",
     "flow-relax": "benchmarks.flow_relax",
     "sim": "benchmarks.sim",
+    "replay": "benchmarks.replay",
     "node": "benchmarks.node_control",
     "gossip": "benchmarks.gossip_scale",
     "robust": "benchmarks.robust",

@@ -548,6 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed for all randomness (default: the scenario's)",
     )
     simulate.add_argument(
+        "--replay-bound", type=int, default=None, metavar="N",
+        help="ship partial gradient sums to a stage peer every N microbatches, 0 for never "
+        "(default: the scenario's [training] replay_bound)",
+    )
+    simulate.add_argument(
         "--out", metavar="DIR",
         help="write summary.json, timeseries.csv, iterations.csv and PNG plots into DIR",
     )

@@ -8,6 +8,8 @@ every output is sorted, so equal inputs give equal outputs.
   recompute, replay or drop (`CrashPlan` of `Recovery`, each with its `Rule`).
 - `check_commit`: may the iteration's aggregation commit (every finished microbatch covered
   exactly once at every stage)? (`CommitCheck`)
+- `ship_due`, `pick_keeper`, `best_cover`: bounded replay (docs/design.md 4.9), partial gradient
+  sums shipped to a stage peer so that a death replays at most `replay_bound` microbatches.
 
 How a node drives it (what `gwtf.sim.simulator` does with simulated messages):
 
@@ -27,7 +29,13 @@ How a node drives it (what `gwtf.sim.simulator` does with simulated messages):
    out the recoveries whose `activation_from` is themselves: pick the replacement from the
    updated routes, send the activation with `rule.mode`, and tell `gradient_from` the new
    target. A stage with no live node (rule 5) keeps its recoveries until a node joins it.
-4. Before the all-reduce: `check_commit(S, finished, {stage: [each live node's
+4. With bounded replay: after `accumulated(mb)`, if `ship_due(ledger, bound)`, send the running
+   sum to `pick_keeper(...)` and record `shipped(ledger.contributions(), keeper)`; the keeper
+   records `kept(sender, ids)`. At a death, `best_cover` over the stage peers' `held_for(dead)`
+   gives `plan_crash` its `covered`/`keeper`; for each `Rule.KEEP` the keeper calls
+   `adopt(dead)` once and the neighbours `contribution_moved(mb, stage, keeper)`; senders whose
+   keeper died call `keeper_lost()`.
+5. Before the all-reduce: `check_commit(S, finished, {stage: [each live node's
    contributions()]})`; commit only when `.ok`, else `.reason()` says what is pending.
 """
 
@@ -41,8 +49,10 @@ from gwtf.recovery.rules import (
     merge_reports,
     plan_crash,
 )
+from gwtf.recovery.shipments import DEFAULT_REPLAY_BOUND, best_cover, pick_keeper, ship_due
 
 __all__ = [
+    "DEFAULT_REPLAY_BOUND",
     "CommitCheck",
     "CrashPlan",
     "Evidence",
@@ -52,7 +62,10 @@ __all__ = [
     "NeighbourReport",
     "Recovery",
     "Rule",
+    "best_cover",
     "check_commit",
     "merge_reports",
+    "pick_keeper",
     "plan_crash",
+    "ship_due",
 ]

@@ -28,6 +28,16 @@ downstream node already holds: it records `activation_sent(mb, downstream)` for 
 microbatch's path, carried with it, names that node), so that a later death downstream is
 covered by its reports too.
 
+Bounded replay (docs/design.md 4.9). A node ships the running sum of its gradient (everything it
+accumulated in the iteration) to one live stage peer, its *keeper*, every `replay_bound`
+microbatches: the sender records `shipped(ids, keeper)`, the keeper `kept(sender, ids)` (a later
+shipment replaces an earlier one: running sums only grow). While the sender lives, the kept sum
+counts for nothing: the sender contributes its whole sum at the commit. When it dies and the plan
+lets the keeper take it (`gwtf.recovery.rules.plan_crash`, rule `KEEP`), the keeper `adopt`s it:
+from then on those ids are the keeper's contributions, and the dead node's neighbours re-point
+their records to the keeper (`contribution_moved`), so that the keeper's own death is covered by
+their reports like any replay replacement's.
+
 Microbatch ids are ints unique within a job (a real node can pack holder and sequence number).
 Nothing here does I/O or reads a clock; every method is O(1) but `report_about`, which is linear
 in the iteration's records.
@@ -35,6 +45,7 @@ in the iteration's records.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -96,6 +107,10 @@ class Ledger:
         "_grad_back",
         "_target_mode",
         "_accumulated",
+        "_adopted",
+        "_shipped",
+        "_keeper",
+        "_kept",
     )
 
     def __init__(self, node: str, stage: int, iteration: int = 0) -> None:
@@ -108,6 +123,10 @@ class Ledger:
         self._grad_back: dict[MicrobatchId, str] = {}
         self._target_mode: dict[MicrobatchId, Mode] = {}
         self._accumulated: set[MicrobatchId] = set()
+        self._adopted: set[MicrobatchId] = set()
+        self._shipped: frozenset[MicrobatchId] = frozenset()
+        self._keeper: str | None = None
+        self._kept: dict[str, frozenset[MicrobatchId]] = {}
 
     # -- recording -------------------------------------------------------------------------
 
@@ -146,11 +165,63 @@ class Ledger:
         """This node added `mb`'s gradient to its accumulator."""
         self._accumulated.add(mb)
 
+    # -- shipments of partial sums (bounded replay) ------------------------------------------
+
+    def shipped(self, mbs: Iterable[MicrobatchId], keeper: str) -> None:
+        """This node sent its running gradient sum, covering `mbs`, to `keeper` of its stage."""
+        self._shipped = frozenset(mbs)
+        self._keeper = keeper
+
+    def keeper_lost(self) -> None:
+        """This node's keeper died or left: what it held is gone, everything is unshipped."""
+        self._shipped = frozenset()
+        self._keeper = None
+
+    def kept(self, sender: str, mbs: Iterable[MicrobatchId]) -> None:
+        """A stage peer's running sum, covering `mbs`, arrived here (it replaces the last one)."""
+        self._kept[sender] = frozenset(mbs)
+
+    def held_for(self, sender: str) -> frozenset[MicrobatchId]:
+        """The microbatches covered by the sum this node keeps for `sender` (empty if none)."""
+        return self._kept.get(sender, frozenset())
+
+    def drop_kept(self, sender: str) -> None:
+        """Forget the sum kept for `sender` (it died and another keeper, or nobody, took it)."""
+        self._kept.pop(sender, None)
+
+    def adopt(self, sender: str) -> frozenset[MicrobatchId]:
+        """`sender` died and the plan gave its kept sum to this node: its ids become this node's
+        contributions (the node adds the kept sum to its accumulator). Returns them."""
+        mbs = self._kept.pop(sender, frozenset())
+        self._adopted |= mbs
+        return mbs
+
+    def contribution_moved(self, mb: MicrobatchId, stage: int, keeper: str) -> None:
+        """`mb`'s contribution at neighbouring stage `stage` now lives at `keeper` (rule KEEP):
+        record it as a replay sent there, so a death of the keeper is reported as BACKWARD_DONE."""
+        if stage == self.stage + 1:
+            self._act_to[mb] = keeper
+            self._act_mode[mb] = Mode.REPLAY
+            self._grad_back.pop(mb, None)
+        elif stage == self.stage - 1:
+            self._grad_target[mb] = keeper
+            self._target_mode[mb] = Mode.REPLAY
+
     # -- queries ---------------------------------------------------------------------------
 
     def contributions(self) -> frozenset[MicrobatchId]:
-        """Microbatches whose gradient this node accumulated in this iteration."""
-        return frozenset(self._accumulated)
+        """Microbatches whose gradient this node accumulated in this iteration, or adopted from a
+        dead stage peer's kept sum."""
+        return frozenset(self._accumulated | self._adopted)
+
+    @property
+    def keeper(self) -> str | None:
+        """The stage peer this node's last shipment went to (None if none, or it died)."""
+        return self._keeper
+
+    def unshipped(self) -> int:
+        """How many of this node's contributions its last shipment does not cover."""
+        return len(self._accumulated) + len(self._adopted) - len(self._shipped)
 
     def activation_receiver(self, mb: MicrobatchId) -> str | None:
         return self._act_to.get(mb)
@@ -200,3 +271,7 @@ class Ledger:
         self._grad_back.clear()
         self._target_mode.clear()
         self._accumulated.clear()
+        self._adopted.clear()
+        self._shipped = frozenset()
+        self._keeper = None
+        self._kept.clear()

@@ -20,6 +20,11 @@ BACKWARD_DONE    3 `Rule.REPLAY`                    upstream resends the activat
                                                     backward, accumulates, sends nothing on
 SENT, s = 0      4 `Rule.DROP`                      a data holder took the microbatch's data with
                                                     it: recorded as dropped, never silently
+BACKWARD_DONE,   3' `Rule.KEEP`                     bounded replay (docs/design.md 4.9): a live
+covered                                             stage peer keeps a shipped sum covering it;
+                                                    the peer adopts the sum, the neighbours
+                                                    re-point their records to it, nothing is
+                                                    computed again
 ===============  =================================  ==============================================
 
 At stage 0 the "activation" of rules 2 and 3 is the token ids, which travel with the microbatch:
@@ -60,11 +65,13 @@ class Rule(IntEnum):
     RECOMPUTE = 2
     REPLAY = 3
     DROP = 4
+    KEEP = 5
 
     @property
     def mode(self) -> Mode:
         """The mode the recovery's activation is sent with (`Ledger.activation_sent`)."""
-        return {Rule.RECOMPUTE: Mode.RECOMPUTE, Rule.REPLAY: Mode.REPLAY}.get(self, Mode.FORWARD)
+        return {Rule.RECOMPUTE: Mode.RECOMPUTE, Rule.REPLAY: Mode.REPLAY,
+                Rule.KEEP: Mode.REPLAY}.get(self, Mode.FORWARD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +82,8 @@ class Recovery:
     neighbour; for stage 0 the downstream one, which holds the token ids), or None if no live
     neighbour reported it (that neighbour is dead too: wait for its own recovery).
     `gradient_from`: the live downstream node that sends its gradient to the replacement (rules
-    2 and 3 below the last stage), else None.
+    2 and 3 below the last stage), else None. For `Rule.KEEP` both name the neighbours whose
+    records move to `keeper`, the live stage peer that adopts the dead node's shipped sum.
     """
 
     mb: MicrobatchId
@@ -83,6 +91,7 @@ class Recovery:
     rule: Rule
     activation_from: str | None
     gradient_from: str | None
+    keeper: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +139,9 @@ def plan_crash(
     *,
     finished: Collection[MicrobatchId] = (),
     held_by_dead: Iterable[MicrobatchId] = (),
+    covered: Collection[MicrobatchId] = (),
+    keeper: str | None = None,
+    dropped_before: Collection[MicrobatchId] = (),
 ) -> CrashPlan:
     """The recoveries for every microbatch of the current iteration that `dead` held.
 
@@ -138,6 +150,14 @@ def plan_crash(
     iteration; for a dead data holder this is the evidence that its backward is done.
     `held_by_dead`: for a dead data holder, the microbatches it had started in this iteration
     (the iteration's plan knows them); those no neighbour reports never left it and are dropped.
+    `covered`, `keeper`: the ids of the last sum `dead` shipped to `keeper`, a live stage peer
+    (docs/design.md 4.9). Each becomes a `Rule.KEEP` instead of a replay. The sum is one tensor,
+    taken whole or not at all: if a neighbour's evidence for one of its ids is weaker than
+    BACKWARD_DONE (the dead node's input gradient may not have reached upstream, so the
+    microbatch must pass through stage `dead_stage` again and would be accumulated twice), or
+    if it covers a microbatch of `dropped_before` (dropped earlier in the iteration, while the
+    dead node, not yet noticed, held its contribution), the sum is not used and every id follows
+    rules 1-4.
     """
     if not 0 <= dead_stage < num_stages:
         raise ValueError(f"stage {dead_stage} is outside 0..{num_stages - 1}")
@@ -152,9 +172,19 @@ def plan_crash(
             evidence.setdefault(mb, Evidence.SENT)
             if mb in done:
                 evidence[mb] = Evidence.BACKWARD_DONE
+    kept = frozenset(covered) if keeper is not None and keeper != dead else frozenset()
+    if any(evidence.get(mb, Evidence.BACKWARD_DONE) != Evidence.BACKWARD_DONE for mb in kept):
+        kept = frozenset()
+    if not kept.isdisjoint(dropped_before):
+        kept = frozenset()
     recoveries: list[Recovery] = []
     dropped: set[MicrobatchId] = set()
-    for mb in sorted(evidence):
+    for mb in sorted(evidence.keys() | kept):
+        if mb in kept:
+            source = downstream.get(mb) if dead_stage == 0 else upstream.get(mb)
+            recoveries.append(Recovery(mb, dead_stage, Rule.KEEP, source,
+                                       None if last else downstream.get(mb), keeper))
+            continue
         seen = evidence[mb]
         if seen == Evidence.BACKWARD_DONE:
             rule = Rule.REPLAY

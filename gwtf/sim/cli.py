@@ -1,4 +1,5 @@
-"""`gwtf simulate SCENARIO.toml [--policy P,...] [--seed N] [--out DIR] [--json]`."""
+"""`gwtf simulate SCENARIO.toml [--policy P,...] [--seed N] [--replay-bound N] [--out DIR]
+[--json]`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from gwtf.sim.policies import simulation
@@ -62,12 +64,18 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.seed is not None and args.seed < 0:
         print("gwtf simulate: --seed must be >= 0", file=sys.stderr)
         return 2
+    bound = getattr(args, "replay_bound", None)
+    if bound is not None and bound < 0:
+        print("gwtf simulate: --replay-bound must be >= 0 (0: no shipments)", file=sys.stderr)
+        return 2
     try:
         scenario = load_scenario(args.scenario, seed=args.seed)
         policies = parse_policies(args.policy, scenario)
     except ScenarioError as err:
         print(f"gwtf simulate: {err}", file=sys.stderr)
         return 2
+    if bound is not None:
+        scenario = replace(scenario, replay_bound=bound)
     seed = scenario.seed
     results = run_scenario(scenario, policies, seed, progress=sys.stderr.isatty())
     if args.out:

@@ -37,7 +37,8 @@ from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
 from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.scenario import NodeInfo, Scenario
-from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation
+from gwtf.sim.shipping import Shipper
+from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation, allreduce_s
 
 __all__ = ["Policy", "make_policy", "simulation"]
 
@@ -647,7 +648,7 @@ class DtfmPolicy(Policy):
             return sim.one_way(nodes[a], nodes[b], sc.activation_bytes)
 
         def allreduce(ids: Sequence[str]) -> float:
-            return sim.allreduce_s([nodes[i] for i in ids])
+            return allreduce_s(sc, sim.network, [nodes[i] for i in ids])
 
         chains = dtfm_schedule(stage_nodes, hop, allreduce, sc.microbatches_per_iteration,
                                self.rng, sc.dtfm_search_evaluations)
@@ -722,7 +723,7 @@ def simulation(scenario: Scenario, policy_name: str, seed: int | None = None) ->
     """The simulation of `scenario` under the policy named `policy_name` (gwtf, oracle, swarm,
     swarm-rebalance or dtfm)."""
     return Simulation(scenario, policy_name, seed, make_policy=lambda sim, name: make_policy(
-        name, sim))
+        name, sim), make_shipping=Shipper)
 
 
 def make_policy(name: str, sim: Simulation) -> Policy:

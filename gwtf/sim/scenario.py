@@ -22,6 +22,8 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     iterations = 100                    # required: time to train is measured to this iteration
     microbatches_per_iteration = 512    # required: the global batch
     memory_slots = 16                   # microbatches a node can hold in flight
+    replay_bound = 0                    # ship partial gradient sums every N microbatches (0: off;
+                                        # default DEFAULT_REPLAY_BOUND, docs/design.md 4.9)
 
     [network]
     matrix = "../gwtf/data/geo10_aws.csv"   # src,dst,rtt_ms,bandwidth_gbps (relative to this file)
@@ -87,6 +89,7 @@ import numpy as np
 
 from gwtf.flow.generate import GPU_FILE, data_path
 from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
+from gwtf.recovery.shipments import DEFAULT_REPLAY_BOUND
 from gwtf.sim.traces import TraceError, TraceEvent, generate_churn, read_trace
 
 __all__ = [
@@ -166,6 +169,7 @@ class Scenario:
     swarm_refresh_s: float
     dtfm_search_evaluations: int
     sources: Mapping[str, str] = field(default_factory=dict)
+    replay_bound: int = DEFAULT_REPLAY_BOUND
 
     def compute_s(self, node: NodeInfo, stage: int | None = None) -> float:
         """Seconds of forward + backward per microbatch of `node` at `stage` (default: its own)."""
@@ -217,7 +221,7 @@ _SECTIONS = {
     "model": ("stages", "params_per_stage", "tokens_per_microbatch", "hidden_size",
               "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param",
               "compute", "utilisation"),
-    "training": ("iterations", "microbatches_per_iteration", "memory_slots"),
+    "training": ("iterations", "microbatches_per_iteration", "memory_slots", "replay_bound"),
     "network": ("matrix", "intra_rtt_ms", "intra_bandwidth_gbps"),
     "nodes": ("count", "gpus", "locations", "uplink_gbps", "downlink_gbps"),
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
@@ -362,6 +366,7 @@ def parse_scenario(
     iterations = training.integer("iterations", required=True, minimum=1)
     per_iter = training.integer("microbatches_per_iteration", required=True, minimum=1)
     slots = training.integer("memory_slots", 16, minimum=1)
+    replay_bound = training.integer("replay_bound", DEFAULT_REPLAY_BOUND)
 
     network = _section(where, doc, "network")
     matrix = network.text("matrix", str(data_path("geo10_aws.csv")))
@@ -579,4 +584,5 @@ def parse_scenario(
         swarm_refresh_s=pol.number("swarm_refresh_s", 30.0, positive=True),
         dtfm_search_evaluations=pol.integer("dtfm_search_evaluations", 4000, minimum=1),
         sources=sources,
+        replay_bound=replay_bound,
     )

@@ -21,7 +21,7 @@ What is simulated (docs/design.md 5):
 - Churn: joins, graceful leaves (noticed at once), crashes (noticed `detection_timeout_s` later;
   the `oracle` notices at once), link changes.
 - Crash recovery: the rules of docs/design.md 4 from `gwtf.recovery`, driven by each node's
-  `Ledger`.
+  `Ledger`, with partial gradient sums shipped to a stage keeper (4.9, `gwtf.sim.shipping`).
   `swarm` retries in-flight work elsewhere like rules 1-2, but a dead peer's accumulated
   gradients and a dead trainer's microbatches are lost (counted in `lost`, and not in the
   throughput: only microbatches whose gradient reached every stage's optimizer count as
@@ -47,13 +47,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, TopologyError
-from gwtf.recovery import Ledger, Rule, check_commit, plan_crash
+from gwtf.recovery import CrashPlan, Ledger, Rule, check_commit, plan_crash
 from gwtf.sim.engine import Engine, EventSink, Kind, returns_events
 from gwtf.sim.network import Network
 from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.traces import TraceEvent
 
-__all__ = ["SimulationError", "Simulation", "SimResult"]
+__all__ = ["SimulationError", "Simulation", "SimResult", "allreduce_s", "hop_estimate"]
 
 NONE, INFLIGHT, FWD_Q, WAIT_G, BWD_Q, DONE = range(6)
 J_FWD, J_RFWD, J_BWD, J_FUSED = range(4)
@@ -171,6 +171,7 @@ class SimResult:
     commit_times: list[float]
     series: list[tuple[float, float, int, int, int]]
     audit: dict[str, int]
+    shipping: dict[str, Any] = field(default_factory=dict)
 
     @property
     def wasted_compute_fraction(self) -> float:
@@ -208,6 +209,7 @@ class SimResult:
             "moves": self.moves,
             "restarts": self.restarts,
             "paused_s": round(self.paused_s, 3),
+            "shipping": dict(self.shipping),
         }
 
 
@@ -251,13 +253,67 @@ class PolicyHooks(Protocol):
     def place(self, info: NodeInfo) -> int | None: ...
 
 
+def hop_estimate(sc: Scenario) -> float:
+    """A typical hop of an activation: the median link, at the median machine's access link
+    where nodes have them (a home uplink, not the WAN path, is then what a microbatch waits
+    for, and it decides how long memory slots stay taken)."""
+    act = sc.activation_bytes
+    infos = sc.nodes.values()
+    access = min(statistics.median(i.uplink_gbps for i in infos),
+                 statistics.median(i.downlink_gbps for i in infos)) if infos else math.inf
+    values = [link.rtt_ms / 2000 + act * 8 / (min(link.bandwidth_gbps, access) * 1e9)
+              for link in sc.links.values()]
+    return statistics.median(values) if values else sc.intra.rtt_ms / 2000
+
+
+def allreduce_s(sc: Scenario, network: Network, members: list[SimNode]) -> float:
+    """Seconds of a ring all-reduce of one stage's gradients among `members`, at the
+    slowest ring link's rate (access links included)."""
+    n = len(members)
+    if n <= 1:
+        return 0.0
+    nbytes = sc.params_per_stage[members[0].stage] * sc.grad_bytes_per_param
+    worst_bw = math.inf
+    worst_lat = 0.0
+    ring = sorted(members, key=lambda m: (m.location, m.id))
+    for a, b in zip(ring, ring[1:] + ring[:1], strict=False):
+        link = network.link(a.info, b.info) or sc.intra
+        worst_bw = min(worst_bw, network.gbps(a.info, b.info))
+        worst_lat = max(worst_lat, link.rtt_ms / 2000)
+    return 2 * (n - 1) / n * nbytes * 8 / (worst_bw * 1e9) + 2 * (n - 1) * worst_lat
+
+
+class ShippingHooks(Protocol):
+    """Bounded replay (docs/design.md 4.9), `gwtf.sim.shipping.Shipper`."""
+
+    def accumulated(self, node: SimNode) -> None: ...
+
+    def crashed(self, node: SimNode) -> float: ...
+
+    def cover(self, dead: SimNode) -> tuple[frozenset[int], str | None]: ...
+
+    def keep(self, plan: CrashPlan, dead: SimNode) -> list[MB]: ...
+
+    def is_kept(self, mb: MB, s: int) -> bool: ...
+
+    def regenerate(self, mb: MB, s: int, *, charge: bool) -> float | None: ...
+
+    def regenerate_gradient(self, mb: MB, s: int, up: SimNode) -> float: ...
+
+    def reset(self) -> None: ...
+
+    def totals(self) -> dict[str, Any]: ...
+
+
 class Simulation:
     """One policy on one scenario. `run()` returns a `SimResult`. `make_policy` builds the
-    policy around the simulation (`gwtf.sim.policies.simulation` does it by name)."""
+    policy around the simulation (`gwtf.sim.policies.simulation` does it by name), and
+    `make_shipping` its shipments of partial sums."""
 
     def __init__(
         self, scenario: Scenario, policy_name: str, seed: int | None = None, *,
         make_policy: Callable[[Simulation, str], PolicyHooks],
+        make_shipping: Callable[[Simulation], ShippingHooks],
     ) -> None:
         self.sc = scenario
         self.policy_name = policy_name
@@ -298,7 +354,7 @@ class Simulation:
         self._last_sample = (0.0, 0)
         self.audit = {"injected": 0, "finished": 0, "dropped": 0, "abandoned": 0,
                       "commit_checks": 0, "conserved_iterations": 0}
-        self.hop_estimate = self._hop_estimate()
+        self.hop_estimate = hop_estimate(scenario)
         # The median machine of each stage, for the time a microbatch spends downstream.
         universe = list(scenario.nodes.values())
         self._medians = [
@@ -308,6 +364,7 @@ class Simulation:
         ]
         self._caps: dict[tuple[str, int], float] = {}
         self.policy = make_policy(self, policy_name)
+        self.shipping = make_shipping(self)
 
     # ------------------------------------------------------------------ helpers
 
@@ -325,20 +382,6 @@ class Simulation:
     def transfer(self, a: SimNode, b: SimNode, nbytes: float) -> float:
         """Arrival time of `nbytes` sent now from a to b (gwtf/sim/network.py)."""
         return self.network.transfer(self.engine.now, a.info, b.info, nbytes)
-
-    def _hop_estimate(self) -> float:
-        """A typical hop of an activation: the median link, at the median machine's access
-        link where nodes have them (a home uplink, not the WAN path, is then what a
-        microbatch waits for, and it decides how long memory slots stay taken)."""
-        act = self.sc.activation_bytes
-        infos = self.sc.nodes.values()
-        access = min(statistics.median(i.uplink_gbps for i in infos),
-                     statistics.median(i.downlink_gbps for i in infos)) if infos else math.inf
-        values = [
-            link.rtt_ms / 2000 + act * 8 / (min(link.bandwidth_gbps, access) * 1e9)
-            for link in self.sc.links.values()
-        ]
-        return statistics.median(values) if values else self.sc.intra.rtt_ms / 2000
 
     def capacity(self, node: SimNode) -> float:
         """Microbatches/s the node can sustain: compute, and memory slots over the time a
@@ -378,21 +421,6 @@ class Simulation:
         if key not in self._caps:
             self._caps[key] = self.capacity(n)
         return self._caps[key]
-
-    def allreduce_s(self, members: list[SimNode]) -> float:
-        n = len(members)
-        if n <= 1:
-            return 0.0
-        stage = members[0].stage
-        nbytes = self.sc.params_per_stage[stage] * self.sc.grad_bytes_per_param
-        worst_bw = math.inf
-        worst_lat = 0.0
-        ring = sorted(members, key=lambda m: (m.location, m.id))
-        for a, b in zip(ring, ring[1:] + ring[:1], strict=False):
-            link = self.link(a, b) or self.sc.intra
-            worst_bw = min(worst_bw, self.network.gbps(a.info, b.info))
-            worst_lat = max(worst_lat, link.rtt_ms / 2000)
-        return 2 * (n - 1) / n * nbytes * 8 / (worst_bw * 1e9) + 2 * (n - 1) * worst_lat
 
     # ------------------------------------------------------------------ setup and run
 
@@ -460,6 +488,7 @@ class Simulation:
             commit_times=self.commit_times,
             series=self.series,
             audit=self.audit,
+            shipping=self.shipping.totals(),
         )
 
     @returns_events
@@ -482,6 +511,7 @@ class Simulation:
         for node in self.nodes.values():
             node.ledger.reset(index)
             node.iter_compute = 0.0
+        self.shipping.reset()
         self.policy.on_iteration_start(it)
         self._check_paused()
         for holder in self.active_nodes(0):
@@ -518,7 +548,7 @@ class Simulation:
                 )
         it.aggregating = True
         it.agg_token += 1
-        duration = max((self.allreduce_s(self.policy.aggregation_members(s))
+        duration = max((allreduce_s(self.sc, self.network, self.policy.aggregation_members(s))
                         for s in range(self.S)), default=0.0)
         self.sink.emit(self.engine.now + duration, Kind.ITERATION, self._on_commit,
                              (it, it.agg_token))
@@ -682,6 +712,7 @@ class Simulation:
         mb.st[s] = DONE
         mb.done_count += 1
         node.ledger.accumulated(mb.id)
+        self.shipping.accumulated(node)
         it = self.iteration
         if s == 0 and not mb.finished:
             mb.finished = True
@@ -720,7 +751,8 @@ class Simulation:
                 if down is not None and down.alive and mb.st[s + 1] == DONE:
                     mb.g_inflight[s] = True
                     down.ledger.gradient_sent(mb.id, node.id)
-                    arrive = self.transfer(down, node, self.sc.activation_bytes)
+                    arrive = self.transfer(down, node, self.sc.activation_bytes) + \
+                        self.shipping.regenerate_gradient(mb, s + 1, node)
                     self.sink.emit(arrive, Kind.ARRIVE, self._on_gradient,
                                          (mb, s, node, down.id))
 
@@ -761,12 +793,17 @@ class Simulation:
                 mb.waiting = True
                 self.waiting[0][mb.id] = mb
             return
+        if s > 0 and self.shipping.regenerate(mb, s - 1, charge=False) is None:
+            return
         grad_source = None
         replay_now = rule == Rule.REPLAY
         if rule == Rule.REPLAY and s < self.S - 1:
             down = mb.node[s + 1]
             if down is not None and down.alive and mb.st[s + 1] == DONE:
-                grad_source = down
+                if self.shipping.is_kept(mb, s + 1):
+                    replay_now = False  # its gradient needs this stage's output first
+                else:
+                    grad_source = down
             elif down is None or not down.alive:
                 # The next stage's gradient died too and is itself being rebuilt, which needs
                 # this stage's output first: redo the forward now, the backward when it comes.
@@ -793,7 +830,8 @@ class Simulation:
             source.ledger.activation_sent(mb.id, target.id, mode)
         elif source is not target:
             source.ledger.gradient_target(mb.id, target.id, mode)
-        arrive = self.transfer(source, target, act if s > 0 else 0)
+        arrive = self.transfer(source, target, act if s > 0 else 0) + (
+            self.shipping.regenerate(mb, s - 1, charge=True) or 0.0 if s > 0 else 0.0)
         down = mb.node[s + 1] if s < self.S - 1 else None
         if down is not None and down.alive and s > 0:
             down.ledger.gradient_target(mb.id, target.id, mode)
@@ -956,7 +994,7 @@ class Simulation:
         node.job = None
         it = self.iteration
         if node.active and it is not None:
-            self.wasted += node.iter_compute
+            self.wasted += node.iter_compute + self.shipping.crashed(node)
         node.iter_compute = 0.0
         node.bwd_q.clear()
         node.fwd_q.clear()
@@ -990,7 +1028,11 @@ class Simulation:
         reports = [n.ledger.report_about(dead.id) for n in self.nodes.values()
                    if n.alive and n.stage in (s - 1, s + 1)]
         held = [mb.id for mb in it.mbs.values() if mb.node[0] is dead] if s == 0 else []
-        plan = plan_crash(dead.id, s, self.S, reports, finished=it.finished, held_by_dead=held)
+        covered, keeper = self.shipping.cover(dead)
+        plan = plan_crash(dead.id, s, self.S, reports, finished=it.finished, held_by_dead=held,
+                          covered=covered, keeper=keeper, dropped_before=it.dropped)
+        for kept in self.shipping.keep(plan, dead):
+            self._pump(kept)
         swarm = not self.policy.exact_commit
         for mb_id in sorted(plan.dropped):
             mb = it.mbs.get(mb_id)

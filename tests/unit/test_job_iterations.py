@@ -340,3 +340,21 @@ def test_holders_must_be_data_holders() -> None:
     with pytest.raises(ValueError, match="not a data holder"):
         IterationCoordinator(iterations=1, microbatches=1, participants=PARTICIPANTS,
                              num_stages=3, holders=["a"])
+
+
+def test_a_kept_sum_is_not_waited_for_and_the_keeper_contributes_it() -> None:
+    """Bounded replay (docs/design.md 4.9): b shipped its sum of 3 to a before dying, so only 4
+    is replayed; a's adopted 3 is its contribution at the commit, counted once."""
+    c = coordinator()
+    c.done("h0", 0, 0, range(5))
+    c.member_down("b")
+    c.recovering(CrashPlan("b", 1, (Recovery(3, 1, Rule.KEEP, "h0", "z", "a"),
+                                    Recovery(4, 1, Rule.REPLAY, "h0", "z")), frozenset()))
+    assert c.commit_order() is None
+    c.replayed("a", 0, 0, 4, 1)
+    order = c.commit_order()
+    assert order is not None and "b" not in order.members
+    prepared(c, "h0", range(5))
+    prepared(c, "h1", [])
+    prepared(c, "a", range(5))
+    assert isinstance(prepared(c, "z", range(5)), StepOrder)

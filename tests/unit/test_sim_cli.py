@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gwtf.cli import main
+from gwtf.recovery import DEFAULT_REPLAY_BOUND
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
@@ -85,6 +86,18 @@ def test_text_output(scenario_file: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "dtfm" in text and "mb/s" in text
 
 
+def test_replay_bound_overrides_the_scenarios(
+    scenario_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", str(scenario_file), "--policy", "oracle", "--json"]
+    assert main([*argv, "--replay-bound", "2"]) == 0
+    shipping = json.loads(capsys.readouterr().out)["policies"]["oracle"]["shipping"]
+    assert shipping["replay_bound"] == 2 and shipping["shipments"] > 0
+    assert main(argv) == 0  # the scenario says nothing: the default
+    shipping = json.loads(capsys.readouterr().out)["policies"]["oracle"]["shipping"]
+    assert shipping["replay_bound"] == DEFAULT_REPLAY_BOUND
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -94,6 +107,7 @@ def test_text_output(scenario_file: Path, capsys: pytest.CaptureFixture[str]) ->
         (["{scenario}", "--seed", "-1"], "--seed must be >= 0"),
         (["{bad}"], "not valid TOML"),
         (["{scenario}", "--seed", "x"], "invalid int value"),
+        (["{scenario}", "--replay-bound", "-1"], "--replay-bound must be >= 0"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(
