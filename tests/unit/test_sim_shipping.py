@@ -9,35 +9,10 @@ from pathlib import Path
 from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import Scenario, load_scenario
 from gwtf.sim.simulator import SimResult
+from tests.unit.test_sim_run import BASE as RUN_BASE
 
-REPO = Path(__file__).resolve().parents[2]
-MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
-
-BASE = f"""
-name = "small"
-seed = 3
-duration_s = 300
-[model]
-stages = 3
-params_per_stage = [3.0e8, 3.0e8, 3.0e8]
-tokens_per_microbatch = 4096
-hidden_size = 1024
-grad_bytes_per_param = 1
-state_bytes_per_param = 2
-[training]
-iterations = 4
-microbatches_per_iteration = 32
-memory_slots = 8
-[network]
-matrix = "{MATRIX}"
-[nodes]
-count = 9
-gpus = ["LambdaCloud V100 16GB", "A100 80GB SXM4", "RTX 4090"]
-locations = ["Oregon", "Ohio", "Virginia"]
-[churn]
-detection_timeout_s = 5.0
-restart_delay_s = 30.0
-"""
+# The small 3-stage swarm of the simulator's run tests, 300 s long.
+BASE = RUN_BASE.replace("{duration}", "300")
 
 
 def scenario(tmp_path: Path, rows: str, *, per_stage: int = 2, bound: int = 0,
