@@ -31,7 +31,8 @@ from typing import Any
 
 from gwtf.recovery import CrashPlan, Rule, best_cover, pick_keeper, ship_due
 from gwtf.sim.engine import Kind, returns_events
-from gwtf.sim.simulator import DONE, MB, WAIT_G, SimNode, Simulation, SimulationError
+from gwtf.sim.entities import DONE, MB, WAIT_G, SimNode, SimulationError
+from gwtf.sim.simulator import Simulation
 
 __all__ = ["Shipper"]
 
@@ -42,7 +43,7 @@ class Shipper:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.sink = sim.sink
-        on = sim.policy.exact_commit and sim.policy.recovers
+        on = sim.recovery.ships
         self.bound = sim.sc.replay_bound if on else 0
         self.shipments = 0
         self.bytes = 0.0
