@@ -82,6 +82,8 @@ class Churn:
         in flight then): it stops taking work, downloads the new stage's state and enters it as
         a joiner would, in a new life for the flow machines."""
         sim = self.sim
+        if node.active:
+            sim.shipping.census(-1, death=False)
         node.active = False
         node.ready = False
         node.stage = stage
@@ -124,6 +126,7 @@ class Churn:
         node.ledger = Ledger(node.id, node.stage,
                              sim.iteration.index if sim.iteration is not None else 0)
         node.iter_compute = 0.0
+        sim.shipping.census(1, death=False)
         sim.policy.on_activate(node)
         sim.check_paused()
         sim.recovery.wake(node.stage)
@@ -159,5 +162,6 @@ class Churn:
         node.active = False
         sim.policy.on_death(node, was_active)
         if was_active:
+            sim.shipping.census(-1, death=True)
             sim.check_paused()
             sim.recovery.on_death(node)

@@ -106,6 +106,8 @@ class ShippingHooks(Protocol):
 
     def accumulated(self, node: SimNode) -> None: ...
 
+    def census(self, change: int, *, death: bool) -> None: ...
+
     def crashed(self, node: SimNode) -> float: ...
 
     def cover(self, dead: SimNode) -> tuple[frozenset[int], str | None]: ...
@@ -302,6 +304,7 @@ class Simulation:
             node = self.new_node(sc.nodes[node_id])
             node.ready = True
             node.active = True
+        self.shipping.census(len(sc.initial), death=False)
         for event in sc.events:
             kind = {"join": Kind.JOIN, "leave": Kind.LEAVE, "crash": Kind.CRASH,
                     "link": Kind.LINK}[event.kind]
