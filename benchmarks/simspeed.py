@@ -3,11 +3,12 @@ against `BASE` (default `main`), interleaved, three rounds each (issue 15: a cha
 simulator must not slow it down).
 
 `python -m benchmarks simspeed [--quick]` (`GWTF_SIMSPEED_BASE=REF` to compare with another
-commit): the base is exported with `git archive` into a temporary folder and each round runs the
-same set of simulations in a fresh process per tree (scenarios of simulations/ at seed 0, part
-length, with a fixed `replay_bound` of 16 so that both trees do the same work whatever their
-default); writes the `simspeed` section of benchmarks/RESULTS.md. `--quick` runs one round of
-the two shortest cases.
+commit, `GWTF_SIMSPEED_ROUNDS=N` for another number of rounds): the base is exported with
+`git archive` into a temporary folder and each round runs the same set of simulations in a
+fresh process per tree (scenarios of simulations/ at seed 0, part length, with a fixed
+`replay_bound` of 16 so that both trees do the same work whatever their default); writes the
+`simspeed` section of benchmarks/RESULTS.md. `--quick` runs one round of the two shortest
+cases.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ RUNS = (("high_churn", "gwtf", 1800.0), ("high_churn", "swarm", 3600.0),
         ("spot_waves", "gwtf", 0.0), ("spot_waves", "swarm-rebalance", 0.0),
         ("home_links", "gwtf", 0.0), ("homogeneous", "dtfm", 0.0))
 QUICK = (("spot_waves", "gwtf", 1800.0), ("homogeneous", "dtfm", 1800.0))
-ROUNDS = 3
+ROUNDS = int(os.environ.get("GWTF_SIMSPEED_ROUNDS", "3"))
 
 CHILD = """
 import sys, time
