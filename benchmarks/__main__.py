@@ -16,6 +16,7 @@ BENCHMARKS = {
     "flow-relax": "benchmarks.flow_relax",
     "sim": "benchmarks.sim",
     "replay": "benchmarks.replay",
+    "simspeed": "benchmarks.simspeed",
     "node": "benchmarks.node_control",
     "gossip": "benchmarks.gossip_scale",
     "robust": "benchmarks.robust",

@@ -1,30 +1,39 @@
 """Bounded replay (docs/design.md 4.9): partial gradient sums shipped to a stage peer every
-`replay_bound` microbatches, against the replay they save, under churn.
+`replay_bound` microbatches, or when the adaptive rule says it pays (`auto`), against the
+replay they save, under churn.
 
-`python -m benchmarks replay [--quick]`: gwtf on `high_churn`, `spot_waves` and `geo10_spot` for
-each bound (off, 1, 2, 4, 8, 16), seed 0 (and seeds 1-2 of `spot_waves`, which is short), beside
-swarm and swarm-rebalance; writes the `replay` section of benchmarks/RESULTS.md. `--quick` runs
-the first half hour of `spot_waves` only (a smoke run).
+`python -m benchmarks replay [--quick]`: gwtf on `high_churn`, `spot_waves`, `geo10_spot` and
+`home_links` (access links) for each bound (off, 1, 4, 16, auto), seed 0 (and seeds 1-2 of
+the short `spot_waves` and `home_links`), beside swarm and swarm-rebalance, two runs at a time;
+writes the `replay` section of benchmarks/RESULTS.md. `--quick` runs the first half hour of
+`spot_waves` only (a smoke run).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.report import machine, write_section
+from gwtf.recovery import REPLAY_AUTO
 from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import load_scenario
 from gwtf.sim.simulator import SimResult
 
 ROOT = Path(__file__).resolve().parents[1]
-BOUNDS = (0, 1, 2, 4, 8, 16)
+BOUNDS = (0, 1, 4, 16, REPLAY_AUTO)
 CASES = (("high_churn", 0), ("spot_waves", 0), ("spot_waves", 1), ("spot_waves", 2),
-         ("geo10_spot", 0))
-QUICK = ((("spot_waves", 0),), 1800.0, (0, 4))
+         ("geo10_spot", 0), ("home_links", 0), ("home_links", 1), ("home_links", 2))
+QUICK = ((("spot_waves", 0),), 1800.0, (0, 4, REPLAY_AUTO))
 BASELINES = ("swarm", "swarm-rebalance")
+WORKERS = 2
+
+
+def _label(bound: int) -> str:
+    return "auto" if bound == REPLAY_AUTO else str(bound) if bound else "off"
 
 
 def _run(name: str, seed: int, policy: str, bound: int, duration: float | None) -> SimResult:
@@ -34,7 +43,7 @@ def _run(name: str, seed: int, policy: str, bound: int, duration: float | None) 
         sc = replace(sc, duration_s=duration)
     t0 = time.perf_counter()
     result = simulation(sc, policy, seed).run()
-    print(f"replay {name:<12} seed {seed} {policy:<16} bound {bound:2d} "
+    print(f"replay {name:<12} seed {seed} {policy:<16} bound {_label(bound):>4} "
           f"{result.progress_microbatches / result.sim_time_s:7.3f} mb/s "
           f"{time.perf_counter() - t0:6.1f} s wall", file=sys.stderr, flush=True)
     return result
@@ -55,17 +64,22 @@ def _ttt(r: SimResult) -> str:
 def run(quick: bool = False) -> str:
     cases, duration, bounds = QUICK if quick else (CASES, None, BOUNDS)
     rows = []
+    jobs = [(name, seed, policy, bound, duration) for name, seed in cases
+            for policy, bound in [*((p, 0) for p in BASELINES), *(("gwtf", b) for b in bounds)]]
+    with ProcessPoolExecutor(WORKERS) as pool:
+        done = dict(zip([j[:4] for j in jobs], pool.map(_run, *zip(*jobs, strict=True)),
+                        strict=True))
     for name, seed in cases:
-        base = {p: _run(name, seed, p, 0, duration) for p in BASELINES}
+        base = {p: done[(name, seed, p, 0)] for p in BASELINES}
         off: SimResult | None = None
         for bound in bounds:
-            r = _run(name, seed, "gwtf", bound, duration)
+            r = done[(name, seed, "gwtf", bound)]
             off = off or r
             ship = r.shipping
             committed = max(r.committed_microbatches, 1)
             saved = off.wasted_compute_s - r.wasted_compute_s
             rows.append(
-                f"| {name} | {seed} | {bound or 'off'} | {_progress(r):.3f} | "
+                f"| {name} | {seed} | {_label(bound)} | {_progress(r):.3f} | "
                 f"{_progress(r) / max(_progress(off), 1e-9):.3f} | "
                 f"{_progress(r) / max(_progress(base['swarm']), 1e-9):.3f} | "
                 f"{_progress(r) / max(_progress(base['swarm-rebalance']), 1e-9):.3f} | "
@@ -78,9 +92,10 @@ def run(quick: bool = False) -> str:
             )
     lines = [
         "## Bounded replay: partial sums shipped every `replay_bound` microbatches "
-        "(`python -m benchmarks replay`)",
+        "or when it pays (`auto`) (`python -m benchmarks replay`)",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, one core per run, policy gwtf"
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}, one core per run, "
+        f"{WORKERS} runs at a time, policy gwtf"
         + (", first half hour of spot_waves only (`--quick`)" if quick else ", full length")
         + ". progress: microbatches committed or finished in the open iteration per simulated "
         "second; / off, / swarm, / s-rebal: progress ratios (swarm and swarm-rebalance do not "
@@ -88,9 +103,9 @@ def run(quick: bool = False) -> str:
         "compute thrown away or redone (s: seconds; saved: seconds less than with shipping "
         "off); replays: rule-3 replays planned; kept: microbatches a keeper's sum covered "
         "(rule KEEP); MB / mb: bytes shipped per committed microbatch; upload s: the seconds "
-        "those bytes take on the sender-keeper links (the simulator gives each pair its own "
-        "link, so they delay nothing else here: on a shared uplink they would delay "
-        "activations by as much).",
+        "those bytes take on the paths to the keepers (pair model: the pair's own link, which "
+        "carries nothing else; access model, home_links: the sender's uplink and the keeper's "
+        "downlink, which the data plane shares, so they delay activations too).",
         "",
         "| scenario | seed | bound | progress (mb/s) | / off | / swarm | / s-rebal | iterations "
         "| time to train (s) | swarm's (s) | wasted | wasted s | saved s | replays | kept "

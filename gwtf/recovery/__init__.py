@@ -49,11 +49,22 @@ from gwtf.recovery.rules import (
     merge_reports,
     plan_crash,
 )
-from gwtf.recovery.shipments import DEFAULT_REPLAY_BOUND, best_cover, pick_keeper, ship_due
+from gwtf.recovery.shipments import (
+    DEFAULT_REPLAY_BOUND,
+    REPLAY_AUTO,
+    HazardEstimate,
+    ShipCost,
+    best_cover,
+    pick_keeper,
+    ship_due,
+    ship_interval,
+)
 
 __all__ = [
     "DEFAULT_REPLAY_BOUND",
+    "REPLAY_AUTO",
     "CommitCheck",
+    "HazardEstimate",
     "CrashPlan",
     "Evidence",
     "Ledger",
@@ -62,10 +73,12 @@ __all__ = [
     "NeighbourReport",
     "Recovery",
     "Rule",
+    "ShipCost",
     "best_cover",
     "check_commit",
     "merge_reports",
     "pick_keeper",
     "plan_crash",
     "ship_due",
+    "ship_interval",
 ]

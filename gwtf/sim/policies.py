@@ -35,10 +35,14 @@ from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
 from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
+from gwtf.sim.churn import Churn
+from gwtf.sim.costs import allreduce_s
 from gwtf.sim.engine import Kind, returns_events
+from gwtf.sim.entities import MB, Iteration, SimNode
+from gwtf.sim.recovering import RestartRecovery, RuleRecovery, SwarmRecovery
 from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.shipping import Shipper
-from gwtf.sim.simulator import MB, Iteration, SimNode, Simulation, allreduce_s
+from gwtf.sim.simulator import Simulation
 
 __all__ = ["Policy", "make_policy", "simulation"]
 
@@ -47,10 +51,9 @@ class Policy:
     """Defaults shared by every policy (the gwtf recovery rules, no pacing)."""
 
     name = ""
-    exact_commit = True
-    """Aggregation commits only when every stage covers every finished microbatch once."""
-    recovers = True
-    """Crashes are handled by the recovery rules (not by restarting the iteration)."""
+    recovery: type[RuleRecovery] = RuleRecovery
+    """What is done about a dead node's work (`gwtf.sim.recovering`): the rules, with an exact
+    commit, unless the policy says otherwise."""
     activate_at_commit = True
 
     def __init__(self, sim: Simulation) -> None:
@@ -373,7 +376,7 @@ class GwtfPolicy(_FlowPolicy):
             move = propose_move(swarm, self._movable(), lambda node_id, stage: 0.0, 0.0)
             if move is None:
                 return
-            sim.relocate(sim.nodes[move.node], move.stage)
+            sim.churn.relocate(sim.nodes[move.node], move.stage)
 
     def _retire(self, node: SimNode) -> None:
         """The node's flow machine goes; its peers drop their arcs to it."""
@@ -453,13 +456,13 @@ class GwtfPolicy(_FlowPolicy):
             return  # one move at a time: the last one is still downloading
         self.weighed = self.changes
         move = propose_move(self._swarm(), self._movable(),
-                            lambda node_id, stage: sim.transfer_s(sim.nodes[node_id], stage),
+                            lambda node_id, stage: sim.churn.transfer_s(sim.nodes[node_id], stage),
                             sim.sc.placement_horizon_s)
         if move is None:
             return
         node = sim.nodes[move.node]
         self._retire(node)
-        sim.move(node, move.stage)
+        sim.churn.move(node, move.stage)
         self.mover = node
 
     def on_link_change(self, loc_a: str, loc_b: str) -> None:
@@ -502,7 +505,7 @@ class SwarmPolicy(Policy):
     """SWARM parallelism's stochastic wiring (see `gwtf.sim.baselines`)."""
 
     name = "swarm"
-    exact_commit = False
+    recovery = SwarmRecovery
 
     def __init__(self, sim: Simulation, rebalance: bool = False) -> None:
         super().__init__(sim)
@@ -617,14 +620,14 @@ class SwarmPolicy(Policy):
             for bal in self.balancers.values():
                 bal.ban(node.id)
                 bal.banned.discard(node.id)
-            sim.move(node, stage)
+            sim.churn.move(node, stage)
 
 
 class DtfmPolicy(Policy):
     """DT-FM: a static schedule, no fault tolerance (restart from the last commit)."""
 
     name = "dtfm"
-    recovers = False
+    recovery = RestartRecovery
     activate_at_commit = False
 
     def __init__(self, sim: Simulation) -> None:
@@ -723,7 +726,14 @@ def simulation(scenario: Scenario, policy_name: str, seed: int | None = None) ->
     """The simulation of `scenario` under the policy named `policy_name` (gwtf, oracle, swarm,
     swarm-rebalance or dtfm)."""
     return Simulation(scenario, policy_name, seed, make_policy=lambda sim, name: make_policy(
-        name, sim), make_shipping=Shipper)
+        name, sim), make_shipping=Shipper, make_recovery=_recovery, make_churn=Churn)
+
+
+def _recovery(sim: Simulation) -> RuleRecovery:
+    """The recovery the simulation's policy chose."""
+    policy = sim.policy
+    assert isinstance(policy, Policy)
+    return policy.recovery(sim)
 
 
 def make_policy(name: str, sim: Simulation) -> Policy:

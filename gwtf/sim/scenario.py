@@ -22,8 +22,8 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     iterations = 100                    # required: time to train is measured to this iteration
     microbatches_per_iteration = 512    # required: the global batch
     memory_slots = 16                   # microbatches a node can hold in flight
-    replay_bound = 0                    # ship partial gradient sums every N microbatches (0: off;
-                                        # default DEFAULT_REPLAY_BOUND, docs/design.md 4.9)
+    replay_bound = "auto"               # ship partial gradient sums when it pays (the default),
+                                        # or every N microbatches (0: off); docs/design.md 4.9
 
     [network]
     matrix = "../gwtf/data/geo10_aws.csv"   # src,dst,rtt_ms,bandwidth_gbps (relative to this file)
@@ -89,7 +89,7 @@ import numpy as np
 
 from gwtf.flow.generate import GPU_FILE, data_path
 from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
-from gwtf.recovery.shipments import DEFAULT_REPLAY_BOUND
+from gwtf.recovery.shipments import DEFAULT_REPLAY_BOUND, REPLAY_AUTO
 from gwtf.sim.traces import TraceError, TraceEvent, generate_churn, read_trace
 
 __all__ = [
@@ -170,6 +170,7 @@ class Scenario:
     dtfm_search_evaluations: int
     sources: Mapping[str, str] = field(default_factory=dict)
     replay_bound: int = DEFAULT_REPLAY_BOUND
+    """Microbatches between shipments of partial sums (0: off; REPLAY_AUTO: adaptive)."""
 
     def compute_s(self, node: NodeInfo, stage: int | None = None) -> float:
         """Seconds of forward + backward per microbatch of `node` at `stage` (default: its own)."""
@@ -366,7 +367,13 @@ def parse_scenario(
     iterations = training.integer("iterations", required=True, minimum=1)
     per_iter = training.integer("microbatches_per_iteration", required=True, minimum=1)
     slots = training.integer("memory_slots", 16, minimum=1)
-    replay_bound = training.integer("replay_bound", DEFAULT_REPLAY_BOUND)
+    if training.table.get("replay_bound", "auto") == "auto":
+        replay_bound = REPLAY_AUTO
+    elif isinstance(training.table["replay_bound"], str):
+        raise ScenarioError(f"{where} [training]: 'replay_bound' must be \"auto\" or an integer "
+                            f">= 0, got {training.table['replay_bound']!r}")
+    else:
+        replay_bound = training.integer("replay_bound", DEFAULT_REPLAY_BOUND)
 
     network = _section(where, doc, "network")
     matrix = network.text("matrix", str(data_path("geo10_aws.csv")))

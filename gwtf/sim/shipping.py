@@ -22,18 +22,44 @@ The rule itself is `gwtf.recovery` (`ship_due`, `pick_keeper`, `best_cover`, `pl
 - wasted compute: the dead node's compute on kept microbatches (one forward and backward each)
   is not wasted; if the keeper dies in turn before the commit, it is again.
 
+With the adaptive bound (`replay_bound = "auto"`, the default) a node ships when
+`gwtf.recovery.ship_interval` says so: it weighs the upload of the sum on its own path to the
+keeper (`Network.gbps`: the pair link, or the access links where nodes have them) and the share of
+that time its uplink and the keeper's downlink carry activations and gradients (its microbatch
+rate in this iteration times the data-plane bytes per microbatch, over the access link's rate; 0
+in the pair model, where sends to a stage peer share no link with the data plane) against the
+replay it saves: the deaths per node-second noticed so far in the run (`HazardEstimate`, fed by
+`census`), times a microbatch's stage compute plus the resend of its two inputs (`hop_estimate`).
+A node evaluates the rule again every `RECHECK` microbatches at most, so that new deaths and
+rates count within an iteration.
+
 Only the policies that recover by the rules and commit exactly (gwtf, gwtf-fixed, oracle) ship.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from gwtf.recovery import CrashPlan, Rule, best_cover, pick_keeper, ship_due
+from gwtf.recovery import (
+    REPLAY_AUTO,
+    CrashPlan,
+    HazardEstimate,
+    Rule,
+    ShipCost,
+    best_cover,
+    pick_keeper,
+    ship_due,
+    ship_interval,
+)
 from gwtf.sim.engine import Kind, returns_events
-from gwtf.sim.simulator import DONE, MB, WAIT_G, SimNode, Simulation, SimulationError
+from gwtf.sim.entities import DONE, MB, WAIT_G, SimNode, SimulationError
+from gwtf.sim.simulator import Simulation
 
-__all__ = ["Shipper"]
+__all__ = ["RECHECK", "Shipper"]
+
+RECHECK = 4
+"""Microbatches after which a node that decided not to ship yet evaluates the rule again."""
 
 
 class Shipper:
@@ -42,8 +68,12 @@ class Shipper:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.sink = sim.sink
-        on = sim.policy.exact_commit and sim.policy.recovers
+        on = sim.recovery.ships
         self.bound = sim.sc.replay_bound if on else 0
+        self.auto = self.bound == REPLAY_AUTO
+        self.hazard = HazardEstimate()
+        self._census = 0
+        self._next_check: dict[str, float] = {}
         self.shipments = 0
         self.bytes = 0.0
         self.upload_s = 0.0
@@ -56,22 +86,62 @@ class Shipper:
         return [p for p in self.sim.active_nodes(node.stage) if p is not node and not p.detected]
 
     def _bandwidth(self, a: SimNode, b: SimNode) -> float:
-        return (self.sim.link(a, b) or self.sim.sc.intra).bandwidth_gbps
+        return self.sim.network.gbps(a.info, b.info)
+
+    def census(self, change: int, *, death: bool) -> None:
+        """`change` nodes entered (> 0) or left (< 0) the job now; `death`: a death was
+        noticed (its work is recovered by the rules)."""
+        if not self.bound:
+            return
+        self._census += change
+        self.hazard.census(self.sim.engine.now, self._census)
+        if death:
+            self.hazard.death()
+
+    def _interval(self, node: SimNode, keeper: SimNode, gbps: float, nbytes: float,
+                  start_s: float) -> float:
+        """The adaptive bound for `node` shipping to `keeper` now (module doc)."""
+        sim = self.sim
+        sc = sim.sc
+        now = sim.engine.now
+        elapsed = now - start_s
+        s = node.stage
+        sides = (s > 0) + (s < sim.S - 1)
+        rate = len(node.ledger.contributions()) / elapsed if elapsed > 0 else 0.0
+        rate = min(rate, 1.0 / node.compute_s) if rate > 0 else 1.0 / node.compute_s
+        keeper_rate = len(keeper.ledger.contributions()) / elapsed if elapsed > 0 else rate
+        bits = sides * sc.activation_bytes * 8
+        contention = (min(1.0, rate * bits / (node.info.uplink_gbps * 1e9))
+                      + min(1.0, keeper_rate * bits / (keeper.info.downlink_gbps * 1e9)))
+        return ship_interval(ShipCost(
+            upload_s=nbytes * 8 / (gbps * 1e9), contention=contention, rate=rate,
+            replay_s=node.compute_s + sides * sim.hop_estimate, hazard=self.hazard.rate(now)))
 
     def accumulated(self, node: SimNode) -> None:
         """`node` accumulated a microbatch (or adopted a sum, or lost its keeper): ship if due."""
         it = self.sim.iteration
-        if (not self.bound or it is None or node.id in self._busy or not node.alive
-                or not ship_due(node.ledger, self.bound)):
+        if not self.bound or it is None or node.id in self._busy or not node.alive:
+            return
+        if self.auto:
+            unshipped = node.ledger.unshipped()
+            if unshipped < 1 or unshipped < self._next_check.get(node.id, 1):
+                return
+        elif not ship_due(node.ledger, self.bound):
             return
         peers = {p.id: self._bandwidth(node, p) for p in self._peers(node)}
         keeper_id = pick_keeper(node.id, peers, node.ledger.keeper)
         if keeper_id is None:
             return
         keeper = self.sim.nodes[keeper_id]
+        nbytes = self.sim.sc.params_per_stage[node.stage] * self.sim.sc.grad_bytes_per_param
+        if self.auto:
+            interval = self._interval(node, keeper, peers[keeper_id], nbytes, it.start_s)
+            if not ship_due(node.ledger, interval):
+                self._next_check[node.id] = min(math.ceil(interval), unshipped + RECHECK)
+                return
+            self._next_check.pop(node.id, None)
         ids = node.ledger.contributions()
         node.ledger.shipped(ids, keeper_id)
-        nbytes = self.sim.sc.params_per_stage[node.stage] * self.sim.sc.grad_bytes_per_param
         self.shipments += 1
         self.bytes += nbytes
         self.upload_s += nbytes * 8 / (peers[keeper_id] * 1e9)
@@ -151,6 +221,7 @@ class Shipper:
         """A new iteration: the sums of the last one are gone with its commit."""
         self._credit.clear()
         self._kept_at.clear()
+        self._next_check.clear()
 
     def is_kept(self, mb: MB, s: int) -> bool:
         """Is `mb`'s contribution at stage `s` a kept sum (its holder has no activations)?"""
@@ -196,6 +267,8 @@ class Shipper:
         return hop + self._redo(keeper.compute_s)
 
     def totals(self) -> dict[str, Any]:
-        return {"replay_bound": self.bound, "shipments": self.shipments,
+        return {"replay_bound": "auto" if self.auto else self.bound,
+                "hazard_per_h": round(self.hazard.rate(self.sim.engine.now) * 3600, 6),
+                "shipments": self.shipments,
                 "shipped_bytes": self.bytes, "shipping_upload_s": round(self.upload_s, 3),
                 "kept_microbatches": self.kept}

@@ -6,16 +6,25 @@ A 3-stage pipeline: data holder h (stage 0) -> x or y (stage 1, peers) -> z (sta
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gwtf.recovery import (
     Evidence,
+    HazardEstimate,
     Ledger,
     Recovery,
     Rule,
+    ShipCost,
     best_cover,
     check_commit,
     pick_keeper,
     plan_crash,
     ship_due,
+    ship_interval,
 )
 
 S = 3
@@ -203,3 +212,52 @@ def test_a_sum_covering_a_dropped_microbatch_is_not_used() -> None:
     plan = plan_crash("x", 1, S, reports, covered=y.held_for("x"), keeper="y",
                       dropped_before={2})
     assert plan.count(Rule.KEEP) == 0 and plan.count(Rule.REPLAY) == 2
+
+
+def _cost(k: float, c: ShipCost) -> float:
+    """Seconds lost per second when shipping every `k` microbatches (the module doc's model)."""
+    return c.rate * c.upload_s * c.contention / k + c.hazard * k * c.replay_s / 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(upload=st.floats(0.01, 1e3), contention=st.floats(0.0, 2.0), rate=st.floats(0.01, 100.0),
+       replay=st.floats(0.01, 100.0), hazard=st.floats(1e-7, 1e-2))
+def test_ship_interval_is_the_least_cost_interval(
+    upload: float, contention: float, rate: float, replay: float, hazard: float
+) -> None:
+    c = ShipCost(upload_s=upload, contention=contention, rate=rate, replay_s=replay,
+                 hazard=hazard)
+    k = ship_interval(c)
+    assert k >= 1
+    for other in (1.0, k / 2, k * 0.9, k * 1.1, 2 * k):
+        if other >= 1:
+            assert _cost(k, c) <= _cost(other, c) * (1 + 1e-9) + 1e-15
+
+
+def test_ship_interval_never_free_and_link_bound() -> None:
+    # A home node: a 302 MB sum on a saturated 20 Mbit/s uplink (121 s), 0.1 microbatches/s,
+    # a replay of 4 s, one death per two hours: Young's interval is far above the ~40
+    # microbatches it accumulates in an iteration, so it never ships.
+    home = ShipCost(upload_s=121.0, contention=1.0, rate=0.1, replay_s=4.0, hazard=1 / 7200)
+    assert ship_interval(home) > 100
+    # The same node under churn ten times as heavy ships more often.
+    assert ship_interval(replace(home, hazard=10 / 7200)) < ship_interval(home)
+    # A path to the keeper that carries nothing else costs nothing: ship at once.
+    assert ship_interval(replace(home, contention=0.0)) == 1.0
+    # No deaths expected, or nothing to replay: never.
+    assert ship_interval(replace(home, hazard=0.0)) == math.inf
+    assert ship_interval(replace(home, replay_s=0.0)) == math.inf
+
+
+def test_hazard_estimate_starts_at_the_prior_and_follows_the_deaths() -> None:
+    h = HazardEstimate()
+    assert h.rate(0.0) == 1 / 86_400
+    h.census(0.0, 10)
+    assert h.exposure_s(100.0) == 1000.0
+    h.census(100.0, 9)
+    h.death()
+    assert h.exposure_s(200.0) == 1900.0
+    assert math.isclose(h.rate(200.0), 2 / (1900.0 + 86_400))
+    for _ in range(99):
+        h.death()
+    assert h.rate(200.0) > 50 / 86_400  # a hundred deaths outweigh the prior

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gwtf.cli import main
-from gwtf.recovery import DEFAULT_REPLAY_BOUND
+from gwtf.recovery import DEFAULT_REPLAY_BOUND, REPLAY_AUTO
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
@@ -95,7 +95,7 @@ def test_replay_bound_overrides_the_scenarios(
     assert shipping["replay_bound"] == 2 and shipping["shipments"] > 0
     assert main(argv) == 0  # the scenario says nothing: the default
     shipping = json.loads(capsys.readouterr().out)["policies"]["oracle"]["shipping"]
-    assert shipping["replay_bound"] == DEFAULT_REPLAY_BOUND
+    assert DEFAULT_REPLAY_BOUND == REPLAY_AUTO and shipping["replay_bound"] == "auto"
 
 
 @pytest.mark.parametrize(

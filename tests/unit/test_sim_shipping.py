@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from gwtf.recovery import REPLAY_AUTO
 from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import Scenario, load_scenario
 from gwtf.sim.simulator import SimResult
@@ -16,14 +17,15 @@ BASE = RUN_BASE.replace("{duration}", "300")
 
 
 def scenario(tmp_path: Path, rows: str, *, per_stage: int = 2, bound: int = 0,
-             duration: float = 300) -> Scenario:
+             duration: float = 300, nodes: str = "") -> Scenario:
     trace = "time_s,event,node,stage,location\n"
     for stage in range(3):
         for i, loc in enumerate(["Oregon", "Ohio", "Virginia"][:per_stage]):
             trace += f"0,join,s{stage}{'abc'[i]},{stage},{loc}\n"
     (tmp_path / "trace.csv").write_text(trace + rows)
     path = tmp_path / "s.toml"
-    path.write_text(BASE + 'trace = "trace.csv"\nformat = "csv"\n')
+    base = BASE.replace("count = 9\n", f"count = 9\n{nodes}")
+    path.write_text(base + 'trace = "trace.csv"\nformat = "csv"\n')
     return replace(load_scenario(path), replay_bound=bound, duration_s=duration)
 
 
@@ -85,3 +87,28 @@ def test_exact_under_churn_with_every_bound(tmp_path: Path) -> None:
 def test_swarm_keeps_no_ledger_and_ships_nothing(tmp_path: Path) -> None:
     result = run(scenario(tmp_path, "6,crash,s1a\n", bound=1), "swarm")
     assert result.shipping["shipments"] == 0 and result.recoveries["keep"] == 0
+
+
+def test_the_adaptive_bound_ships_where_the_keeper_path_is_free(tmp_path: Path) -> None:
+    # Pair links: a shipment to a stage peer delays no activation, so each node ships as soon as
+    # its last shipment landed, and the crash replays less than with shipping off.
+    off = run(scenario(tmp_path, "6,crash,s1a\n"))
+    auto = run(scenario(tmp_path, "6,crash,s1a\n", bound=REPLAY_AUTO))
+    exact(auto)
+    assert auto.shipping["replay_bound"] == "auto" and auto.shipping["shipments"] > 0
+    assert auto.recoveries["keep"] > 0
+    assert auto.recoveries["replay"] < off.recoveries["replay"]
+
+
+def test_the_adaptive_bound_never_ships_on_a_link_bound_swarm_with_few_deaths(
+    tmp_path: Path,
+) -> None:
+    # 100 Mbit/s uplinks: a 300 MB sum takes 24 s, during which the node's activations wait;
+    # one death in 900 s of 6 nodes does not make that worth it. A fixed bound ships anyway.
+    home = "uplink_gbps = [0.1]\ndownlink_gbps = [0.5]\n"
+    auto = run(scenario(tmp_path, "20,crash,s1a\n", bound=REPLAY_AUTO, nodes=home,
+                        duration=900))
+    fixed = run(scenario(tmp_path, "20,crash,s1a\n", bound=2, nodes=home, duration=900))
+    assert auto.iterations_completed >= 1
+    assert auto.shipping["shipments"] == 0 and auto.recoveries["keep"] == 0
+    assert fixed.shipping["shipments"] > 0
