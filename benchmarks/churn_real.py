@@ -155,8 +155,10 @@ def measure(quick: bool) -> dict[str, Any]:
     lead_trace_s = LEAD_S / scale
     shifted = [dataclasses.replace(e, time_s=0.0 if e.time_s == 0 else e.time_s + lead_trace_s)
                for e in events]
+    # The launcher draws its joiners' GPUs with its --seed + 1 (gwtf.node.launch._plan_churn):
+    # the same seed here, or the simulator gets other speeds than the nodes that ran.
     actions = plan_churn(shifted, plans, num_stages=STAGES, locations=[],
-                         base_compute_s=BASE_COMPUTE_S, time_scale=scale, seed=0)
+                         base_compute_s=BASE_COMPUTE_S, time_scale=scale, seed=1)
     tmp = Path(tempfile.mkdtemp(prefix="gwtf-churn-"))
     trace = tmp / "slice.csv"
     write_trace(events, trace, lead_trace_s)
