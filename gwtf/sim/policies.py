@@ -34,6 +34,7 @@ from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
+from gwtf.job.iterations import assign
 from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.scenario import NodeInfo, Scenario
@@ -147,6 +148,57 @@ class _FlowPolicy(Policy):
     def inject_rate(self, holder: SimNode) -> float | None:
         return sum(self.routes(holder).values()) / CAP_SCALE
 
+    # -- the iteration's shares, dealt as the job coordinator deals them (docs/design.md 3.7)
+    def on_iteration_start(self, it: Iteration) -> None:
+        for node in self.sim.nodes.values():
+            node.quota = 0
+        self._deal(it, it.to_inject)
+
+    def _holders(self) -> list[SimNode]:
+        return [n for n in self.sim.active_nodes(0) if not n.detected]
+
+    def _deal(self, it: Iteration, count: int) -> None:
+        """Deal `count` microbatches over the live holders in proportion to their out-flows
+        (`gwtf.job.iterations.assign`, equal shares while no holder has a flow). A holder
+        injects only its share: pooled, the first holder's burst of memory slots would take a
+        whole small iteration and leave the others idle, which no node does."""
+        holders = self._holders()
+        if count <= 0 or not holders:
+            return
+        flows = {n.id: sum(self.routes(n).values()) for n in holders}
+        shares = assign(count, sorted(flows), flows if any(flows.values()) else None)
+        for node in holders:
+            node.quota += len(shares[node.id])
+
+    def may_inject(self, holder: SimNode, it: Iteration) -> bool:
+        if it.to_inject <= 0:
+            return False
+        if holder.quota <= 0 and not any(n.quota > 0 for n in self._holders()):
+            self._deal(it, it.to_inject)  # no live holder was there to deal to
+        return holder.quota > 0
+
+    def injected(self, holder: SimNode, it: Iteration) -> None:
+        holder.quota -= 1
+        it.to_inject -= 1
+
+    def _forfeit(self, node: SimNode) -> None:
+        """A dead holder's share it had not injected is dropped with it (rule 4: the
+        coordinator drops `held_by` the dead holder, docs/design.md 4.3)."""
+        it = self.sim.iteration
+        if node.quota <= 0 or it is None:
+            return
+        it.target -= node.quota
+        it.to_inject -= node.quota
+        self.sim.dropped += node.quota
+        node.quota = 0
+        self.sim.sink.emit(self.sim.engine.now, Kind.ITERATION, self._settle, it)
+
+    @returns_events
+    def _settle(self, it: Iteration) -> None:
+        """The iteration may be complete without the dropped share."""
+        if self.sim.iteration is it:
+            self.sim._maybe_complete()
+
 
 class OraclePolicy(_FlowPolicy):
     name = "oracle"
@@ -179,6 +231,7 @@ class OraclePolicy(_FlowPolicy):
         self.solve()
 
     def on_death(self, node: SimNode, was_active: bool) -> None:
+        self._forfeit(node)
         if was_active:
             self.solve()
 
@@ -358,6 +411,7 @@ class GwtfPolicy(_FlowPolicy):
 
     def on_death(self, node: SimNode, was_active: bool) -> None:
         self.changes += 1
+        self._forfeit(node)
         self._retire(node)
         if self.placement and was_active:
             self._fill_empty_stages()
