@@ -146,7 +146,10 @@ class _FlowPolicy(Policy):
         return super().pick(source, stage, mb)
 
     def inject_rate(self, holder: SimNode) -> float | None:
-        return sum(self.routes(holder).values()) / CAP_SCALE
+        rate = sum(self.routes(holder).values()) / CAP_SCALE
+        # A share dealt to a holder that has no flow now (none yet, or the flows changed in the
+        # iteration) still goes out, to the cheapest live arc, as a node sends it.
+        return rate if rate > 0 or holder.quota <= 0 else None
 
     # -- the iteration's shares, dealt as the job coordinator deals them (docs/design.md 3.7)
     def on_iteration_start(self, it: Iteration) -> None:
@@ -173,8 +176,10 @@ class _FlowPolicy(Policy):
     def may_inject(self, holder: SimNode, it: Iteration) -> bool:
         if it.to_inject <= 0:
             return False
-        if holder.quota <= 0 and not any(n.quota > 0 for n in self._holders()):
-            self._deal(it, it.to_inject)  # no live holder was there to deal to
+        if holder.quota <= 0:
+            # Microbatches no holder was there to take at the start (a dead holder's share
+            # stays its own until the crash is noticed, and is dropped then).
+            self._deal(it, it.to_inject - sum(n.quota for n in self.sim.nodes.values()))
         return holder.quota > 0
 
     def injected(self, holder: SimNode, it: Iteration) -> None:
@@ -182,22 +187,19 @@ class _FlowPolicy(Policy):
         it.to_inject -= 1
 
     def _forfeit(self, node: SimNode) -> None:
-        """A dead holder's share it had not injected is dropped with it (rule 4: the
-        coordinator drops `held_by` the dead holder, docs/design.md 4.3)."""
+        """A dead holder's share it had not injected goes to the live holders once the crash
+        is noticed (the node's coordinator drops it instead, docs/design.md 5)."""
         it = self.sim.iteration
         if node.quota <= 0 or it is None:
             return
-        it.target -= node.quota
-        it.to_inject -= node.quota
-        self.sim.dropped += node.quota
         node.quota = 0
-        self.sim.sink.emit(self.sim.engine.now, Kind.ITERATION, self._settle, it)
+        self.sim.sink.emit(self.sim.engine.now, Kind.INJECT, self._redeal, it)
 
     @returns_events
-    def _settle(self, it: Iteration) -> None:
-        """The iteration may be complete without the dropped share."""
+    def _redeal(self, it: Iteration) -> None:
         if self.sim.iteration is it:
-            self.sim._maybe_complete()
+            for holder in self._holders():
+                self.sim._try_inject(holder)
 
 
 class OraclePolicy(_FlowPolicy):
