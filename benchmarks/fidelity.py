@@ -11,10 +11,9 @@ One swarm, one churn trace, run twice (docs/design.md 5, "Fidelity"):
   small work, not the modelled one. A tiny-gpt job trains through the trace: a crash is SIGKILL
   of the node's process by pid, a join starts a new process, at the trace's time after the first
   commit. The commits are read from the nodes' logs.
-- in the simulator: the same scenario, nodes, speeds, links and trace, with the `gwtf` policy,
-  the real model's parameter count per stage and the per-hop cost of the local transport
-  (`transport_overhead`, measured apart, before the run, by a microbenchmark of the same
-  activation exchange between two node processes).
+- in the simulator: the same scenario, nodes, speeds, links and trace, with the `gwtf` policy
+  (`gwtf-fixed`: the node makes no placement moves),
+  the real model's parameter count per stage.
 
 It prints committed microbatches per second in windows of the trace and overall, measured over
 predicted. The joins enter the simulator at the time their process was listening (the real
@@ -51,6 +50,9 @@ MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
 BASE_COMPUTE_S = 0.3
 """Stage compute per microbatch on a V100 (forward + backward); a node's is this over its GPU's
 speed."""
+POLICY = "gwtf-fixed"
+"""The `gwtf` policy without placement moves: a node keeps the stage it took (docs/design.md 2.11,
+moves run in the simulator only), and these nodes are pinned (`--stage K`)."""
 HEARTBEAT_S = 0.25
 WINDOW_S = 30.0
 START_TIMEOUT_S = 120.0
@@ -257,13 +259,13 @@ def run_real(sc: Scenario, log_dir: Path) -> dict[str, Any]:
 
 
 def run_sim(sc: Scenario, events: list[TraceEvent]) -> dict[str, Any]:
-    """The `gwtf` policy on `sc` with `events` (times after the first commit, as the real run's),
+    """The `POLICY` on `sc` with `events` (times after the first commit, as the real run's),
     commits relative to its own first commit."""
     quiet = dataclasses.replace(sc, events=(), duration_s=60.0)
-    first = simulation(quiet, "gwtf").run().commit_times[0]
+    first = simulation(quiet, POLICY).run().commit_times[0]
     shifted = tuple(dataclasses.replace(e, time_s=e.time_s + first) for e in events)
     full = dataclasses.replace(sc, events=shifted, duration_s=first + sc.duration_s + TAIL_S)
-    result = simulation(full, "gwtf").run()
+    result = simulation(full, POLICY).run()
     mbs = sc.microbatches_per_iteration
     return {"commits": [(t - first, mbs) for t in result.commit_times], "first_s": first,
             "restarts": result.restarts, "dropped": result.dropped_microbatches}
