@@ -338,11 +338,21 @@ def run(quick: bool = False, saved: Path | None = None) -> str:
     overall = real_all / sim_all if sim_all else float("nan")
     startup = m["real"]["startup"]
     events = ", ".join(f"{e.kind} {e.node} {e.time_s:.1f} s" for e in m["real"]["events"])
+    quick_flag = " --quick" if quick else ""
+    if saved is None:
+        measured = (f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine()}"
+                    f"{', quick mode' if quick else ''}. Command: `flock /tmp/gwtf-heavy.lock "
+                    f".venv/bin/python -m benchmarks fidelity{quick_flag}`.")
+    else:
+        at = time.strftime("%Y-%m-%d %H:%M", time.localtime(saved.stat().st_mtime))
+        measured = (f"Real swarm measured {at} on {machine()} by `flock /tmp/gwtf-heavy.lock "
+                    f".venv/bin/python -m benchmarks fidelity{quick_flag}` (its figures: "
+                    f"`{saved.name}`); the simulator's side computed "
+                    f"{time.strftime('%Y-%m-%d %H:%M')} from them by `.venv/bin/python -m "
+                    f"benchmarks.fidelity{quick_flag} {saved}`.")
     body = f"""{SECTION}
 
-Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine()}{', quick mode' if quick else ''}.
-Command: `flock /tmp/gwtf-heavy.lock .venv/bin/python -m benchmarks
-fidelity{' --quick' if quick else ''}`.
+{measured}
 
 `simulations/fidelity.toml`: {len(sc.initial)} nodes, {sc.stages} stages, geo10 links, compute
 {BASE_COMPUTE_S:g} s per microbatch on a V100 over the GPU's speed (sleep-padded in the real
