@@ -33,7 +33,7 @@ from gwtf.flow.bus import COST_HEADROOM, node_views, peer_edits, with_epochs
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
-from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
+from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
 from gwtf.job.iterations import assign
 from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
 from gwtf.sim.engine import Kind, returns_events
@@ -146,15 +146,19 @@ class _FlowPolicy(Policy):
         return super().pick(source, stage, mb)
 
     def inject_rate(self, holder: SimNode) -> float | None:
-        rate = sum(self.routes(holder).values()) / CAP_SCALE
-        # A share dealt to a holder that has no flow now (none yet, or the flows changed in the
-        # iteration) still goes out, to the cheapest live arc, as a node sends it.
-        return rate if rate > 0 or holder.quota <= 0 else None
+        """Unpaced: a holder injects the share dealt to it as fast as its memory slots let it,
+        as a node does (the flows weigh the shares, not the pace)."""
+        return None
 
     # -- the iteration's shares, dealt as the job coordinator deals them (docs/design.md 3.7)
+    _dealt = 0
+    """Microbatches dealt to holders and not injected yet (the sum of their quotas)."""
+
     def on_iteration_start(self, it: Iteration) -> None:
-        for node in self.sim.nodes.values():
-            node.quota = 0
+        if self._dealt:
+            for node in self.sim.nodes.values():
+                node.quota = 0
+            self._dealt = 0
         self._deal(it, it.to_inject)
 
     def _holders(self) -> list[SimNode]:
@@ -172,18 +176,20 @@ class _FlowPolicy(Policy):
         shares = assign(count, sorted(flows), flows if any(flows.values()) else None)
         for node in holders:
             node.quota += len(shares[node.id])
+        self._dealt += count
 
     def may_inject(self, holder: SimNode, it: Iteration) -> bool:
         if it.to_inject <= 0:
             return False
-        if holder.quota <= 0:
+        if holder.quota <= 0 and it.to_inject > self._dealt:
             # Microbatches no holder was there to take at the start (a dead holder's share
-            # stays its own until the crash is noticed, and is dropped then).
-            self._deal(it, it.to_inject - sum(n.quota for n in self.sim.nodes.values()))
+            # stays its own until the crash is noticed, then goes to the live holders).
+            self._deal(it, it.to_inject - self._dealt)
         return holder.quota > 0
 
     def injected(self, holder: SimNode, it: Iteration) -> None:
         holder.quota -= 1
+        self._dealt -= 1
         it.to_inject -= 1
 
     def _forfeit(self, node: SimNode) -> None:
@@ -192,6 +198,7 @@ class _FlowPolicy(Policy):
         it = self.sim.iteration
         if node.quota <= 0 or it is None:
             return
+        self._dealt -= node.quota
         node.quota = 0
         self.sim.sink.emit(self.sim.engine.now, Kind.INJECT, self._redeal, it)
 
