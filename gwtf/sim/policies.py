@@ -7,7 +7,9 @@ data holder inject, when is a crash noticed, what happens then) and keeps its ow
   every control message takes the simulated link delay, so routing after a change takes the time
   it really takes. A node routes with its *current* `routes()` (smooth weighted round-robin over
   its out-rates, so during convergence the split follows whatever flow it has now; with no flow
-  yet, the cheapest live arc). A data holder injects at its current out-rate.
+  yet, the cheapest live arc). Each iteration's microbatches are dealt over the data holders in
+  proportion to their out-flows, as the job coordinator deals them (`gwtf.job.iterations.assign`);
+  a holder injects its share as fast as its memory slots allow.
 - `oracle`: the networkx optimum, recomputed at once at every change, crashes noticed at once;
   otherwise like gwtf (same recovery rules). The upper bound.
 - `swarm` / `swarm-rebalance`: see `gwtf.sim.baselines`; no pacing (each trainer keeps its
@@ -130,7 +132,8 @@ class Policy:
 
 
 class _FlowPolicy(Policy):
-    """Routing by rates: smooth weighted round-robin over a node's out-flows, pacing at holders."""
+    """Routing by rates: smooth weighted round-robin over a node's out-flows, shares of each
+    iteration dealt to holders by their out-flows."""
 
     def routes(self, node: SimNode) -> dict[str, int]:
         raise NotImplementedError
