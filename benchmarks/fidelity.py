@@ -11,13 +11,15 @@ One swarm, one churn trace, run twice (docs/design.md 5, "Fidelity"):
   small work, not the modelled one. A tiny-gpt job trains through the trace: a crash is SIGKILL
   of the node's process by pid, a join starts a new process, at the trace's time after the first
   commit. The commits are read from the nodes' logs.
-- in the simulator: the same scenario, nodes, speeds, links and trace, with the `gwtf` policy
-  (`gwtf-fixed`: the node makes no placement moves),
-  the real model's parameter count per stage.
+- in the simulator: the same scenario, nodes, speeds, links and trace and the real model's
+  parameter count per stage, with the `gwtf` policy less its placement moves (`gwtf-fixed`: the
+  node makes none).
 
 It prints committed microbatches per second in windows of the trace and overall, measured over
 predicted. The joins enter the simulator at the time their process was listening (the real
 start-up of a process, measured in the run, is when that machine is there).
+`python -m benchmarks.fidelity REAL_JSON` redoes the simulator's side of a saved real run
+(`real.json` in the run's log folder; `benchmarks/fidelity_real.json` is the one in RESULTS.md).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def tiny_stage_params(stages: int) -> tuple[float, ...]:
     )
 
 
-def scenario(overhead_s: float = 0.0) -> Scenario:
+def scenario() -> Scenario:
     """`simulations/fidelity.toml` with the real model's stages and the emulated compute."""
     base = load_scenario(SCENARIO)
     return dataclasses.replace(
