@@ -12,6 +12,7 @@ import sys
 
 BENCHMARKS = {
     "churn": "benchmarks.churn_real",
+    "fidelity": "benchmarks.fidelity",
     "flow": "benchmarks.flow",
     "flow-relax": "benchmarks.flow_relax",
     "sim": "benchmarks.sim",

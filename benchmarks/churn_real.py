@@ -141,7 +141,9 @@ def simulate(
         phase_end_s=0.05,
         policies=("gwtf",),
     )
-    result = simulation(scenario, "gwtf").run()
+    # gwtf-fixed: the launched nodes are pinned (`--stage K`) and a node makes no placement moves
+    # (docs/design.md 2.11), where the `gwtf` policy would move them.
+    result = simulation(scenario, "gwtf-fixed").run()
     return result.throughput_mean, result.wasted_compute_fraction
 
 
@@ -155,8 +157,10 @@ def measure(quick: bool) -> dict[str, Any]:
     lead_trace_s = LEAD_S / scale
     shifted = [dataclasses.replace(e, time_s=0.0 if e.time_s == 0 else e.time_s + lead_trace_s)
                for e in events]
+    # The launcher draws its joiners' GPUs with its --seed + 1 (gwtf.node.launch._plan_churn):
+    # the same seed here, or the simulator gets other speeds than the nodes that ran.
     actions = plan_churn(shifted, plans, num_stages=STAGES, locations=[],
-                         base_compute_s=BASE_COMPUTE_S, time_scale=scale, seed=0)
+                         base_compute_s=BASE_COMPUTE_S, time_scale=scale, seed=1)
     tmp = Path(tempfile.mkdtemp(prefix="gwtf-churn-"))
     trace = tmp / "slice.csv"
     write_trace(events, trace, lead_trace_s)
@@ -305,7 +309,7 @@ failure detector timeout {FAILURE_TIMEOUT_S:g} s).
 | wasted compute (redone for dead nodes, or in rounds started over) | {wasted} |
 | crash to first rerouted microbatch | {delay_text} |
 | throughput under churn | {tput:.2f} microbatches/s over {m['elapsed_s']:.0f} s |
-| simulator's prediction (`gwtf` policy, same nodes, speeds, trace, timeout) | {predicted} |
+| simulator's prediction (`gwtf-fixed` policy, same nodes, speeds, trace, timeout) | {predicted} |
 
 Reading. A death costs the dead node's own stage work (rules 1-3 redo one stage, never the
 pipeline) and its accumulated gradient sums (replayed from the neighbours' kept tensors): that

@@ -18,12 +18,12 @@ Latency is the pair link's one-way delay (RTT / 2) in both models.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gwtf.flow.topology import LinkSpec
 from gwtf.sim.scenario import NodeInfo
 
-__all__ = ["Network"]
+__all__ = ["Network", "two_phase_commit_s"]
 
 
 class Network:
@@ -73,3 +73,43 @@ class Network:
         if shared_down:
             self._down[b.id] = end
         return end + link.rtt_ms / 2000
+
+
+def two_phase_commit_s(
+    network: Network,
+    coordinator: NodeInfo,
+    holders: Sequence[NodeInfo],
+    stages: Sequence[Sequence[NodeInfo]],
+    sum_bytes: Sequence[float],
+    message_bytes: float,
+) -> float:
+    """Seconds from the last microbatch finishing at a holder to every holder injecting again,
+    by the node's commit (docs/design.md 3.7): the holders' reports reach the `coordinator`;
+    its commit order reaches every member; the replicas of each stage exchange their gradient
+    sums (`sum_bytes[s]` each); their `prepared` reports reach the coordinator; its step order
+    reaches every member. Five one-way legs, each as long as its slowest message, on idle links.
+    """
+    members = [m for stage in stages for m in stage]
+
+    def out(nbytes: float) -> float:
+        return max((network.one_way(coordinator, m, nbytes) for m in members), default=0.0)
+
+    def back(senders: Sequence[NodeInfo]) -> float:
+        return max((network.one_way(m, coordinator, message_bytes) for m in senders), default=0.0)
+
+    def exchange(stage: Sequence[NodeInfo], nbytes: float) -> float:
+        """Every replica sends its sum to every other one at once: in parallel on pair links,
+        one after the other through a shared uplink (the access model)."""
+        slowest = 0.0
+        for a in stage:
+            peers = [b for b in stage if b.id != a.id]
+            if not peers:
+                continue
+            latency = max((network.link(a, b) or network.intra).rtt_ms / 2000 for b in peers)
+            sends = [nbytes * 8 / (network.gbps(a, b) * 1e9) for b in peers]
+            serial = sum(sends) if math.isfinite(a.uplink_gbps) else max(sends)
+            slowest = max(slowest, latency + serial)
+        return slowest
+
+    sums = max((exchange(stage, sum_bytes[s]) for s, stage in enumerate(stages)), default=0.0)
+    return back(holders) + out(message_bytes) + sums + back(members) + out(message_bytes)

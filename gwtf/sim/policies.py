@@ -7,7 +7,9 @@ data holder inject, when is a crash noticed, what happens then) and keeps its ow
   every control message takes the simulated link delay, so routing after a change takes the time
   it really takes. A node routes with its *current* `routes()` (smooth weighted round-robin over
   its out-rates, so during convergence the split follows whatever flow it has now; with no flow
-  yet, the cheapest live arc). A data holder injects at its current out-rate.
+  yet, the cheapest live arc). Each iteration's microbatches are dealt over the data holders in
+  proportion to their out-flows, as the job coordinator deals them (`gwtf.job.iterations.assign`);
+  a holder injects its share as fast as its memory slots allow.
 - `oracle`: the networkx optimum, recomputed at once at every change, crashes noticed at once;
   otherwise like gwtf (same recovery rules). The upper bound.
 - `swarm` / `swarm-rebalance`: see `gwtf.sim.baselines`; no pacing (each trainer keeps its
@@ -33,7 +35,8 @@ from gwtf.flow.bus import COST_HEADROOM, node_views, peer_edits, with_epochs
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
-from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology
+from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
+from gwtf.job.iterations import assign
 from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
 from gwtf.sim.churn import Churn
 from gwtf.sim.costs import allreduce_s
@@ -132,7 +135,8 @@ class Policy:
 
 
 class _FlowPolicy(Policy):
-    """Routing by rates: smooth weighted round-robin over a node's out-flows, pacing at holders."""
+    """Routing by rates: smooth weighted round-robin over a node's out-flows, shares of each
+    iteration dealt to holders by their out-flows."""
 
     def routes(self, node: SimNode) -> dict[str, int]:
         raise NotImplementedError
@@ -148,7 +152,67 @@ class _FlowPolicy(Policy):
         return super().pick(source, stage, mb)
 
     def inject_rate(self, holder: SimNode) -> float | None:
-        return sum(self.routes(holder).values()) / CAP_SCALE
+        """Unpaced: a holder injects the share dealt to it as fast as its memory slots let it,
+        as a node does (the flows weigh the shares, not the pace)."""
+        return None
+
+    # -- the iteration's shares, dealt as the job coordinator deals them (docs/design.md 3.7)
+    _dealt = 0
+    """Microbatches dealt to holders and not injected yet (the sum of their quotas)."""
+
+    def on_iteration_start(self, it: Iteration) -> None:
+        if self._dealt:
+            for node in self.sim.nodes.values():
+                node.quota = 0
+            self._dealt = 0
+        self._deal(it, it.to_inject)
+
+    def _holders(self) -> list[SimNode]:
+        return [n for n in self.sim.active_nodes(0) if not n.detected]
+
+    def _deal(self, it: Iteration, count: int) -> None:
+        """Deal `count` microbatches over the live holders in proportion to their out-flows
+        (`gwtf.job.iterations.assign`, equal shares while no holder has a flow). A holder
+        injects only its share: pooled, the first holder's burst of memory slots would take a
+        whole small iteration and leave the others idle, which no node does."""
+        holders = self._holders()
+        if count <= 0 or not holders:
+            return
+        flows = {n.id: sum(self.routes(n).values()) for n in holders}
+        shares = assign(count, sorted(flows), flows if any(flows.values()) else None)
+        for node in holders:
+            node.quota += len(shares[node.id])
+        self._dealt += count
+
+    def may_inject(self, holder: SimNode, it: Iteration) -> bool:
+        if it.to_inject <= 0:
+            return False
+        if holder.quota <= 0 and it.to_inject > self._dealt:
+            # Microbatches no holder was there to take at the start (a dead holder's share
+            # stays its own until the crash is noticed, then goes to the live holders).
+            self._deal(it, it.to_inject - self._dealt)
+        return holder.quota > 0
+
+    def injected(self, holder: SimNode, it: Iteration) -> None:
+        holder.quota -= 1
+        self._dealt -= 1
+        it.to_inject -= 1
+
+    def _forfeit(self, node: SimNode) -> None:
+        """A dead holder's share it had not injected goes to the live holders once the crash
+        is noticed (the node's coordinator drops it instead, docs/design.md 5)."""
+        it = self.sim.iteration
+        if node.quota <= 0 or it is None:
+            return
+        self._dealt -= node.quota
+        node.quota = 0
+        self.sim.sink.emit(self.sim.engine.now, Kind.INJECT, self._redeal, it)
+
+    @returns_events
+    def _redeal(self, it: Iteration) -> None:
+        if self.sim.iteration is it:
+            for holder in self._holders():
+                self.sim.try_inject(holder)
 
 
 class OraclePolicy(_FlowPolicy):
@@ -182,6 +246,7 @@ class OraclePolicy(_FlowPolicy):
         self.solve()
 
     def on_death(self, node: SimNode, was_active: bool) -> None:
+        self._forfeit(node)
         if was_active:
             self.solve()
 
@@ -361,6 +426,7 @@ class GwtfPolicy(_FlowPolicy):
 
     def on_death(self, node: SimNode, was_active: bool) -> None:
         self.changes += 1
+        self._forfeit(node)
         self._retire(node)
         if self.placement and was_active:
             self._fill_empty_stages()
