@@ -17,6 +17,7 @@ stage now waits for (a gradient, or a recovery's inputs) as soon as its source h
 from __future__ import annotations
 
 from gwtf.recovery import Rule, check_commit, plan_crash
+from gwtf.sim.costs import allreduce_s
 from gwtf.sim.engine import Kind
 from gwtf.sim.entities import (
     BWD_Q,
@@ -33,6 +34,7 @@ from gwtf.sim.entities import (
     SimNode,
     SimulationError,
 )
+from gwtf.sim.network import two_phase_commit_s
 from gwtf.sim.simulator import Simulation
 
 __all__ = ["RestartRecovery", "RuleRecovery", "SwarmRecovery"]
@@ -51,6 +53,28 @@ class RuleRecovery:
         """Per stage, the microbatches whose recovery waits for a node of the stage."""
 
     # ------------------------------------------------------------------ the commit
+
+    def commit_s(self) -> float:
+        """Seconds the commit takes: the node's two-phase commit (docs/design.md 3.7; reports,
+        order, sums exchanged within each stage, prepared, step), measured in section
+        `fidelity` of benchmarks/RESULTS.md as the cost the real swarm pays; a ring all-reduce
+        (two legs) under-charged it."""
+        sim = self.sim
+        members = [sim.policy.aggregation_members(s) for s in range(self.S)]
+        if not members[0]:
+            return self.allreduce_commit_s()
+        sc = sim.sc
+        return two_phase_commit_s(
+            sim.network, min((n.info for n in members[0]), key=lambda i: i.id),
+            [n.info for n in members[0]], [[n.info for n in m] for m in members],
+            [p * sc.grad_bytes_per_param for p in sc.params_per_stage], sc.message_bytes,
+        )
+
+    def allreduce_commit_s(self) -> float:
+        """Seconds of the slowest stage's ring all-reduce (the baselines' commit)."""
+        sim = self.sim
+        return max((allreduce_s(sim.sc, sim.network, sim.policy.aggregation_members(s))
+                    for s in range(self.S)), default=0.0)
 
     def verify_commit(self, it: Iteration) -> None:
         """Before the all-reduce: every stage covers every finished microbatch exactly once.
@@ -370,6 +394,9 @@ class SwarmRecovery(RuleRecovery):
 
     ships = False
 
+    def commit_s(self) -> float:
+        return self.allreduce_commit_s()
+
     def verify_commit(self, it: Iteration) -> None:
         pass
 
@@ -422,6 +449,9 @@ class RestartRecovery(RuleRecovery):
     up the all-reduce, which runs again without it."""
 
     ships = False
+
+    def commit_s(self) -> float:
+        return self.allreduce_commit_s()
 
     def on_death(self, dead: SimNode) -> None:
         sim = self.sim

@@ -136,6 +136,8 @@ class RecoveryHooks(Protocol):
 
     def verify_commit(self, it: Iteration) -> None: ...
 
+    def commit_s(self) -> float: ...
+
     def conserve(self, it: Iteration) -> None: ...
 
     def wake(self, stage: int) -> None: ...
@@ -397,8 +399,7 @@ class Simulation:
         self.recovery.verify_commit(it)
         it.aggregating = True
         it.agg_token += 1
-        duration = max((allreduce_s(self.sc, self.network, self.policy.aggregation_members(s))
-                        for s in range(self.S)), default=0.0)
+        duration = self.recovery.commit_s()
         self.sink.emit(self.engine.now + duration, Kind.ITERATION, self._on_commit,
                              (it, it.agg_token))
 
