@@ -9,6 +9,13 @@
 - phases: the host of the phase coordinator (gwtf.node.coordinator), and in the uncoordinated
   `quiet_s` mode the ticks that tighten on their own.
 
+That is the relaxation (`--routing relax`). With local routing (the default, docs/design.md
+2.12) none of it runs: the node keeps the records of its live members in a `LocalRoute`,
+solves them once they have been quiet for `route_quiet_s`, repairs a dead next hop at once, and
+routes by its own out-arcs of the result; no flow message is sent. The probes still run on the
+arcs it is the tail of (what it measured is in its status), but the routing takes its links
+from the location matrix, the same for every node.
+
 `FlowControl` is the host of the prober and of the coordinator: it knows how to call a member
 and what an arc is. What the membership means for the arcs is decided in gwtf.node.control,
 which calls `member_up` and `member_down`.
@@ -25,7 +32,8 @@ import grpc
 from grpc import aio
 
 from gwtf.flow.decentralized import FlowConfig
-from gwtf.flow.topology import cap_to_units
+from gwtf.flow.localroute import LocalRoute, OutArc
+from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec, cap_to_units
 from gwtf.node.codec import (
     InvalidMessage,
     arc_to_pb,
@@ -36,6 +44,7 @@ from gwtf.node.codec import (
 )
 from gwtf.node.coordinator import PhaseCoordinator
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
+from gwtf.node.entry import ONE_SITE
 from gwtf.node.errors import Refusal
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberInfo
@@ -77,10 +86,72 @@ class FlowControl:
         self._swarm_scaling = True
         # Set at every change, for the tick loop (`quiet_s` mode) to look at the driver again.
         self._changed = asyncio.Event()
+        self._route: LocalRoute | None = None
+        # Set at every change of the local view, for the solve loop.
+        self._view_changed = asyncio.Event()
 
     @property
     def node_id(self) -> str:
         return self._state.node_id
+
+    # ================================================================== local routing
+
+    @property
+    def local(self) -> LocalRoute | None:
+        """The local routing of this node (None: the swarm routes by the relaxation)."""
+        state = self._state
+        if self._route is None and state.swarm.routing == "local":
+            self._route = LocalRoute(
+                state.node_id,
+                state.swarm.num_stages,
+                state.swarm.activation_bytes,
+                state.settings.links or {},
+                DEFAULT_INTRA,
+                quiet_s=state.config.route_quiet_s,
+                clock=state.clock,
+            )
+        return self._route
+
+    def _records(self) -> list[NodeSpec]:
+        """The live members' records as local routing reads them: without a link matrix every
+        member is put at one site joined by the intra-location link (as placement does, 2.11)."""
+        members = self._state.members
+        matrix = self._state.settings.links is not None
+        return [
+            NodeSpec(m.id, m.stage, m.compute_s, (m.location if matrix else "") or ONE_SITE,
+                     m.capacity)
+            for m in (members.me, *members.alive())
+        ]  # fmt: skip
+
+    def _update_view(self) -> None:
+        route = self.local
+        assert route is not None
+        if route.set_view(self._records()):
+            self._view_changed.set()
+
+    async def _solve_loop(self) -> None:
+        """Solve the view once it has been quiet for `route_quiet_s` (gwtf.flow.localroute)."""
+        route = self.local
+        assert route is not None
+        clock = self._state.clock
+        while True:
+            due = route.due()
+            wait = None if due is None else due - clock()
+            if wait is None or wait > 0:
+                self._view_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._view_changed.wait(), wait)
+                continue
+            if route.solve():
+                self._state.log.info(
+                    "routes: solved a view of %d members in %.1f ms, %.2f s after it changed: "
+                    "%d units through here, next hops %s",
+                    route.view_size,
+                    1000 * route.last_solve_s,
+                    route.waited_s,
+                    route.throughput(),
+                    route.routes() or "none",
+                )
 
     def new_driver(
         self, me: MemberInfo, *, warm: bool, round_: int, tightens: int
@@ -116,8 +187,12 @@ class FlowControl:
 
     def start(self) -> None:
         """The node entered its swarm: the phase coordinator runs, and the ticks in `quiet_s`
-        mode."""
+        mode; with local routing, the solve loop instead."""
         state = self._state
+        if self.local is not None:
+            self._update_view()
+            state.spawn(self._solve_loop(), "solves")
+            return
         quiet_s = state.swarm.flow.quiet_s
         self._phases = PhaseCoordinator(
             self,
@@ -138,6 +213,11 @@ class FlowControl:
         ring's return arcs, which need no probes)."""
         me = self._state.members.me
         last = self._state.swarm.num_stages - 1
+        if self.local is not None:
+            self._update_view()
+            if member.stage == me.stage + 1:
+                self._start_link(member)
+            return
         if me.stage == last and member.stage == 0:
             params = ring_params(me.capacity, member.capacity)
             self._state.driver.own_arc(member.id, member.epoch, params, ring=True)
@@ -149,6 +229,15 @@ class FlowControl:
         self.prober.stop(member.id)
         self._state.driver.drop_peer(member.id)
         self._peers.forget(member.id)
+        route = self.local
+        if route is not None:
+            if route.lost(member.id):
+                self._state.log.info(
+                    "routes: next hop %s is gone, its share re-split at once: next hops %s",
+                    member.id,
+                    route.routes() or "none",
+                )
+            self._update_view()
 
     def _start_link(self, member: MemberInfo) -> None:
         if not self._peers.linked(member):
@@ -189,13 +278,19 @@ class FlowControl:
         return self._state.members.is_alive(member.id, member.epoch)
 
     def announced(self, peer: str) -> ArcParamsSpec | None:
+        if self.local is not None:
+            arc = next((a for a in self.local_arcs() if a.peer == peer), None)
+            return self.local_params(arc) if arc is not None else None
         owned = self._state.driver.owned.get(peer)
         return owned.params if owned is not None else None
 
     def settled(self) -> bool:
         """Not in the middle of a scaling: a re-measured arc waits until the phases are over.
         Re-created mid-scaling, it restarts the scaling (gwtf.node.phases); at the final
-        epsilon the state machines absorb it locally unless it moves the bottleneck."""
+        epsilon the state machines absorb it locally unless it moves the bottleneck. Local
+        routing: a solution is held (repaired or not), so jobs route by it."""
+        if self.local is not None:
+            return self.local.has_solution
         return self._state.driver.node.final and not self._swarm_scaling
 
     def params(self, member: MemberInfo, estimate: LinkEstimate) -> ArcParamsSpec:
@@ -208,6 +303,13 @@ class FlowControl:
 
     def create_arc(self, member: MemberInfo, estimate: LinkEstimate, reason: str) -> None:
         params = self.params(member, estimate)
+        if self.local is not None:
+            # Local routing takes its links from the matrix: the measurement is only reported.
+            self._state.log.debug(
+                "link %s->%s %s: rtt %.2f ms, %.3f Gbit/s", self._state.node_id, member.id,
+                reason, params.rtt_ms, params.bandwidth_gbps,
+            )  # fmt: skip
+            return
         driver = self._state.driver
         driver.own_arc(member.id, member.epoch, params, ring=False)
         self._state.log.info(
@@ -223,6 +325,25 @@ class FlowControl:
         )
         self.after_change()
 
+    def routes(self) -> dict[str, int]:
+        """Flow units to each next-stage peer: what the data plane splits microbatches by."""
+        route = self.local
+        return route.routes() if route is not None else self._state.driver.routes()
+
+    def local_arcs(self) -> list[OutArc]:
+        route = self.local
+        return route.out_arcs() if route is not None else []
+
+    def local_params(self, arc: OutArc) -> ArcParamsSpec:
+        """The parameters of a local-routing arc, as a tail would announce them."""
+        return arc_params(
+            self._state.members.me.compute_s,
+            arc.head_compute_s,
+            arc.link.rtt_ms,
+            arc.link.bandwidth_gbps,
+            self._state.swarm.activation_bytes,
+        )
+
     # ================================================================== flow messages
 
     def _nudge(self) -> None:
@@ -230,7 +351,10 @@ class FlowControl:
             self._phases.nudge()
 
     def quiet(self) -> bool:
-        """Nothing to send or measure here (a wave of the phase detection counts on it)."""
+        """Nothing to send or measure here (a wave of the phase detection counts on it); local
+        routing: the view held is the one solved."""
+        if self.local is not None:
+            return self.local.quiet
         return self._state.driver.quiet() and not self.prober.measuring
 
     def after_change(self) -> None:
