@@ -17,6 +17,7 @@ BENCHMARKS = {
     "sim": "benchmarks.sim",
     "replay": "benchmarks.replay",
     "node": "benchmarks.node_control",
+    "noderoute": "benchmarks.node_route",
     "gossip": "benchmarks.gossip_scale",
     "robust": "benchmarks.robust",
     "tensor": "benchmarks.tensor",

@@ -135,3 +135,12 @@ def test_out_arcs_are_every_next_stage_member_with_a_link() -> None:
         spec = topo.arc(node, arc.peer)
         assert arc.terms.cap_units == spec.cap_units
         assert arc.flow == route.routes().get(arc.peer, 0)
+
+
+def test_gossip_counts_rounds_in_message_delays() -> None:
+    import random
+
+    from gwtf.flow.gossip import disseminate
+
+    spread = disseminate(32, [1 << i for i in range(32)], random.Random(0), max_delay=5)
+    assert spread.mean_delay == 3.0 and spread.delays == spread.rounds / 3.0
