@@ -12,9 +12,9 @@
 That is the relaxation (`--routing relax`). With local routing (the default, docs/design.md
 2.12) none of it runs: the node keeps the records of its live members in a `LocalRoute`,
 solves them once they have been quiet for `route_quiet_s`, repairs a dead next hop at once, and
-routes by its own out-arcs of the result; no flow message is sent. The probes still run on the
-arcs it is the tail of (what it measured is in its status), but the routing takes its links
-from the location matrix, the same for every node.
+routes by its own out-arcs of the result; no flow message is sent. The routing takes its links
+from the location matrix, the same for every node; the probes run only on the arcs that carry
+this node's flow (a few, not every next-stage member), and what they measure is in its status.
 
 `FlowControl` is the host of the prober and of the coordinator: it knows how to call a member
 and what an arc is. What the membership means for the arcs is decided in gwtf.node.control,
@@ -123,6 +123,19 @@ class FlowControl:
             for m in (members.me, *members.alive())
         ]  # fmt: skip
 
+    def _probe_next_hops(self) -> None:
+        """Local routing: measure the links that carry this node's flow, and only those (every
+        next-stage member would be O(N^2/S) probes in the swarm, for links it does not use)."""
+        route = self.local
+        assert route is not None
+        hops = set(route.routes())
+        for peer in self.prober.probing() - hops:
+            self.prober.stop(peer)
+        for peer in sorted(hops - self.prober.probing()):
+            member = self._state.member(peer)
+            if member is not None:
+                self._start_link(member)
+
     def _update_view(self) -> None:
         route = self.local
         assert route is not None
@@ -143,6 +156,7 @@ class FlowControl:
                     await asyncio.wait_for(self._view_changed.wait(), wait)
                 continue
             if route.solve():
+                self._probe_next_hops()
                 self._state.log.info(
                     "routes: solved a view of %d members in %.1f ms, %.2f s after it changed: "
                     "%d units through here, next hops %s",
@@ -215,8 +229,6 @@ class FlowControl:
         last = self._state.swarm.num_stages - 1
         if self.local is not None:
             self._update_view()
-            if member.stage == me.stage + 1:
-                self._start_link(member)
             return
         if me.stage == last and member.stage == 0:
             params = ring_params(me.capacity, member.capacity)
@@ -237,6 +249,7 @@ class FlowControl:
                     member.id,
                     route.routes() or "none",
                 )
+                self._probe_next_hops()
             self._update_view()
 
     def _start_link(self, member: MemberInfo) -> None:
