@@ -232,7 +232,7 @@ def scale(n: int) -> dict[str, Any]:
 
 
 def report(results: dict[str, Any], command: str) -> str:
-    load = os.getloadavg()
+    load = results.get("load", os.getloadavg())
     lines = [
         "## The node's routing: local solves and the relaxation (`python -m benchmarks "
         "noderoute`)",
@@ -274,6 +274,8 @@ def report(results: dict[str, Any], command: str) -> str:
             first = e["first_detect_s"]
             reached = e["reached_95_s"]
             since = reached - first if reached is not None and first is not None else None
+            if since is not None and since < 0:
+                since = 0.0  # at 95% before anyone detected the death
             settled = e["settled_s"]
             settled_since = settled - first if settled is not None and first is not None else None
             lines.append(
@@ -324,7 +326,8 @@ def collect(
             keep()
     if "scale" in parts:
         results["scale"] = [scale(n) for n in sizes]
-        keep()
+    results["load"] = os.getloadavg()
+    keep()
     return results
 
 
@@ -344,10 +347,17 @@ def main() -> int:
     parser.add_argument("--routings", nargs="+", choices=("local", "relax"),
                         default=["local", "relax"])
     parser.add_argument("--write", action="store_true", help="put the section in RESULTS.md")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="report a run saved in benchmarks/out (its command with --command)")
+    parser.add_argument("--command", help="the command that produced --from-json's run")
     args = parser.parse_args()
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-    results = collect(args.only, args.sizes, args.routings)
-    command = "python -m benchmarks.node_route " + " ".join(sys.argv[1:])
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+        command = args.command or "python -m benchmarks.node_route"
+    else:
+        results = collect(args.only, args.sizes, args.routings)
+        command = "python -m benchmarks.node_route " + " ".join(sys.argv[1:])
     text = report(results, command.strip())
     print(text)
     if args.write:
