@@ -960,6 +960,7 @@ def status_json(reply: Any) -> dict[str, Any]:
                 "repairs": node.repairs,
                 "last_solve_s": node.last_solve_s,
                 "solve_waited_s": node.solve_waited_s,
+                "message_delay_s": node.message_delay_s,
             }
         )
     arcs.sort(key=lambda a: (stage_of.get(a["src"], 0), a["src"], a["dst"]))

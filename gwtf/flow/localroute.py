@@ -107,6 +107,24 @@ class LocalRoute:
     def view_size(self) -> int:
         return len(self._view)
 
+    def message_delay_s(self) -> float:
+        """The mean one-way delay between two members of the view (half the RTT of their
+        link): the unit in which the node reports how fast it converged (0 for one member)."""
+        where: dict[str, int] = {}
+        for n in self._view:
+            where[n.location] = where.get(n.location, 0) + 1
+        total = pairs = 0.0
+        places = sorted(where)
+        for i, a in enumerate(places):
+            for b in places[i:]:
+                count = where[a] * (where[a] - 1) / 2 if a == b else where[a] * where[b]
+                link = self._intra if a == b else self._links.get(frozenset((a, b)))
+                if link is None or count == 0:
+                    continue
+                total += count * link.rtt_ms / 2000
+                pairs += count
+        return total / pairs if pairs else 0.0
+
     @property
     def quiet(self) -> bool:
         """The view held is the one solved."""

@@ -157,12 +157,14 @@ class FlowControl:
                 continue
             if route.solve():
                 self._probe_next_hops()
+                delay = route.message_delay_s()
                 self._state.log.info(
-                    "routes: solved a view of %d members in %.1f ms, %.2f s after it changed: "
-                    "%d units through here, next hops %s",
+                    "routes: solved a view of %d members in %.1f ms, %.2f s (%s message delays) "
+                    "after it changed: %d units through here, next hops %s",
                     route.view_size,
                     1000 * route.last_solve_s,
                     route.waited_s,
+                    f"{route.waited_s / delay:.0f}" if delay > 0 else "-",
                     route.throughput(),
                     route.routes() or "none",
                 )

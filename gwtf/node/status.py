@@ -152,6 +152,7 @@ class StatusReport:
         status.repairs = route.repairs
         status.last_solve_s = route.last_solve_s
         status.solve_waited_s = route.waited_s
+        status.message_delay_s = route.message_delay_s()
         prober = self._flows.prober
         for arc in self._flows.local_arcs():
             params = self._flows.local_params(arc)

@@ -183,7 +183,7 @@ class ArcStatus(_message.Message):
     def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., flow: _Optional[int] = ..., cap: _Optional[int] = ..., cost: _Optional[int] = ..., gen: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., bandwidth_gbps: _Optional[float] = ..., ring: _Optional[bool] = ..., measured_rtt_ms: _Optional[float] = ..., measured_bandwidth_gbps: _Optional[float] = ..., rtt_probes: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("member", "round", "tightens", "final", "quiet", "eps", "arcs", "throughput", "flow_messages_sent", "flow_batches_sent", "gossip_bytes_sent", "gossip_calls_sent", "uptime_s", "departed", "wan_stack_rtt_ms", "busy", "flow_messages_received", "flow_messages_emitted", "routing", "solves", "view_changes", "repairs", "last_solve_s", "solve_waited_s")
+    __slots__ = ("member", "round", "tightens", "final", "quiet", "eps", "arcs", "throughput", "flow_messages_sent", "flow_batches_sent", "gossip_bytes_sent", "gossip_calls_sent", "uptime_s", "departed", "wan_stack_rtt_ms", "busy", "flow_messages_received", "flow_messages_emitted", "routing", "solves", "view_changes", "repairs", "last_solve_s", "solve_waited_s", "message_delay_s")
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TIGHTENS_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class NodeStatus(_message.Message):
     REPAIRS_FIELD_NUMBER: _ClassVar[int]
     LAST_SOLVE_S_FIELD_NUMBER: _ClassVar[int]
     SOLVE_WAITED_S_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_DELAY_S_FIELD_NUMBER: _ClassVar[int]
     member: Member
     round: int
     tightens: int
@@ -232,7 +233,8 @@ class NodeStatus(_message.Message):
     repairs: int
     last_solve_s: float
     solve_waited_s: float
-    def __init__(self, member: _Optional[_Union[Member, _Mapping]] = ..., round: _Optional[int] = ..., tightens: _Optional[int] = ..., final: _Optional[bool] = ..., quiet: _Optional[bool] = ..., eps: _Optional[int] = ..., arcs: _Optional[_Iterable[_Union[ArcStatus, _Mapping]]] = ..., throughput: _Optional[int] = ..., flow_messages_sent: _Optional[int] = ..., flow_batches_sent: _Optional[int] = ..., gossip_bytes_sent: _Optional[int] = ..., gossip_calls_sent: _Optional[int] = ..., uptime_s: _Optional[float] = ..., departed: _Optional[_Iterable[str]] = ..., wan_stack_rtt_ms: _Optional[float] = ..., busy: _Optional[_Iterable[str]] = ..., flow_messages_received: _Optional[int] = ..., flow_messages_emitted: _Optional[int] = ..., routing: _Optional[str] = ..., solves: _Optional[int] = ..., view_changes: _Optional[int] = ..., repairs: _Optional[int] = ..., last_solve_s: _Optional[float] = ..., solve_waited_s: _Optional[float] = ...) -> None: ...
+    message_delay_s: float
+    def __init__(self, member: _Optional[_Union[Member, _Mapping]] = ..., round: _Optional[int] = ..., tightens: _Optional[int] = ..., final: _Optional[bool] = ..., quiet: _Optional[bool] = ..., eps: _Optional[int] = ..., arcs: _Optional[_Iterable[_Union[ArcStatus, _Mapping]]] = ..., throughput: _Optional[int] = ..., flow_messages_sent: _Optional[int] = ..., flow_batches_sent: _Optional[int] = ..., gossip_bytes_sent: _Optional[int] = ..., gossip_calls_sent: _Optional[int] = ..., uptime_s: _Optional[float] = ..., departed: _Optional[_Iterable[str]] = ..., wan_stack_rtt_ms: _Optional[float] = ..., busy: _Optional[_Iterable[str]] = ..., flow_messages_received: _Optional[int] = ..., flow_messages_emitted: _Optional[int] = ..., routing: _Optional[str] = ..., solves: _Optional[int] = ..., view_changes: _Optional[int] = ..., repairs: _Optional[int] = ..., last_solve_s: _Optional[float] = ..., solve_waited_s: _Optional[float] = ..., message_delay_s: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("node", "swarm", "members", "nodes", "unreachable")

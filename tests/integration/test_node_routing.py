@@ -40,6 +40,8 @@ def test_local_routing_repairs_a_dead_next_hop_then_solves_the_new_view(tmp_path
         assert after["flow_value_units"] == oracle_value(after) > 0
         s0 = next(n for n in after["nodes"] if n["id"] == "s0")
         assert s0["repairs"] == 1 and s0["solves"] >= 2
+        # Every node at one site: a message delay is half the intra-location RTT (1 ms).
+        assert all(n["message_delay_s"] == 0.0005 for n in after["nodes"])
         log = swarm.procs["s0"].log.read_text()
         repaired = log.index("routes: next hop s1b is gone")
         assert "routes: solved" in log[repaired:]

@@ -144,3 +144,19 @@ def test_gossip_counts_rounds_in_message_delays() -> None:
 
     spread = disseminate(32, [1 << i for i in range(32)], random.Random(0), max_delay=5)
     assert spread.mean_delay == 3.0 and spread.delays == spread.rounds / 3.0
+
+
+def test_the_message_delay_is_the_mean_one_way_delay_of_the_view() -> None:
+    from gwtf.flow.generate import geo10_links
+    from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec
+
+    links = geo10_links()
+    route = LocalRoute("a", 2, 1, links, DEFAULT_INTRA, quiet_s=1.0, clock=Clock())
+    route.set_view([
+        NodeSpec.make("a", 0, 0.1, "Oregon"),
+        NodeSpec.make("b", 1, 0.1, "Oregon"),
+        NodeSpec.make("c", 1, 0.1, "London"),
+    ])
+    far = links[frozenset(("Oregon", "London"))].rtt_ms / 2000
+    near = DEFAULT_INTRA.rtt_ms / 2000
+    assert abs(route.message_delay_s() - (near + 2 * far) / 3) < 1e-12
