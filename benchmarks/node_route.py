@@ -258,7 +258,7 @@ def report(results: dict[str, Any], command: str) -> str:
             f"Cold start: settled {part['cold_start_s']:.1f} s after the last node started. "
             f"A message delay: {1000 * delay:.1f} ms.",
             "",
-            "| victim | first / last peer detects (s) | delivered at first detection | "
+            "| victim | first / last peer detects (s) | delivered at the first poll after it | "
             ">= 95% at (s) | after first detection (s / delays) | lowest after | settled (s) "
             "| settled after first detection (delays) | flow messages | solves | gossip calls |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
