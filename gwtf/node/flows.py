@@ -12,9 +12,9 @@
 That is the relaxation (`--routing relax`). With local routing (the default, docs/design.md
 2.12) none of it runs: the node keeps the records of its live members in a `LocalRoute`,
 solves them once they have been quiet for `route_quiet_s`, repairs a dead next hop at once, and
-routes by its own out-arcs of the result; no flow message is sent. The routing takes its links
-from the location matrix, the same for every node; the probes run only on the arcs that carry
-this node's flow (a few, not every next-stage member), and what they measure is in its status.
+routes by its own out-arcs of the result; no flow message is sent (gwtf.node.routing). The
+routing takes its links from the location matrix, the same for every node; the probes run only
+on the arcs that carry this node's flow, and what they measure is in its status.
 
 `FlowControl` is the host of the prober and of the coordinator: it knows how to call a member
 and what an arc is. What the membership means for the arcs is decided in gwtf.node.control,
@@ -32,8 +32,7 @@ import grpc
 from grpc import aio
 
 from gwtf.flow.decentralized import FlowConfig
-from gwtf.flow.localroute import LocalRoute, OutArc
-from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec, cap_to_units
+from gwtf.flow.topology import cap_to_units
 from gwtf.node.codec import (
     InvalidMessage,
     arc_to_pb,
@@ -44,13 +43,13 @@ from gwtf.node.codec import (
 )
 from gwtf.node.coordinator import PhaseCoordinator
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
-from gwtf.node.entry import ONE_SITE
 from gwtf.node.errors import Refusal
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberInfo
 from gwtf.node.peers import Peers
 from gwtf.node.phases import Command, PhaseReportData
 from gwtf.node.prober import LinkProber
+from gwtf.node.routing import LocalRouting
 from gwtf.node.state import NodeState
 from gwtf.node.transport import UNDELAYED, is_refused
 from gwtf.v1 import flow_pb2, node_pb2
@@ -86,88 +85,19 @@ class FlowControl:
         self._swarm_scaling = True
         # Set at every change, for the tick loop (`quiet_s` mode) to look at the driver again.
         self._changed = asyncio.Event()
-        self._route: LocalRoute | None = None
-        # Set at every change of the local view, for the solve loop.
-        self._view_changed = asyncio.Event()
+        self._local: LocalRouting | None = None
 
     @property
     def node_id(self) -> str:
         return self._state.node_id
 
-    # ================================================================== local routing
-
     @property
-    def local(self) -> LocalRoute | None:
-        """The local routing of this node (None: the swarm routes by the relaxation)."""
+    def local(self) -> LocalRouting | None:
+        """This node's local routing (None: the swarm routes by the relaxation)."""
         state = self._state
-        if self._route is None and state.swarm.routing == "local":
-            self._route = LocalRoute(
-                state.node_id,
-                state.swarm.num_stages,
-                state.swarm.activation_bytes,
-                state.settings.links or {},
-                DEFAULT_INTRA,
-                quiet_s=state.config.route_quiet_s,
-                clock=state.clock,
-            )
-        return self._route
-
-    def _records(self) -> list[NodeSpec]:
-        """The live members' records as local routing reads them: without a link matrix every
-        member is put at one site joined by the intra-location link (as placement does, 2.11)."""
-        members = self._state.members
-        matrix = self._state.settings.links is not None
-        return [
-            NodeSpec(m.id, m.stage, m.compute_s, (m.location if matrix else "") or ONE_SITE,
-                     m.capacity)
-            for m in (members.me, *members.alive())
-        ]  # fmt: skip
-
-    def _probe_next_hops(self) -> None:
-        """Local routing: measure the links that carry this node's flow, and only those (every
-        next-stage member would be O(N^2/S) probes in the swarm, for links it does not use)."""
-        route = self.local
-        assert route is not None
-        hops = set(route.routes())
-        for peer in self.prober.probing() - hops:
-            self.prober.stop(peer)
-        for peer in sorted(hops - self.prober.probing()):
-            member = self._state.member(peer)
-            if member is not None:
-                self._start_link(member)
-
-    def _update_view(self) -> None:
-        route = self.local
-        assert route is not None
-        if route.set_view(self._records()):
-            self._view_changed.set()
-
-    async def _solve_loop(self) -> None:
-        """Solve the view once it has been quiet for `route_quiet_s` (gwtf.flow.localroute)."""
-        route = self.local
-        assert route is not None
-        clock = self._state.clock
-        while True:
-            due = route.due()
-            wait = None if due is None else due - clock()
-            if wait is None or wait > 0:
-                self._view_changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._view_changed.wait(), wait)
-                continue
-            if route.solve():
-                self._probe_next_hops()
-                delay = route.message_delay_s()
-                self._state.log.info(
-                    "routes: solved a view of %d members in %.1f ms, %.2f s (%s message delays) "
-                    "after it changed: %d units through here, next hops %s",
-                    route.view_size,
-                    1000 * route.last_solve_s,
-                    route.waited_s,
-                    f"{route.waited_s / delay:.0f}" if delay > 0 else "-",
-                    route.throughput(),
-                    route.routes() or "none",
-                )
+        if self._local is None and state.swarm.routing == "local":
+            self._local = LocalRouting(state, self.prober, self._start_link)
+        return self._local
 
     def new_driver(
         self, me: MemberInfo, *, warm: bool, round_: int, tightens: int
@@ -206,8 +136,7 @@ class FlowControl:
         mode; with local routing, the solve loop instead."""
         state = self._state
         if self.local is not None:
-            self._update_view()
-            state.spawn(self._solve_loop(), "solves")
+            self.local.start()
             return
         quiet_s = state.swarm.flow.quiet_s
         self._phases = PhaseCoordinator(
@@ -230,7 +159,7 @@ class FlowControl:
         me = self._state.members.me
         last = self._state.swarm.num_stages - 1
         if self.local is not None:
-            self._update_view()
+            self.local.update_view()
             return
         if me.stage == last and member.stage == 0:
             params = ring_params(me.capacity, member.capacity)
@@ -243,16 +172,8 @@ class FlowControl:
         self.prober.stop(member.id)
         self._state.driver.drop_peer(member.id)
         self._peers.forget(member.id)
-        route = self.local
-        if route is not None:
-            if route.lost(member.id):
-                self._state.log.info(
-                    "routes: next hop %s is gone, its share re-split at once: next hops %s",
-                    member.id,
-                    route.routes() or "none",
-                )
-                self._probe_next_hops()
-            self._update_view()
+        if self.local is not None:
+            self.local.member_down(member)
 
     def _start_link(self, member: MemberInfo) -> None:
         if not self._peers.linked(member):
@@ -294,8 +215,7 @@ class FlowControl:
 
     def announced(self, peer: str) -> ArcParamsSpec | None:
         if self.local is not None:
-            arc = next((a for a in self.local_arcs() if a.peer == peer), None)
-            return self.local_params(arc) if arc is not None else None
+            return self.local.announced(peer)
         owned = self._state.driver.owned.get(peer)
         return owned.params if owned is not None else None
 
@@ -305,7 +225,7 @@ class FlowControl:
         epsilon the state machines absorb it locally unless it moves the bottleneck. Local
         routing: a solution is held (repaired or not), so jobs route by it."""
         if self.local is not None:
-            return self.local.has_solution
+            return self.local.route.has_solution
         return self._state.driver.node.final and not self._swarm_scaling
 
     def params(self, member: MemberInfo, estimate: LinkEstimate) -> ArcParamsSpec:
@@ -342,22 +262,8 @@ class FlowControl:
 
     def routes(self) -> dict[str, int]:
         """Flow units to each next-stage peer: what the data plane splits microbatches by."""
-        route = self.local
-        return route.routes() if route is not None else self._state.driver.routes()
-
-    def local_arcs(self) -> list[OutArc]:
-        route = self.local
-        return route.out_arcs() if route is not None else []
-
-    def local_params(self, arc: OutArc) -> ArcParamsSpec:
-        """The parameters of a local-routing arc, as a tail would announce them."""
-        return arc_params(
-            self._state.members.me.compute_s,
-            arc.head_compute_s,
-            arc.link.rtt_ms,
-            arc.link.bandwidth_gbps,
-            self._state.swarm.activation_bytes,
-        )
+        local = self.local
+        return local.route.routes() if local is not None else self._state.driver.routes()
 
     # ================================================================== flow messages
 
@@ -369,7 +275,7 @@ class FlowControl:
         """Nothing to send or measure here (a wave of the phase detection counts on it); local
         routing: the view held is the one solved."""
         if self.local is not None:
-            return self.local.quiet
+            return self.local.route.quiet
         return self._state.driver.quiet() and not self.prober.measuring
 
     def after_change(self) -> None:

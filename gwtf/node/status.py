@@ -14,12 +14,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from gwtf.flow.localroute import LocalRoute
 from gwtf.node.codec import member_to_pb, swarm_to_pb
 from gwtf.node.flows import FlowControl
 from gwtf.node.observe import NodeMetrics
 from gwtf.node.peers import Peers
 from gwtf.node.ratelimit import RateLimiter
+from gwtf.node.routing import LocalRouting
 from gwtf.node.state import NodeState
 from gwtf.v1 import node_pb2
 
@@ -112,9 +112,9 @@ class StatusReport:
             flow_messages_emitted=driver.messages_emitted,
             routing=state.swarm.routing,
         )
-        route = self._flows.local
-        if route is not None:
-            self._local_status(status, route)
+        local = self._flows.local
+        if local is not None:
+            self._local_status(status, local)
             return status
         for peer, arc in sorted(driver.owned.items()):
             estimate = prober.estimates.get(peer)
@@ -141,10 +141,11 @@ class StatusReport:
             )
         return status
 
-    def _local_status(self, status: node_pb2.NodeStatus, route: LocalRoute) -> None:
+    def _local_status(self, status: node_pb2.NodeStatus, local: LocalRouting) -> None:
         """Local routing (docs/design.md 2.12): final once a solution is held, quiet once the
         view held is the one solved; the arcs are those of the view, with the link the routing
         takes them by and what the probes measured."""
+        route = local.route
         status.final = route.has_solution
         status.throughput = route.throughput()
         status.solves = route.solves
@@ -154,8 +155,8 @@ class StatusReport:
         status.solve_waited_s = route.waited_s
         status.message_delay_s = route.message_delay_s()
         prober = self._flows.prober
-        for arc in self._flows.local_arcs():
-            params = self._flows.local_params(arc)
+        for arc in local.arcs():
+            params = local.params(arc)
             estimate = prober.estimates.get(arc.peer)
             measured = (
                 (estimate.rtt_ms or 0.0, estimate.bandwidth_gbps or 0.0, estimate.probes)
