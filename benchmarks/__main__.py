@@ -19,6 +19,7 @@ BENCHMARKS = {
     "replay": "benchmarks.replay",
     "simspeed": "benchmarks.simspeed",
     "node": "benchmarks.node_control",
+    "noderoute": "benchmarks.node_route",
     "gossip": "benchmarks.gossip_scale",
     "robust": "benchmarks.robust",
     "tensor": "benchmarks.tensor",

@@ -249,6 +249,9 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       help="deadline of control calls (default 3)")
     node.add_argument("--probe-s", type=_positive_float, default=1.0, metavar="S",
                       help="latency probe period per owned arc (default 1)")
+    node.add_argument("--route-quiet-s", type=_positive_float, default=1.0, metavar="S",
+                      help="local routing: solve once the member view has been unchanged "
+                      "for S seconds (default 1)")
     swarm = node.add_argument_group("a new swarm (first node only; joiners get the swarm's)")
     swarm.add_argument("--stages", type=_positive_int, metavar="S",
                        help="number of pipeline stages")
@@ -258,6 +261,10 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        help="largest arc cost the routing is sized for (default 2)")
     swarm.add_argument("--min-arc-cost-s", type=_positive_float, default=0.01, metavar="S",
                        help="smallest arc cost; sets the cost accuracy (default 0.01)")
+    swarm.add_argument("--routing", choices=("local", "relax"), default="local",
+                       help="how the swarm routes: every node solves the flow on its "
+                       "membership view (local, the default) or the decentralized "
+                       "relaxation (relax)")
     swarm.add_argument("--quiet-s", type=_positive_float, metavar="S",
                        help="end scaling phases per node after S quiet seconds instead of "
                        "swarm-wide (uncoordinated; several times the messages)")

@@ -954,6 +954,13 @@ def status_json(reply: Any) -> dict[str, Any]:
                 "busy": list(node.busy),
                 "flow_messages_received": node.flow_messages_received,
                 "flow_messages_emitted": node.flow_messages_emitted,
+                "routing": node.routing or "relax",
+                "solves": node.solves,
+                "view_changes": node.view_changes,
+                "repairs": node.repairs,
+                "last_solve_s": node.last_solve_s,
+                "solve_waited_s": node.solve_waited_s,
+                "message_delay_s": node.message_delay_s,
             }
         )
     arcs.sort(key=lambda a: (stage_of.get(a["src"], 0), a["src"], a["dst"]))

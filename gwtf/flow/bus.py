@@ -42,6 +42,15 @@ class NotConverged(RuntimeError):
 class BusStats:
     messages: int
     rounds: int
+    mean_delay: float = 0.0
+    """Rounds one message takes on average (the bus: (1 + max_delay) / 2); 0 where a driver
+    does not count in rounds."""
+
+    @property
+    def delays(self) -> float | None:
+        """The rounds in message delays: what a WAN turns into seconds (one delay, a one-way
+        latency), None where the driver does not count in rounds."""
+        return self.rounds / self.mean_delay if self.mean_delay > 0 else None
 
 
 class MessageBus:
@@ -191,7 +200,9 @@ class MessageBus:
             nxt = self._next_time()
             if nxt is None:
                 if not self._end_phase():
-                    return BusStats(self.messages, self.now - self._round0)
+                    return BusStats(
+                        self.messages, self.now - self._round0, (1 + self.max_delay) / 2
+                    )
                 continue
             self.now = max(self.now, math.ceil(nxt))
             if self.now - self._round0 > max_rounds:

@@ -59,6 +59,13 @@ class Dissemination:
     messages: int
     rounds: int
     complete_at: tuple[int, ...]
+    mean_delay: float = 2.0
+    """Rounds one message takes on average ((1 + max_delay) / 2)."""
+
+    @property
+    def delays(self) -> float:
+        """The rounds in message delays (one delay: a one-way latency on a WAN)."""
+        return self.rounds / self.mean_delay
 
 
 def disseminate(
@@ -139,7 +146,7 @@ def disseminate(
         now += 1
         if now > max_rounds:
             raise RuntimeError(f"records did not reach every node within {max_rounds} rounds")
-    return Dissemination(messages, now, tuple(complete_at))
+    return Dissemination(messages, now, tuple(complete_at), (1 + max_delay) / 2)
 
 
 def without_node(members: Members, node_id: str) -> Members:

@@ -146,6 +146,7 @@ def run_node(args: argparse.Namespace) -> int:
             failure_timeout_s=args.failure_timeout_s,
             rpc_timeout_s=args.rpc_timeout_s,
             probe_s=args.probe_s,
+            route_quiet_s=args.route_quiet_s,
         )
     except ValueError as err:
         print(f"gwtf node: {err}", file=sys.stderr)
@@ -166,6 +167,7 @@ def run_node(args: argparse.Namespace) -> int:
         max_arc_cost_s=args.max_arc_cost_s,
         min_arc_cost_s=args.min_arc_cost_s,
         quiet_s=args.quiet_s,
+        routing=args.routing,
         seed=args.seed,
         credentials=credentials,
         metrics_port=args.metrics_port,

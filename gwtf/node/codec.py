@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 
 from gwtf.flow.decentralized import FlowConfig, FlowMessage
-from gwtf.node.config import MAX_ID_LENGTH, MAX_STAGES, SwarmSettings
+from gwtf.node.config import MAX_ID_LENGTH, MAX_STAGES, ROUTINGS, SwarmSettings
 from gwtf.node.driver import ArcAnnounce
 from gwtf.node.membership import MemberInfo, State
 from gwtf.node.phases import PhaseReportData
@@ -130,6 +130,7 @@ def swarm_to_pb(swarm: SwarmSettings) -> node_pb2.SwarmConfig:
         eps_factor=flow.eps_factor,
         rescale_after=flow.rescale_after,
         quiet_s=flow.quiet_s or 0.0,
+        routing=swarm.routing,
     )
 
 
@@ -153,7 +154,10 @@ def swarm_from_pb(pb: node_pb2.SwarmConfig) -> SwarmSettings:
         rescale_after=pb.rescale_after,
         quiet_s=pb.quiet_s or None,
     )
-    return SwarmSettings(pb.swarm_id, pb.num_stages, pb.activation_bytes, flow)
+    routing = pb.routing or "relax"
+    if routing not in ROUTINGS:
+        raise InvalidMessage(f"the swarm routes by {routing[:40]!r}, unknown to this node")
+    return SwarmSettings(pb.swarm_id, pb.num_stages, pb.activation_bytes, flow, routing)
 
 
 # ---------------------------------------------------------------------------- flow

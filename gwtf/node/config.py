@@ -20,6 +20,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "MAX_MESSAGE_BYTES",
     "MAX_STAGES",
+    "ROUTINGS",
     "NodeConfig",
     "SwarmSettings",
 ]
@@ -27,6 +28,9 @@ __all__ = [
 MAX_MESSAGE_BYTES = 4 * 2**20
 """Largest control message a node sends or accepts (gRPC rejects bigger ones with
 RESOURCE_EXHAUSTED before any handler runs). The biggest legitimate one is a bandwidth probe."""
+
+ROUTINGS = ("local", "relax")
+"""The routing methods of a swarm (`SwarmSettings.routing`)."""
 
 MAX_ID_LENGTH = 128
 """Longest node id, location or address accepted from a peer."""
@@ -97,6 +101,11 @@ class NodeConfig:
     """`Exchange` calls in flight to one peer at a time: pipelining cuts the wait for a reply
     out of every hop of the algorithm (up to a round trip on a WAN link); beyond it, new arc
     states coalesce in the outbox."""
+    route_quiet_s: float = 1.0
+    """Local routing (docs/design.md 2.12): a node solves its membership view once the view has
+    not changed for this long. A death reaches every member within about a second of its first
+    detection (3.4), so the nodes switch to the new solution within about this long of each
+    other, and a burst of joins costs one solve; meanwhile a dead next hop is repaired at once."""
     retry_min_s: float = 0.05
     """First retry delay of a failed flow batch; doubles up to `retry_max_s`."""
     retry_max_s: float = 1.0
@@ -139,6 +148,7 @@ class NodeConfig:
             "rpc_timeout_s",
             "probe_s",
             "bandwidth_probe_s",
+            "route_quiet_s",
             "retry_min_s",
             "retry_max_s",
             "phase_poll_s",
@@ -172,6 +182,10 @@ class SwarmSettings:
     num_stages: int
     activation_bytes: int
     flow: FlowConfig
+    routing: str = "local"
+    """How the swarm routes (docs/design.md 2.12): "local", every node solving the whole flow on
+    its membership view, or "relax", the decentralized epsilon-relaxation of 2.3-2.7. Swarm-wide:
+    the two do not mix (a relaxing node needs its peers' arc messages)."""
 
     @staticmethod
     def create(
@@ -182,6 +196,7 @@ class SwarmSettings:
         max_arc_cost_s: float = DEFAULT_MAX_ARC_COST_S,
         min_arc_cost_s: float = DEFAULT_MIN_ARC_COST_S,
         quiet_s: float | None = None,
+        routing: str = "local",
     ) -> SwarmSettings:
         """The settings of a new swarm (ValueError with one sentence if a value is wrong)."""
         if not 2 <= num_stages <= MAX_STAGES:
@@ -197,10 +212,12 @@ class SwarmSettings:
             )
         if quiet_s is not None and not (math.isfinite(quiet_s) and quiet_s > 0):
             raise ValueError(f"quiet_s must be a positive number of seconds, got {quiet_s}")
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
         flow = FlowConfig.for_costs(
             num_stages,
             cost_to_units(max_arc_cost_s),
             cost_to_units(min_arc_cost_s),
             quiet_s=quiet_s,
         )
-        return SwarmSettings(swarm_id, num_stages, activation_bytes, flow)
+        return SwarmSettings(swarm_id, num_stages, activation_bytes, flow, routing)

@@ -98,6 +98,7 @@ class SwarmEntry:
                 max_arc_cost_s=s.max_arc_cost_s,
                 min_arc_cost_s=s.min_arc_cost_s,
                 quiet_s=s.quiet_s,
+                routing=s.routing,
             )
         except ValueError as err:
             raise NodeError(f"cannot create a swarm: {err}", 2) from None

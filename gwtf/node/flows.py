@@ -9,6 +9,13 @@
 - phases: the host of the phase coordinator (gwtf.node.coordinator), and in the uncoordinated
   `quiet_s` mode the ticks that tighten on their own.
 
+That is the relaxation (`--routing relax`). With local routing (the default, docs/design.md
+2.12) none of it runs: the node keeps the records of its live members in a `LocalRoute`,
+solves them once they have been quiet for `route_quiet_s`, repairs a dead next hop at once, and
+routes by its own out-arcs of the result; no flow message is sent (gwtf.node.routing). The
+routing takes its links from the location matrix, the same for every node; the probes run only
+on the arcs that carry this node's flow, and what they measure is in its status.
+
 `FlowControl` is the host of the prober and of the coordinator: it knows how to call a member
 and what an arc is. What the membership means for the arcs is decided in gwtf.node.control,
 which calls `member_up` and `member_down`.
@@ -42,6 +49,7 @@ from gwtf.node.membership import MemberInfo
 from gwtf.node.peers import Peers
 from gwtf.node.phases import Command, PhaseReportData
 from gwtf.node.prober import LinkProber
+from gwtf.node.routing import LocalRouting
 from gwtf.node.state import NodeState
 from gwtf.node.transport import UNDELAYED, is_refused
 from gwtf.v1 import flow_pb2, node_pb2
@@ -77,10 +85,19 @@ class FlowControl:
         self._swarm_scaling = True
         # Set at every change, for the tick loop (`quiet_s` mode) to look at the driver again.
         self._changed = asyncio.Event()
+        self._local: LocalRouting | None = None
 
     @property
     def node_id(self) -> str:
         return self._state.node_id
+
+    @property
+    def local(self) -> LocalRouting | None:
+        """This node's local routing (None: the swarm routes by the relaxation)."""
+        state = self._state
+        if self._local is None and state.swarm.routing == "local":
+            self._local = LocalRouting(state, self.prober, self._start_link)
+        return self._local
 
     def new_driver(
         self, me: MemberInfo, *, warm: bool, round_: int, tightens: int
@@ -116,8 +133,11 @@ class FlowControl:
 
     def start(self) -> None:
         """The node entered its swarm: the phase coordinator runs, and the ticks in `quiet_s`
-        mode."""
+        mode; with local routing, the solve loop instead."""
         state = self._state
+        if self.local is not None:
+            self.local.start()
+            return
         quiet_s = state.swarm.flow.quiet_s
         self._phases = PhaseCoordinator(
             self,
@@ -138,6 +158,9 @@ class FlowControl:
         ring's return arcs, which need no probes)."""
         me = self._state.members.me
         last = self._state.swarm.num_stages - 1
+        if self.local is not None:
+            self.local.update_view()
+            return
         if me.stage == last and member.stage == 0:
             params = ring_params(me.capacity, member.capacity)
             self._state.driver.own_arc(member.id, member.epoch, params, ring=True)
@@ -149,6 +172,8 @@ class FlowControl:
         self.prober.stop(member.id)
         self._state.driver.drop_peer(member.id)
         self._peers.forget(member.id)
+        if self.local is not None:
+            self.local.member_down(member)
 
     def _start_link(self, member: MemberInfo) -> None:
         if not self._peers.linked(member):
@@ -189,13 +214,18 @@ class FlowControl:
         return self._state.members.is_alive(member.id, member.epoch)
 
     def announced(self, peer: str) -> ArcParamsSpec | None:
+        if self.local is not None:
+            return self.local.announced(peer)
         owned = self._state.driver.owned.get(peer)
         return owned.params if owned is not None else None
 
     def settled(self) -> bool:
         """Not in the middle of a scaling: a re-measured arc waits until the phases are over.
         Re-created mid-scaling, it restarts the scaling (gwtf.node.phases); at the final
-        epsilon the state machines absorb it locally unless it moves the bottleneck."""
+        epsilon the state machines absorb it locally unless it moves the bottleneck. Local
+        routing: a solution is held (repaired or not), so jobs route by it."""
+        if self.local is not None:
+            return self.local.route.has_solution
         return self._state.driver.node.final and not self._swarm_scaling
 
     def params(self, member: MemberInfo, estimate: LinkEstimate) -> ArcParamsSpec:
@@ -208,6 +238,13 @@ class FlowControl:
 
     def create_arc(self, member: MemberInfo, estimate: LinkEstimate, reason: str) -> None:
         params = self.params(member, estimate)
+        if self.local is not None:
+            # Local routing takes its links from the matrix: the measurement is only reported.
+            self._state.log.debug(
+                "link %s->%s %s: rtt %.2f ms, %.3f Gbit/s", self._state.node_id, member.id,
+                reason, params.rtt_ms, params.bandwidth_gbps,
+            )  # fmt: skip
+            return
         driver = self._state.driver
         driver.own_arc(member.id, member.epoch, params, ring=False)
         self._state.log.info(
@@ -223,6 +260,11 @@ class FlowControl:
         )
         self.after_change()
 
+    def routes(self) -> dict[str, int]:
+        """Flow units to each next-stage peer: what the data plane splits microbatches by."""
+        local = self.local
+        return local.route.routes() if local is not None else self._state.driver.routes()
+
     # ================================================================== flow messages
 
     def _nudge(self) -> None:
@@ -230,7 +272,10 @@ class FlowControl:
             self._phases.nudge()
 
     def quiet(self) -> bool:
-        """Nothing to send or measure here (a wave of the phase detection counts on it)."""
+        """Nothing to send or measure here (a wave of the phase detection counts on it); local
+        routing: the view held is the one solved."""
+        if self.local is not None:
+            return self.local.route.quiet
         return self._state.driver.quiet() and not self.prober.measuring
 
     def after_change(self) -> None:

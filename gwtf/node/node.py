@@ -303,7 +303,7 @@ class Node:
         return self._flows.settled()
 
     def routes(self) -> dict[str, int]:
-        return self.driver.routes()
+        return self._flows.routes()
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         return self._state.spawn(coro, name)

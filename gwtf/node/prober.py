@@ -90,6 +90,10 @@ class LinkProber:
         self.measuring.discard(peer)
         self.estimates.pop(peer, None)
 
+    def probing(self) -> set[str]:
+        """Heads with a measuring task."""
+        return set(self._tasks)
+
     def stop_all(self) -> None:
         for peer in list(self._tasks):
             self.stop(peer)

@@ -19,6 +19,7 @@ from gwtf.node.flows import FlowControl
 from gwtf.node.observe import NodeMetrics
 from gwtf.node.peers import Peers
 from gwtf.node.ratelimit import RateLimiter
+from gwtf.node.routing import LocalRouting
 from gwtf.node.state import NodeState
 from gwtf.v1 import node_pb2
 
@@ -109,7 +110,12 @@ class StatusReport:
             ),
             flow_messages_received=driver.messages_received,
             flow_messages_emitted=driver.messages_emitted,
+            routing=state.swarm.routing,
         )
+        local = self._flows.local
+        if local is not None:
+            self._local_status(status, local)
+            return status
         for peer, arc in sorted(driver.owned.items()):
             estimate = prober.estimates.get(peer)
             measured = (
@@ -134,6 +140,45 @@ class StatusReport:
                 )
             )
         return status
+
+    def _local_status(self, status: node_pb2.NodeStatus, local: LocalRouting) -> None:
+        """Local routing (docs/design.md 2.12): final once a solution is held, quiet once the
+        view held is the one solved; the arcs are those of the view, with the link the routing
+        takes them by and what the probes measured."""
+        route = local.route
+        status.final = route.has_solution
+        status.throughput = route.throughput()
+        status.solves = route.solves
+        status.view_changes = route.view_changes
+        status.repairs = route.repairs
+        status.last_solve_s = route.last_solve_s
+        status.solve_waited_s = route.waited_s
+        status.message_delay_s = route.message_delay_s()
+        prober = self._flows.prober
+        for arc in local.arcs():
+            params = local.params(arc)
+            estimate = prober.estimates.get(arc.peer)
+            measured = (
+                (estimate.rtt_ms or 0.0, estimate.bandwidth_gbps or 0.0, estimate.probes)
+                if estimate is not None
+                else (0.0, 0.0, 0)
+            )
+            status.arcs.append(
+                node_pb2.ArcStatus(
+                    src=self._state.node_id,
+                    dst=arc.peer,
+                    flow=arc.flow,
+                    cap=params.cap,
+                    cost=params.cost,
+                    gen=route.solves,
+                    rtt_ms=params.rtt_ms,
+                    bandwidth_gbps=params.bandwidth_gbps,
+                    ring=False,
+                    measured_rtt_ms=measured[0],
+                    measured_bandwidth_gbps=measured[1],
+                    rtt_probes=measured[2],
+                )
+            )
 
     async def on_status(self, request: node_pb2.StatusRequest) -> node_pb2.StatusReply:
         """This node's status, and with `request.swarm` every live member's (each asked with

@@ -41,7 +41,7 @@ class Member(_message.Message):
     def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., stage: _Optional[int] = ..., location: _Optional[str] = ..., compute_s: _Optional[float] = ..., capacity: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ...) -> None: ...
 
 class SwarmConfig(_message.Message):
-    __slots__ = ("swarm_id", "num_stages", "activation_bytes", "big_m", "max_cost", "eps_final", "eps_start", "eps_factor", "rescale_after", "quiet_s")
+    __slots__ = ("swarm_id", "num_stages", "activation_bytes", "big_m", "max_cost", "eps_final", "eps_start", "eps_factor", "rescale_after", "quiet_s", "routing")
     SWARM_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
     ACTIVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class SwarmConfig(_message.Message):
     EPS_FACTOR_FIELD_NUMBER: _ClassVar[int]
     RESCALE_AFTER_FIELD_NUMBER: _ClassVar[int]
     QUIET_S_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
     swarm_id: str
     num_stages: int
     activation_bytes: int
@@ -62,7 +63,8 @@ class SwarmConfig(_message.Message):
     eps_factor: int
     rescale_after: int
     quiet_s: float
-    def __init__(self, swarm_id: _Optional[str] = ..., num_stages: _Optional[int] = ..., activation_bytes: _Optional[int] = ..., big_m: _Optional[int] = ..., max_cost: _Optional[int] = ..., eps_final: _Optional[int] = ..., eps_start: _Optional[int] = ..., eps_factor: _Optional[int] = ..., rescale_after: _Optional[int] = ..., quiet_s: _Optional[float] = ...) -> None: ...
+    routing: str
+    def __init__(self, swarm_id: _Optional[str] = ..., num_stages: _Optional[int] = ..., activation_bytes: _Optional[int] = ..., big_m: _Optional[int] = ..., max_cost: _Optional[int] = ..., eps_final: _Optional[int] = ..., eps_start: _Optional[int] = ..., eps_factor: _Optional[int] = ..., rescale_after: _Optional[int] = ..., quiet_s: _Optional[float] = ..., routing: _Optional[str] = ...) -> None: ...
 
 class ConfigRequest(_message.Message):
     __slots__ = ("stage",)
@@ -181,7 +183,7 @@ class ArcStatus(_message.Message):
     def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., flow: _Optional[int] = ..., cap: _Optional[int] = ..., cost: _Optional[int] = ..., gen: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., bandwidth_gbps: _Optional[float] = ..., ring: _Optional[bool] = ..., measured_rtt_ms: _Optional[float] = ..., measured_bandwidth_gbps: _Optional[float] = ..., rtt_probes: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("member", "round", "tightens", "final", "quiet", "eps", "arcs", "throughput", "flow_messages_sent", "flow_batches_sent", "gossip_bytes_sent", "gossip_calls_sent", "uptime_s", "departed", "wan_stack_rtt_ms", "busy", "flow_messages_received", "flow_messages_emitted")
+    __slots__ = ("member", "round", "tightens", "final", "quiet", "eps", "arcs", "throughput", "flow_messages_sent", "flow_batches_sent", "gossip_bytes_sent", "gossip_calls_sent", "uptime_s", "departed", "wan_stack_rtt_ms", "busy", "flow_messages_received", "flow_messages_emitted", "routing", "solves", "view_changes", "repairs", "last_solve_s", "solve_waited_s", "message_delay_s")
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TIGHTENS_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +202,13 @@ class NodeStatus(_message.Message):
     BUSY_FIELD_NUMBER: _ClassVar[int]
     FLOW_MESSAGES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     FLOW_MESSAGES_EMITTED_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    SOLVES_FIELD_NUMBER: _ClassVar[int]
+    VIEW_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SOLVE_S_FIELD_NUMBER: _ClassVar[int]
+    SOLVE_WAITED_S_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_DELAY_S_FIELD_NUMBER: _ClassVar[int]
     member: Member
     round: int
     tightens: int
@@ -218,7 +227,14 @@ class NodeStatus(_message.Message):
     busy: _containers.RepeatedScalarFieldContainer[str]
     flow_messages_received: int
     flow_messages_emitted: int
-    def __init__(self, member: _Optional[_Union[Member, _Mapping]] = ..., round: _Optional[int] = ..., tightens: _Optional[int] = ..., final: _Optional[bool] = ..., quiet: _Optional[bool] = ..., eps: _Optional[int] = ..., arcs: _Optional[_Iterable[_Union[ArcStatus, _Mapping]]] = ..., throughput: _Optional[int] = ..., flow_messages_sent: _Optional[int] = ..., flow_batches_sent: _Optional[int] = ..., gossip_bytes_sent: _Optional[int] = ..., gossip_calls_sent: _Optional[int] = ..., uptime_s: _Optional[float] = ..., departed: _Optional[_Iterable[str]] = ..., wan_stack_rtt_ms: _Optional[float] = ..., busy: _Optional[_Iterable[str]] = ..., flow_messages_received: _Optional[int] = ..., flow_messages_emitted: _Optional[int] = ...) -> None: ...
+    routing: str
+    solves: int
+    view_changes: int
+    repairs: int
+    last_solve_s: float
+    solve_waited_s: float
+    message_delay_s: float
+    def __init__(self, member: _Optional[_Union[Member, _Mapping]] = ..., round: _Optional[int] = ..., tightens: _Optional[int] = ..., final: _Optional[bool] = ..., quiet: _Optional[bool] = ..., eps: _Optional[int] = ..., arcs: _Optional[_Iterable[_Union[ArcStatus, _Mapping]]] = ..., throughput: _Optional[int] = ..., flow_messages_sent: _Optional[int] = ..., flow_batches_sent: _Optional[int] = ..., gossip_bytes_sent: _Optional[int] = ..., gossip_calls_sent: _Optional[int] = ..., uptime_s: _Optional[float] = ..., departed: _Optional[_Iterable[str]] = ..., wan_stack_rtt_ms: _Optional[float] = ..., busy: _Optional[_Iterable[str]] = ..., flow_messages_received: _Optional[int] = ..., flow_messages_emitted: _Optional[int] = ..., routing: _Optional[str] = ..., solves: _Optional[int] = ..., view_changes: _Optional[int] = ..., repairs: _Optional[int] = ..., last_solve_s: _Optional[float] = ..., solve_waited_s: _Optional[float] = ..., message_delay_s: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("node", "swarm", "members", "nodes", "unreachable")

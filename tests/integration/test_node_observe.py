@@ -34,7 +34,9 @@ def scrape(url: str) -> dict[str, float]:
 
 def test_metrics_and_json_logs_of_a_live_swarm(tmp_path: Path) -> None:
     with LocalSwarm(tmp_path) as swarm:
-        swarm.start([("m0", 0, 0.05), ("m1a", 1, 0.05), ("m1b", 1, 0.08)], num_stages=2)
+        # The relaxation, whose flow messages are among the metrics (local routing sends none).
+        swarm.start([("m0", 0, 0.05), ("m1a", 1, 0.05), ("m1b", 1, 0.08)], 2,
+                    "--routing", "relax")  # fmt: skip
         watched = swarm.join("w0", 0, 0.05, "--metrics-port", "0", "--log-json")
         line = watched.lines.get(timeout=TIMEOUT_S)
         match = re.search(r"metrics on (http://\S+)", line or "")

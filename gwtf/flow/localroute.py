@@ -1,0 +1,208 @@
+"""LocalRoute: one node's routing by local solves on its membership view (docs/design.md 2.12).
+
+Pure and deterministic, clock injected: the node (gwtf.node.flows) feeds it the records of its
+live members and the deaths it detects, and asks it for its out-rates.
+
+- *View.* The records of the live members (`NodeSpec`: id, stage, location, compute_s,
+  capacity) and the location links. A new view starts a quiet spell; once the view has not
+  changed for `quiet_s`, `solve()` solves it (`localsolve.solve_members`: the answer depends
+  only on the records, so every node with the same view computes the same flows) and the node
+  switches to it. A burst of joins costs one solve; nodes that learn of a death a little apart
+  still switch within about `quiet_s` of each other.
+- *Repair.* A next hop that dies is repaired at once, before any solve (`gossip.repair`): what
+  this node sent it is re-split over its other next-stage peers by their residual capacity in
+  the solution it holds. Local: it needs only that solution.
+- *Consistency.* A node uses only its own out-arcs of its own solution. Two nodes whose views
+  differ for a moment (a death or a join that reached one first) may route by two solutions
+  that do not fit; the data plane's memory slots hold back a sender whose next hop is full
+  (docs/design.md 3.7), so a mismatch costs throughput for that moment, never correctness.
+- *No solution* while a stage has no live member: the routes are empty and the node routes by
+  capacities (docs/design.md 2.8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from gwtf.flow.gossip import repair
+from gwtf.flow.localsolve import HUB_SLACK, LinkTerms, link_terms, solve_members
+from gwtf.flow.topology import LinkSpec, Members, NodeSpec
+
+__all__ = ["LocalRoute", "OutArc"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutArc:
+    """An arc this node is the tail of in its view: the link it is routed by, and its flow."""
+
+    peer: str
+    head_compute_s: float
+    link: LinkSpec
+    terms: LinkTerms
+    flow: int
+
+
+class LocalRoute:
+    """The routing state of one node incarnation (module doc)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        num_stages: int,
+        activation_bytes: int,
+        links: Mapping[frozenset[str], LinkSpec],
+        intra: LinkSpec,
+        *,
+        quiet_s: float,
+        clock: Callable[[], float],
+        hub_slack: float | None = HUB_SLACK,
+    ) -> None:
+        self.node_id = node_id
+        self.num_stages = num_stages
+        self.quiet_s = quiet_s
+        self._clock = clock
+        self._hub_slack = hub_slack
+        self._activation_bytes = activation_bytes
+        self._links = MappingProxyType(dict(links))
+        self._intra = intra
+        self._view: tuple[NodeSpec, ...] = ()
+        self._changed_at = clock()
+        self._solved: tuple[NodeSpec, ...] | None = None
+        self._members: Members | None = None
+        """The records of the solution held (what a repair needs)."""
+        self._plan: dict[str, dict[str, int]] = {}
+        self._mine: dict[str, int] = {}
+        self._through = 0
+        self.has_solution = False
+        """A solution of a complete swarm is held (repaired or not)."""
+        self.solves = 0
+        self.repairs = 0
+        self.view_changes = 0
+        self.last_solve_s = 0.0
+        """Wall time of the last solve, by the injected clock."""
+        self.waited_s = 0.0
+        """Time from the last view change to the solve that answered it."""
+
+    # ------------------------------------------------------------------ view
+
+    def set_view(self, records: Iterable[NodeSpec]) -> bool:
+        """The live members' records (this node's included); True if the view changed."""
+        view = tuple(sorted(records, key=lambda n: (n.stage, n.id)))
+        if view == self._view:
+            return False
+        self._view = view
+        self._changed_at = self._clock()
+        self.view_changes += 1
+        return True
+
+    def due(self) -> float | None:
+        """When the view will have been quiet long enough to solve; None when it is solved."""
+        if self._view == self._solved:
+            return None
+        return self._changed_at + self.quiet_s
+
+    @property
+    def view_size(self) -> int:
+        return len(self._view)
+
+    def message_delay_s(self) -> float:
+        """The mean one-way delay between two members of the view (half the RTT of their
+        link): the unit in which the node reports how fast it converged (0 for one member)."""
+        where: dict[str, int] = {}
+        for n in self._view:
+            where[n.location] = where.get(n.location, 0) + 1
+        total = pairs = 0.0
+        places = sorted(where)
+        for i, a in enumerate(places):
+            for b in places[i:]:
+                count = where[a] * (where[a] - 1) / 2 if a == b else where[a] * where[b]
+                link = self._intra if a == b else self._links.get(frozenset((a, b)))
+                if link is None or count == 0:
+                    continue
+                total += count * link.rtt_ms / 2000
+                pairs += count
+        return total / pairs if pairs else 0.0
+
+    @property
+    def quiet(self) -> bool:
+        """The view held is the one solved."""
+        return self._view == self._solved
+
+    def solve(self) -> bool:
+        """Solve the view if it is due; True if the routes changed to a new solution."""
+        due = self.due()
+        now = self._clock()
+        if due is None or now < due:
+            return False
+        view = self._view
+        members = self._records(view)
+        stages = {n.stage for n in view}
+        started = self._clock()
+        if len(stages) < self.num_stages or not any(n.id == self.node_id for n in view):
+            self._members, self._plan, self._mine, self._through = members, {}, {}, 0
+            self.has_solution = False
+        else:
+            flows = solve_members(members, hub_slack=self._hub_slack).flows
+            self._adopt(members, flows)
+        self.last_solve_s = self._clock() - started
+        self.waited_s = now - self._changed_at
+        self._solved = view
+        self.solves += 1
+        return True
+
+    def _records(self, view: tuple[NodeSpec, ...]) -> Members:
+        return Members(self._activation_bytes, view, self._links, self._intra, frozenset())
+
+    def _adopt(self, members: Members, flows: Mapping[tuple[str, str], int]) -> None:
+        plan: dict[str, dict[str, int]] = {}
+        into = 0
+        for (src, dst), units in flows.items():
+            if units > 0:
+                plan.setdefault(src, {})[dst] = units
+                if dst == self.node_id:
+                    into += units
+        self._members, self._plan = members, plan
+        self._mine = dict(sorted(plan.get(self.node_id, {}).items()))
+        me = next(n for n in members.nodes if n.id == self.node_id)
+        self._through = sum(self._mine.values()) if me.stage == 0 else into
+        self.has_solution = True
+
+    def lost(self, peer: str) -> bool:
+        """`peer` died or left: if it was a next hop, re-split its share at once (module doc);
+        True if the routes changed."""
+        if peer not in self._mine or self._members is None:
+            return False
+        self._mine = dict(sorted(repair(self._members, self._plan, self.node_id, peer).items()))
+        self._plan = {**self._plan, self.node_id: dict(self._mine)}
+        self.repairs += 1
+        return True
+
+    # ------------------------------------------------------------------ results
+
+    def routes(self) -> dict[str, int]:
+        """Flow units to each next-stage peer with flow (empty on the last stage)."""
+        return dict(self._mine)
+
+    def throughput(self) -> int:
+        """Flow units through this node in the solution held (last stage: completes)."""
+        return self._through
+
+    def out_arcs(self) -> list[OutArc]:
+        """Every arc this node is the tail of in its current view, with its flow."""
+        me = next((n for n in self._view if n.id == self.node_id), None)
+        if me is None:
+            return []
+        arcs = []
+        for n in self._view:
+            if n.stage != me.stage + 1:
+                continue
+            link = self._intra if n.location == me.location else self._links.get(
+                frozenset((me.location, n.location))
+            )
+            terms = link_terms(self._records(()), me.location, n.location)
+            if link is None or terms is None:
+                continue
+            arcs.append(OutArc(n.id, n.compute_s, link, terms, self._mine.get(n.id, 0)))
+        return arcs

@@ -1,0 +1,162 @@
+"""One node's routing by local solves (gwtf.flow.localroute, docs/design.md 2.12): solves after a
+quiet view, the same routes whatever order the records came in, every node's own out-arcs
+together are the whole solution, a dead next hop repaired at once, no routes without a full
+pipeline."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gwtf.flow.generate import geo10
+from gwtf.flow.gossip import delivered, without_node
+from gwtf.flow.localroute import LocalRoute
+from gwtf.flow.localsolve import solve_members
+from gwtf.flow.oracle import solve_oracle
+from gwtf.flow.topology import Members, Topology
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def swarm(seed: int = 0, n: int = 16, stages: int = 4) -> Topology:
+    return geo10(np.random.default_rng(seed), n, stages)
+
+
+def route_of(topo: Topology, node_id: str, clock: Clock, quiet_s: float = 1.0) -> LocalRoute:
+    members = Members.of(topo)
+    return LocalRoute(
+        node_id,
+        topo.num_stages,
+        topo.activation_bytes,
+        members.links,
+        members.intra,
+        quiet_s=quiet_s,
+        clock=clock,
+    )
+
+
+def solved(topo: Topology, node_id: str, clock: Clock, records: list | None = None) -> LocalRoute:
+    route = route_of(topo, node_id, clock)
+    route.set_view(records if records is not None else list(topo.nodes))
+    clock.now += route.quiet_s
+    assert route.solve()
+    return route
+
+
+def test_a_view_is_solved_only_once_it_has_been_quiet() -> None:
+    topo, clock = swarm(), Clock()
+    route = route_of(topo, topo.nodes[0].id, clock, quiet_s=1.0)
+    assert route.set_view(topo.nodes)
+    clock.now = 0.6
+    assert not route.solve() and not route.has_solution
+    assert route.set_view(topo.nodes[:-1])  # a change restarts the quiet spell
+    clock.now = 1.2
+    assert not route.solve()
+    assert not route.set_view(reversed(topo.nodes[:-1]))  # the same records: no change
+    clock.now = 1.6
+    assert route.solve() and route.has_solution and route.quiet
+    assert route.due() is None and not route.solve()
+    assert abs(route.waited_s - 1.0) < 1e-9
+
+
+def test_every_nodes_own_out_arcs_together_are_the_optimum() -> None:
+    topo = swarm(seed=3)
+    oracle = solve_oracle(topo)
+    rng = np.random.default_rng(1)
+    union: dict[tuple[str, str], int] = {}
+    for node in topo.nodes:
+        records = list(topo.nodes)
+        rng.shuffle(records)  # each node learned the records in its own order
+        route = solved(topo, node.id, Clock(), records)
+        for peer, units in route.routes().items():
+            union[(node.id, peer)] = units
+    assert union == {k: x for k, x in solve_members(Members.of(topo)).flows.items() if x > 0}
+    last = set(topo.stage_nodes(topo.num_stages - 1))
+    assert sum(x for (_, d), x in union.items() if d in last) == oracle.flow_value_units
+
+
+def test_a_dead_next_hop_is_repaired_at_once_and_the_new_view_solved() -> None:
+    topo = swarm(seed=3)
+    clock = Clock()
+    routes = {n.id: solved(topo, n.id, clock) for n in topo.nodes}
+    # The stage-2 node that carries the most flow dies (here the others of its stage have room
+    # left: the repair has something to re-split into).
+    through = {n: sum(r.routes().get(n, 0) for r in routes.values()) for n in topo.node_ids}
+    victim = max(topo.stage_nodes(2), key=lambda n: (through[n], n))
+    upstream = [n for n, r in routes.items() if victim in r.routes()]
+    assert upstream
+    after = Members.of(topo.without_node(victim))
+    old_plans = {n: r.routes() for n, r in routes.items() if n != victim}
+    for node in upstream:
+        assert routes[node].lost(victim)
+        mine = routes[node].routes()
+        assert victim not in mine and routes[node].repairs == 1
+        # A repair only adds to the other next hops (where they have room left).
+        assert all(mine.get(p, 0) >= x for p, x in old_plans[node].items() if p != victim)
+    assert not routes[topo.stage_nodes(3)[0]].lost(victim)  # not a next hop of a stage-3 node
+    new_optimum = solve_oracle(topo.without_node(victim)).flow_value_units
+    stale = delivered(after, {"old": old_plans}, {})
+    repaired = delivered(after, {"old": {n: r.routes() for n, r in routes.items()}}, {})
+    assert stale < 0.6 * new_optimum < 0.95 * new_optimum <= repaired, (stale, repaired)
+    for node, route in routes.items():
+        if node == victim:
+            continue
+        route.set_view(after.nodes)
+    clock.now += 1.0
+    for node, route in routes.items():
+        if node != victim:
+            assert route.solve()
+    switched = {n: r.routes() for n, r in routes.items() if n != victim}
+    assert delivered(after, {"old": switched}, {}) == new_optimum
+
+
+def test_no_routes_while_a_stage_has_no_member() -> None:
+    topo = swarm(n=8)
+    alone = topo.stage_nodes(2)
+    members = Members.of(topo)
+    for node in alone:
+        members = without_node(members, node)
+    route = solved(topo, topo.stage_nodes(0)[0], Clock(), list(members.nodes))
+    assert not route.has_solution and route.routes() == {} and route.quiet
+
+
+def test_out_arcs_are_every_next_stage_member_with_a_link() -> None:
+    topo = swarm(seed=2)
+    node = topo.stage_nodes(1)[0]
+    route = solved(topo, node, Clock())
+    arcs = route.out_arcs()
+    assert sorted(a.peer for a in arcs) == sorted(topo.stage_nodes(2))
+    for arc in arcs:
+        spec = topo.arc(node, arc.peer)
+        assert arc.terms.cap_units == spec.cap_units
+        assert arc.flow == route.routes().get(arc.peer, 0)
+
+
+def test_gossip_counts_rounds_in_message_delays() -> None:
+    import random
+
+    from gwtf.flow.gossip import disseminate
+
+    spread = disseminate(32, [1 << i for i in range(32)], random.Random(0), max_delay=5)
+    assert spread.mean_delay == 3.0 and spread.delays == spread.rounds / 3.0
+
+
+def test_the_message_delay_is_the_mean_one_way_delay_of_the_view() -> None:
+    from gwtf.flow.generate import geo10_links
+    from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec
+
+    links = geo10_links()
+    route = LocalRoute("a", 2, 1, links, DEFAULT_INTRA, quiet_s=1.0, clock=Clock())
+    route.set_view([
+        NodeSpec.make("a", 0, 0.1, "Oregon"),
+        NodeSpec.make("b", 1, 0.1, "Oregon"),
+        NodeSpec.make("c", 1, 0.1, "London"),
+    ])
+    far = links[frozenset(("Oregon", "London"))].rtt_ms / 2000
+    near = DEFAULT_INTRA.rtt_ms / 2000
+    assert abs(route.message_delay_s() - (near + 2 * far) / 3) < 1e-12
