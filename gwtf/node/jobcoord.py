@@ -45,6 +45,7 @@ from gwtf.job.iterations import (
 )
 from gwtf.node.codec import member_to_pb
 from gwtf.node.jobhost import JobsHost
+from gwtf.node.jobrecord import record_journal
 from gwtf.node.jobroll import Entrance, participants_pb
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import job_event
@@ -143,6 +144,7 @@ class JobCoordinator:
         self._stopped = False
         self.stall_s = manager.host.config.recovery_stall_s
         self.entrance = Entrance(self)
+        record_journal(plan, self.host.node_id, self.job_id, self.log)
 
     # ------------------------------------------------------------------ helpers
 
