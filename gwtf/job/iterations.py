@@ -65,6 +65,7 @@ from gwtf.recovery import CrashPlan, NeighbourReport, Rule, check_commit, plan_c
 __all__ = [
     "INPUTS",
     "CommitOrder",
+    "Journal",
     "JournalEntry",
     "RecoveryOrders",
     "weights_of",

@@ -1,4 +1,5 @@
-"""Journals of a job's coordinator and their replay (docs/design.md 4.10), pure: no I/O.
+"""Journals of a job's coordinator and of a participant's ledger, and their replay
+(docs/design.md 4.10), pure: no I/O.
 
 A driver may attach a journal to its `IterationCoordinator` (`attach`): every input then comes
 out as a `JournalEntry` (the call, its arguments, what the coordinator decided). `to_record`
@@ -8,6 +9,10 @@ turns one into a JSON-ready dict, tagged so that `from_record` gives back the sa
 entry says, and returns its decisions; `decisions` returns those the journal recorded. The
 coordinator being deterministic, the two agree unless the driver changed its state by some other
 way than its inputs, or decided something the journal does not show.
+
+A participant's `Ledger` is journaled the same way (`JournaledLedger`: its records, and the
+answers the node reads from it, among them the evidence it reports about a dead neighbour), so
+that the evidence a coordinator planned from can be traced to the ledger records it came from.
 
 Decisions are compared in a canonical form (`canonical`: JSON with maps and sets sorted), in
 which a NaN loss equals itself.
@@ -28,16 +33,19 @@ from gwtf.job.iterations import (
     CommittedReport,
     IterationCoordinator,
     IterationOutcome,
+    Journal,
     JournalEntry,
     Outliers,
     PreparedReport,
     RecoveryOrders,
     StepOrder,
 )
-from gwtf.recovery import CrashPlan, Evidence, Mode, NeighbourReport, Recovery, Rule
+from gwtf.recovery import CrashPlan, Evidence, Ledger, Mode, NeighbourReport, Recovery, Rule
 
 __all__ = [
+    "LEDGER_CALLS",
     "Decision",
+    "JournaledLedger",
     "JournalError",
     "canonical",
     "decisions",
@@ -109,6 +117,46 @@ def _decode(value: Any) -> Any:
     raise JournalError(f"a journal value {str(value)[:60]!r} is not one this code writes")
 
 
+LEDGER_CALLS = (
+    "activation_sent", "activation_received", "gradient_target", "gradient_sent",
+    "gradient_received", "accumulated", "shipped", "keeper_lost", "kept", "drop_kept", "adopt",
+    "contribution_moved", "reset", "contributions", "unshipped", "activation_receiver",
+    "gradient_receiver", "has_gradient_back", "held_for", "report_about",
+)
+"""A ledger's records and the answers the node reads from it (what a participant decides
+on: the evidence it reports, its contributions, where a microbatch went)."""
+
+
+def _journaled(name: str) -> Any:
+    base = getattr(Ledger, name)
+
+    def method(self: JournaledLedger, *args: Any, **kwargs: Any) -> Any:
+        result = base(self, *args, **kwargs)
+        self._journal(JournalEntry(name, args, kwargs, result))
+        return result
+
+    method.__name__ = name
+    method.__doc__ = base.__doc__
+    return method
+
+
+class JournaledLedger(Ledger):
+    """A `Ledger` that enters each of its `LEDGER_CALLS`, and what it answered, in `journal`
+    (after a "start" entry with its construction)."""
+
+    __slots__ = ("_journal",)
+
+    def __init__(self, node: str, stage: int, iteration: int, journal: Journal) -> None:
+        super().__init__(node, stage, iteration)
+        self._journal = journal
+        journal(JournalEntry("start", ("ledger",),
+                             {"node": node, "stage": stage, "iteration": iteration}))
+
+
+for _name in LEDGER_CALLS:
+    setattr(JournaledLedger, _name, _journaled(_name))
+
+
 def to_record(entry: JournalEntry) -> dict[str, Any]:
     """One entry as a JSON-ready dict (the driver adds its clock, `t`, and who it is)."""
     record: dict[str, Any] = {
@@ -125,7 +173,7 @@ def to_record(entry: JournalEntry) -> dict[str, Any]:
 def from_record(record: Mapping[str, Any]) -> JournalEntry:
     """The entry a `to_record` dict (read back from JSON) stands for."""
     call = record.get("call")
-    if call != "start" and call not in INPUTS:
+    if call != "start" and call not in INPUTS and call not in LEDGER_CALLS:
         raise JournalError(f"a journal record names no input of the coordinator ({call!r})")
     try:
         args = tuple(_decode(a) for a in record["args"])
@@ -179,15 +227,23 @@ def decisions(records: Iterable[Mapping[str, Any]]) -> list[Decision]:
 
 
 def replay(records: Iterable[Mapping[str, Any]]) -> list[Decision]:
-    """The decisions of a fresh coordinator fed the journal's inputs, input by input."""
+    """The decisions of a fresh coordinator (or ledger) fed the journal's inputs, input by
+    input."""
     entries = _entries(records)
+    start = entries[0]
+    ledger = start.args == ("ledger",)
+    calls = LEDGER_CALLS if ledger else INPUTS
+    core: Ledger | IterationCoordinator
     try:
-        coordinator = IterationCoordinator(**entries[0].kwargs)
+        core = Ledger(**start.kwargs) if ledger else IterationCoordinator(**start.kwargs)
     except (TypeError, ValueError) as err:
         raise JournalError(f"the journal's coordinator cannot be built again: {err}") from None
     out = []
     for i, entry in enumerate(entries[1:], 1):
-        method = getattr(coordinator, entry.call)
+        if entry.call not in calls:
+            raise JournalError(f"{entry.call} is not an input of the journal's "
+                               f"{'ledger' if ledger else 'coordinator'}")
+        method = getattr(core, entry.call)
         try:
             result = method(*entry.args, **entry.kwargs)
         except ValueError as err:

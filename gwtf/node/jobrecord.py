@@ -1,11 +1,14 @@
-"""The journal of a job's coordinator on disk (docs/design.md 4.10), off unless asked for.
+"""The journals of a job's coordinator and of a participant's ledger on disk (docs/design.md
+4.10), off unless asked for.
 
 With `GWTF_JOB_RECORD=FOLDER` in a node's environment, every coordinator of a job on the node
-enters each input it takes, and what it decided, in `FOLDER/<node>-<job>-<n>.jsonl` (`n` counts
-the coordinators of that job on the node: one that takes the job over starts a journal of its
-own), one JSON line per input, stamped with the node's clock (`t`, time.monotonic) and written
-through at once: a node SIGKILLed keeps every line it had entered. `gwtf.job.journal.replay`
-reads them back. Off, a coordinator pays one attribute test per input.
+enters each input it takes, and what it decided, in `FOLDER/<node>-<job>-coordinator-<n>.jsonl`
+(`n` counts the coordinators of that job on the node: one that takes the job over starts a
+journal of its own), and the node's stage worker its ledger's records and answers in
+`FOLDER/<node>-<job>-ledger-<n>.jsonl`. One JSON line per input, stamped with the node's clock
+(`t`, time.monotonic) and written through at once: a node SIGKILLed keeps every line it had
+entered. `gwtf.job.journal.replay` reads them back. Off, a coordinator pays one attribute test
+per input and a ledger nothing.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from pathlib import Path
 from typing import IO
 
 from gwtf.job.iterations import IterationCoordinator, JournalEntry
-from gwtf.job.journal import to_record
+from gwtf.job.journal import JournaledLedger, to_record
+from gwtf.recovery import Ledger
 
-__all__ = ["RECORD_ENV", "JobRecorder", "record_journal"]
+__all__ = ["RECORD_ENV", "JobRecorder", "journaled_ledger", "record_journal"]
 
 RECORD_ENV = "GWTF_JOB_RECORD"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -43,24 +47,41 @@ class JobRecorder:
         self._file.write(json.dumps(record) + "\n")
 
 
-def record_journal(plan: IterationCoordinator, node: str, job: str,
-                   log: logging.Logger | logging.LoggerAdapter[logging.Logger]
-                   ) -> Path | None:
-    """Attach a journal to `plan` (just built) when the environment asks for one; its path."""
+Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+def _open(node: str, job: str, kind: str, log: Log) -> IO[str] | None:
+    """A new journal file of `kind` when the environment asks for journals, else None."""
     folder = os.environ.get(RECORD_ENV, "")
     if not folder:
         return None
-    stem = _UNSAFE.sub("_", f"{node}-{job}")
+    stem = _UNSAFE.sub("_", f"{node}-{job}-{kind}")
     for n in range(1, 1000):
-        path = Path(folder) / f"{stem}-{n}.jsonl"
         try:
-            file = open(path, "x", encoding="utf-8", buffering=1)  # noqa: SIM115
+            return open(Path(folder) / f"{stem}-{n}.jsonl", "x",  # noqa: SIM115
+                        encoding="utf-8", buffering=1)
         except FileExistsError:
             continue
         except OSError as err:
-            log.warning("job %s: no journal of its coordinator: %s", job, err)
+            log.warning("job %s: no journal of its %s: %s", job, kind, err)
             return None
-        plan.attach(JobRecorder(file, node, job))
-        return path
-    log.warning("job %s: no journal of its coordinator: %s holds 999 already", job, folder)
+    log.warning("job %s: no journal of its %s: %s holds 999 already", job, kind, folder)
     return None
+
+
+def record_journal(plan: IterationCoordinator, node: str, job: str, log: Log) -> bool:
+    """Attach a journal to `plan` (just built) when the environment asks for one."""
+    file = _open(node, job, "coordinator", log)
+    if file is None:
+        return False
+    plan.attach(JobRecorder(file, node, job))
+    return True
+
+
+def journaled_ledger(node: str, stage: int, iteration: int, job: str, log: Log
+                     ) -> Ledger | None:
+    """A ledger that journals itself when the environment asks for journals, else None."""
+    file = _open(node, job, "ledger", log)
+    if file is None:
+        return None
+    return JournaledLedger(node, stage, iteration, JobRecorder(file, node, job))

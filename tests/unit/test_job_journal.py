@@ -12,8 +12,8 @@ from gwtf.job.iterations import (
     PreparedReport,
     StepOrder,
 )
-from gwtf.job.journal import JournalError, decisions, replay, to_record
-from gwtf.recovery import Evidence, NeighbourReport
+from gwtf.job.journal import JournaledLedger, JournalError, decisions, replay, to_record
+from gwtf.recovery import Evidence, Mode, NeighbourReport
 
 PARTICIPANTS = {"h0": 0, "h1": 0, "a": 1, "b": 1, "z": 2}
 
@@ -85,3 +85,25 @@ def test_a_journal_is_attached_before_the_first_input_and_read_back_strictly() -
     start = to_record(JournalEntry("start", (), {"iterations": 1}))
     with pytest.raises(JournalError, match="cannot be built"):
         replay([start])
+
+
+def test_a_ledgers_journal_replays_to_the_same_evidence() -> None:
+    entries: list[JournalEntry] = []
+    ledger = JournaledLedger("a", 1, 0, entries.append)
+    ledger.activation_received(0, "h0")
+    ledger.activation_sent(0, "z")
+    ledger.gradient_received(0, "z")
+    ledger.accumulated(0)
+    ledger.activation_received(1, "h0")
+    ledger.activation_sent(1, "y", Mode.RECOMPUTE)
+    assert ledger.report_about("z").as_dict() == {0: Evidence.BACKWARD_DONE}
+    ledger.reset(1)
+    ledger.activation_sent(2, "z")
+    ledger.report_about("z")
+    records = [json.loads(json.dumps(to_record(e))) for e in entries]
+    assert records[0]["call"] == "start" and len(records) == 11
+    assert replay(records) == decisions(records)
+    missing = [r for r in records if r["call"] != "gradient_received"]
+    assert replay(missing) != decisions(missing)
+    with pytest.raises(JournalError, match="not an input of the journal's ledger"):
+        replay([*records, to_record(JournalEntry("commit_order", (), {}))])
