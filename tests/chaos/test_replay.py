@@ -4,14 +4,16 @@
 A swarm of 5 real node processes in 3 stages (holders h0 and h1, a0 and a1 at stage 1, z0 at
 stage 2) trains one short job with every coordinator's journal on (`GWTF_JOB_RECORD`). Two
 nodes SIGKILL themselves mid-job (`--fault`, a real SIGKILL of the real process): a1 in a
-backward of iteration 1, so that its microbatches are resent, recomputed and replayed; h1 in a
-forward of iteration 2, so that what never left it is dropped. The journal the coordinator
-wrote is then fed to a fresh `IterationCoordinator` (`gwtf.job.journal.replay`): every decision
-(who resends, recomputes or replays what, what is dropped, each commit attempt, step, restart and
-completed iteration) must be the one the node took, and the journal must hold the recoveries, so
-that the comparison is not of two empty lists. Every participant's ledger journal, replayed
-through a fresh `Ledger`, must answer the same, and every neighbour report the coordinator
-planned from must be one its sender's ledger gave.
+backward of iteration 1, so that its microbatches are resent, recomputed or replayed; h1 in a
+forward of iteration 0, so that what never left it is dropped. (h1 dies first: once a1 is gone,
+stage 1 carries less than h0 alone sends, the flows give h1 no share, and a fault of h1 set for
+a later iteration may never fire.) The journal the coordinator wrote is then fed to a fresh
+`IterationCoordinator` (`gwtf.job.journal.replay`): every decision (who resends, recomputes or
+replays what, what is dropped, each commit attempt, step, restart and completed iteration) must
+be the one the node took, and the journal must hold the recoveries, so that the comparison is
+not of two empty lists. Every participant's ledger journal, replayed through a fresh `Ledger`,
+must answer the same, and every neighbour report the coordinator planned from must be one its
+sender's ledger gave.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def test_the_journal_of_a_chaos_run_replays_to_the_same_decisions(
     with LocalSwarm(tmp_path, heartbeat_s=0.25, failure_timeout_s=3.0, train=True) as swarm:
         swarm.start(NODES, 3, "--activation-bytes", "131072")
         a1 = swarm.join("a1", 1, 0.05, "--fault", "crash-in:backward:iteration=1")
-        h1 = swarm.join("h1", 0, 0.04, "--fault", "crash-in:forward:iteration=2")
+        h1 = swarm.join("h1", 0, 0.04, "--fault", "crash-in:forward:iteration=0")
         swarm.wait_formed()
         wait_for(lambda: routed(swarm, "a1", 1) and routed(swarm, "h1", 0), 60,
                  "the flows to route microbatches through a1 and h1")
