@@ -54,14 +54,20 @@ is recognised and ignored; one for another round or attempt is stale and ignored
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from gwtf.job.nexthop import SmoothRoundRobin
-from gwtf.recovery import CrashPlan, Rule, check_commit
+from gwtf.recovery import CrashPlan, NeighbourReport, Rule, check_commit, plan_crash
 
 __all__ = [
+    "INPUTS",
     "CommitOrder",
+    "Journal",
+    "JournalEntry",
+    "RecoveryOrders",
     "weights_of",
     "CommittedReport",
     "IterationCoordinator",
@@ -202,6 +208,78 @@ class IterationOutcome:
     """Of `mismatched`, those whose stage had a strict majority of one checksum."""
 
 
+@dataclass(frozen=True)
+class RecoveryOrders:
+    """What the coordinator orders after a death (`IterationCoordinator.plan_recovery`).
+
+    `plan`: the recoveries and drops not planned before in this round (a sweep plans the same
+    death again and orders only what is new). `sources[i]`: the node that sends the input of
+    `plan.recoveries[i]` (the upstream neighbour that keeps its activation; for stage 0 a live
+    data holder, which rebuilds the token ids from its own data). `restart`: when not empty, the
+    round cannot recover (a microbatch's input died with the dead node, or no data holder is
+    left): the reason to start it again; `sources` then stops at the recovery that failed."""
+
+    plan: CrashPlan
+    sources: tuple[str, ...]
+    restart: str = ""
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One input the driver fed the coordinator and what it decided (`result`, or the
+    `error` it raised). `call` is one of `INPUTS`; "start" is the coordinator's construction
+    (its arguments in `kwargs`)."""
+
+    call: str
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    result: Any = None
+    error: str = ""
+
+
+Journal = Callable[[JournalEntry], None]
+
+INPUTS = (
+    "done", "replayed", "recovering", "plan_recovery", "commit_order", "prepared", "stepped",
+    "committed", "member_down", "completions", "admit", "restart", "rollback",
+)
+"""The methods through which everything the coordinator decides comes in: a journal of their
+calls and results, fed to a fresh coordinator, decides the same (`gwtf.job.journal`)."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _input(
+    method: Callable[Concatenate[IterationCoordinator, _P], _R],
+) -> Callable[Concatenate[IterationCoordinator, _P], _R]:
+    """An input of the coordinator: with a journal attached, its call (an iterator argument
+    made a tuple first, so that it is read once) and its result, or its error, are entered.
+    A call from inside another input is part of that one, and is not entered apart."""
+    name = method.__name__
+    assert name in INPUTS, name
+
+    @functools.wraps(method)
+    def call(self: IterationCoordinator, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        self._fed = True
+        if self.journal is None or self._journaling:
+            return method(self, *args, **kwargs)
+        args = tuple(tuple(a) if isinstance(a, Iterator) else a  # type: ignore[assignment]
+                     for a in args)
+        self._journaling = True
+        try:
+            result = method(self, *args, **kwargs)
+        except ValueError as err:
+            self.journal(JournalEntry(name, tuple(args), dict(kwargs), None, str(err)))
+            raise
+        finally:
+            self._journaling = False
+        self.journal(JournalEntry(name, tuple(args), dict(kwargs), result))
+        return result
+
+    return call
+
+
 @dataclass
 class _Stepping:
     order: StepOrder
@@ -255,6 +333,28 @@ class IterationCoordinator:
         self.round_floor = round_
         """Every iteration starts at this round: after a rollback, above every round used
         before it, so that no message from before the rollback passes for a current one."""
+        self.planned: dict[str, set[int]] = {}
+        """Per dead node, the microbatches of this round already recovered or dropped."""
+        self._holder_turn = 0
+        """Dead holders' microbatches go round the live holders (`plan_recovery`)."""
+        self.journal: Journal | None = None
+        self._journaling = False
+        self._fed = False
+        self._start: dict[str, Any] = {
+            "iterations": iterations, "microbatches": microbatches,
+            "participants": dict(participants), "num_stages": num_stages,
+            "holders": tuple(holders), "weights": dict(weights) if weights else None,
+            "iteration": iteration, "round_": round_,
+        }
+
+    def attach(self, journal: Journal) -> None:
+        """Enter every input from now on in `journal`, after a "start" entry with this
+        coordinator's construction. Only before its first input: a journal that misses one
+        cannot be replayed."""
+        if self.journal is not None or self._fed:
+            raise ValueError("a journal is attached before the coordinator's first input")
+        self.journal = journal
+        journal(JournalEntry("start", (), dict(self._start)))
 
     def _check_holders(self, holders: Sequence[str]) -> None:
         if not holders:
@@ -324,6 +424,7 @@ class IterationCoordinator:
             return ()
         return tuple(f or 0 for f in flows)
 
+    @_input
     def done(self, holder: str, iteration: int, round_: int, ids: Iterable[int],
              flow: int | None = None) -> None:
         """Microbatches of `iteration` finished at data holder `holder`; `flow`: the flow
@@ -344,12 +445,14 @@ class IterationCoordinator:
             )
         self.finished |= ids
 
+    @_input
     def replayed(self, sender: str, iteration: int, round_: int, mb: int, stage: int) -> None:
         if self.participants.get(sender) != stage:
             raise ReportError(f"{sender} is not a live stage-{stage} participant")
         if self._current(iteration, round_):
             self.replays.discard((mb, stage))
 
+    @_input
     def recovering(self, plan: CrashPlan) -> None:
         """A dead node's recovery was planned: record its drops and the replays to wait for."""
         self.dropped |= set(plan.dropped)
@@ -357,6 +460,43 @@ class IterationCoordinator:
             if recovery.rule == Rule.REPLAY:
                 self.replays.add((recovery.mb, recovery.stage))
 
+    @_input
+    def plan_recovery(self, dead: str, stage: int, reports: Sequence[NeighbourReport]
+                      ) -> RecoveryOrders:
+        """`dead` (of `stage`) died in the round in progress and its live neighbours reported
+        `reports`: the rules decide (`gwtf.recovery.plan_crash`; a dead holder's unfinished
+        share is what it held), what was planned for it before in this round is left alone,
+        and the new drops and replays are recorded (`recovering`). See `RecoveryOrders`."""
+        held = self.held_by(dead) if stage == 0 else ()
+        crash = plan_crash(dead, stage, self.num_stages, reports, finished=self.finished,
+                           held_by_dead=held)
+        planned = self.planned.setdefault(dead, set())
+        recoveries = tuple(r for r in crash.recoveries if r.mb not in planned)
+        dropped = frozenset(m for m in crash.dropped
+                            if m not in planned and m not in self.finished)
+        fresh = CrashPlan(dead, stage, recoveries, dropped)
+        if not recoveries and not dropped:
+            return RecoveryOrders(fresh, ())
+        planned.update(r.mb for r in recoveries)
+        planned.update(dropped)
+        self.recovering(fresh)
+        sources: list[str] = []
+        for recovery in recoveries:
+            if recovery.activation_from is None:
+                return RecoveryOrders(fresh, tuple(sources), f"microbatch {recovery.mb} of "
+                                      f"{dead} has no live node holding its input")
+            if stage != 0:
+                sources.append(recovery.activation_from)
+                continue
+            holders = [h for h in self.live_holders() if h != dead]
+            if not holders:
+                return RecoveryOrders(fresh, tuple(sources), "no live data holder can recover "
+                                      "a dead holder's microbatch")
+            sources.append(holders[self._holder_turn % len(holders)])
+            self._holder_turn += 1
+        return RecoveryOrders(fresh, tuple(sources))
+
+    @_input
     def commit_order(self) -> CommitOrder | None:
         """Phase one of a new attempt, once the iteration may commit; None while it may not."""
         if self.in_commit or self.injecting >= self.iterations or self.unfinished():
@@ -372,6 +512,7 @@ class IterationCoordinator:
             () if final else self.live_holders(), self.round, self.attempt, dict(self._members),
         )
 
+    @_input
     def prepared(self, report: PreparedReport) -> StepOrder | Outliers | str | None:
         """A member is prepared. The step order once all are and rule 6 holds; the replicas to
         exclude when all are and a majority of a stage named some (the attempt is void); a
@@ -463,6 +604,7 @@ class IterationCoordinator:
 
     def _next_iteration(self, holders: Sequence[str], weights: Mapping[str, int] | None
                         ) -> None:
+        self.planned = {}
         self.injecting += 1
         self.round = self.round_floor
         self.attempt = 0
@@ -475,6 +617,7 @@ class IterationCoordinator:
             self._holders = tuple(sorted(holders))
             self._weights = dict(weights) if weights else None
 
+    @_input
     def stepped(self, order: StepOrder, members: Iterable[str]) -> None:
         """A step ordered by an earlier coordinator (a new one takes over after it): wait for
         the committed reports of `members`."""
@@ -482,6 +625,7 @@ class IterationCoordinator:
         if order.iteration >= self.injecting:
             self._next_iteration(order.next_holders, order.weights())
 
+    @_input
     def committed(self, report: CommittedReport) -> list[IterationOutcome]:
         """A participant's report; the iterations it completes, in order (usually none or one)."""
         stepping = self._stepping.get(report.iteration)
@@ -510,6 +654,7 @@ class IterationCoordinator:
 
     # ------------------------------------------------------------------ membership
 
+    @_input
     def member_down(self, node: str) -> bool:
         """A participant died or left. True when it voided the commit attempt under way."""
         self.participants.pop(node, None)
@@ -522,16 +667,19 @@ class IterationCoordinator:
         # A dead holder's share stays assigned: its microbatches are recovered or dropped.
         return voided
 
+    @_input
     def completions(self) -> list[IterationOutcome]:
         """Iterations a death completed (the last reports it waited for will never come)."""
         return self._complete()
 
+    @_input
     def admit(self, node: str, stage: int) -> None:
         """A joiner takes part from now on (it holds its stage's state of this iteration)."""
         if not 0 <= stage < self.num_stages:
             raise ReportError(f"stage {stage} is outside the job's 0..{self.num_stages - 1}")
         self.participants[node] = stage
 
+    @_input
     def restart(self, reason: str = "") -> tuple[int, int, tuple[str, ...], tuple[int, ...]]:
         """Start the iteration again from scratch with the live participants: (iteration, new
         round, its holders, their weights). ValueError when no data holder is left."""
@@ -541,6 +689,7 @@ class IterationCoordinator:
         weights = self.next_weights(holders)
         self._weights = weights_of(holders, weights)
         self.round += 1
+        self.planned = {}
         self.attempt = 0
         self.finished = set()
         self.dropped = set()
@@ -550,6 +699,7 @@ class IterationCoordinator:
         self._holders = holders
         return self.injecting, self.round, holders, weights
 
+    @_input
     def rollback(self, iteration: int) -> tuple[int, tuple[str, ...], tuple[int, ...]]:
         """Go back to `iteration`, older than the one in progress (a stage lost every replica
         and its snapshot is of `iteration`: docs/design.md 4.6): what stepped since is undone

@@ -45,11 +45,12 @@ from gwtf.job.iterations import (
 )
 from gwtf.node.codec import member_to_pb
 from gwtf.node.jobhost import JobsHost
+from gwtf.node.jobrecord import record_journal
 from gwtf.node.jobroll import Entrance, participants_pb
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import job_event
 from gwtf.node.transport import Stubs
-from gwtf.recovery import CrashPlan, Evidence, NeighbourReport, Rule, plan_crash
+from gwtf.recovery import Evidence, NeighbourReport, Rule
 from gwtf.v1 import job_pb2, node_pb2
 
 __all__ = ["ActiveJob", "JobCoordinator", "Manager"]
@@ -133,8 +134,6 @@ class JobCoordinator:
         self.job = active.job
         self.job_id = active.job_id
         self.log = manager.host.log
-        self.planned: dict[str, set[int]] = {}
-        """Per dead node, the microbatches of this round already recovered or dropped."""
         self.dead: dict[str, tuple[int, float]] = {}
         """Nodes that died lately, with their stage and when this node heard of it: a sweep
         plans them again, in whatever round is in progress then (a node that hears of a death
@@ -143,9 +142,9 @@ class JobCoordinator:
         self._swept = False
         self._paused_since: float | None = None
         self._stopped = False
-        self._holder_turn = 0
         self.stall_s = manager.host.config.recovery_stall_s
         self.entrance = Entrance(self)
+        record_journal(plan, self.host.node_id, self.job_id, self.log)
 
     # ------------------------------------------------------------------ helpers
 
@@ -322,7 +321,6 @@ class JobCoordinator:
             dropped=order.dropped, excluded=self.manager.excluded(self.job_id),
             next_round=order.next_round,
         )
-        self.planned = {}
         for node in sorted(order.participants):
             self.spawn(
                 self.call_to(node, lambda stubs, t: stubs.jobs.Step(request, timeout=t),
@@ -417,41 +415,30 @@ class JobCoordinator:
                 self._restart(f"{silent[0]} did not report what it holds of {dead}'s work")
             return
         reports = [r for r in replies if r is not None]
-        held = plan.held_by(dead) if stage == 0 else ()
-        crash = plan_crash(
-            dead, stage, plan.num_stages, reports, finished=plan.finished, held_by_dead=held
-        )
-        done = self.planned.setdefault(dead, set())
-        recoveries = tuple(r for r in crash.recoveries if r.mb not in done)
-        dropped = frozenset(m for m in crash.dropped if m not in done and m not in plan.finished)
-        if not recoveries and not dropped:
+        orders = plan.plan_recovery(dead, stage, reports)
+        fresh = orders.plan
+        if not fresh.recoveries and not fresh.dropped:
             return
-        done.update(r.mb for r in recoveries)
-        done.update(dropped)
-        fresh = CrashPlan(dead, stage, recoveries, dropped)
-        plan.recovering(fresh)
         progress = self.progress()
-        progress.rerouted_microbatches += len(recoveries)
+        progress.rerouted_microbatches += len(fresh.recoveries)
         progress.replayed_microbatches += fresh.count(Rule.RECOMPUTE) + fresh.count(Rule.REPLAY)
-        if dropped:
-            self._record_drops(iteration, dropped)
+        if fresh.dropped:
+            self._record_drops(iteration, fresh.dropped)
         self.log.warning(
             "job %s iteration %d: recovery of %s (stage %d): %d resent, %d recomputed, "
             "%d replayed, %d dropped (from %d neighbour reports)", self.job_id, iteration, dead,
             stage, fresh.count(Rule.RESEND), fresh.count(Rule.RECOMPUTE),
-            fresh.count(Rule.REPLAY), len(dropped), len(reports),
+            fresh.count(Rule.REPLAY), len(fresh.dropped), len(reports),
             extra=job_event(self.job_id, iteration),
         )
         self.manager.changed(self.active)
-        for recovery in recoveries:
-            if recovery.activation_from is None:
-                self._restart(
-                    f"microbatch {recovery.mb} of {dead} has no live node holding its input"
-                )
-                return
-            self.spawn(self._dispatch(recovery.mb, stage, recovery.rule, dead,
-                                       recovery.activation_from, recovery.gradient_from or "",
-                                       iteration, round_), f"dispatch {recovery.mb}")
+        for recovery, source in zip(fresh.recoveries, orders.sources, strict=False):
+            self.spawn(self._dispatch(recovery.mb, stage, recovery.rule, dead, source,
+                                      recovery.gradient_from or "", iteration, round_),
+                       f"dispatch {recovery.mb}")
+        if orders.restart:
+            self._restart(orders.restart)
+            return
         self._try_commit()
 
     def _record_drops(self, iteration: int, dropped: frozenset[int]) -> None:
@@ -468,13 +455,6 @@ class JobCoordinator:
 
     async def _dispatch(self, mb: int, stage: int, rule: Rule, dead: str, source: str,
                         gradient_from: str, iteration: int, round_: int) -> None:
-        if stage == 0:
-            holders = [h for h in self.plan.live_holders() if h != dead]
-            if not holders:
-                self._restart("no live data holder can recover a dead holder's microbatch")
-                return
-            source = holders[self._holder_turn % len(holders)]
-            self._holder_turn += 1
         request = job_pb2.RecoverRequest(
             sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,
             microbatch=mb, stage=stage, rule=int(rule), dead=dead, gradient_from=gradient_from,
@@ -497,7 +477,6 @@ class JobCoordinator:
         except ValueError as err:
             self.manager.fail(self.job_id, str(err))
             return
-        self.planned = {}
         self.moved()
         progress = self.progress()
         progress.restarts += 1

@@ -57,7 +57,6 @@ class Coordinating(Protocol):
     job: Any
     job_id: str
     active: Any
-    planned: dict[str, set[int]]
 
     @property
     def manager(self) -> _Manager: ...
@@ -210,7 +209,6 @@ class Entrance:
         except ValueError as err:
             coord.manager.fail(coord.job_id, str(err))
             return False
-        coord.planned = {}
         reason = (f"stage {stage} lost every replica at iteration {before}; its newest snapshot "
                   f"is of iteration {to}")
         self._record(stage, before, to, reason)

@@ -84,6 +84,7 @@ from gwtf.job.iterations import CommitOrder, StepOrder
 from gwtf.node.commit import CommitParticipant
 from gwtf.node.faults import Fault
 from gwtf.node.gradsync import ContributionHeader
+from gwtf.node.jobrecord import journaled_ledger
 from gwtf.node.pipeline import MicrobatchPipeline
 from gwtf.node.recoveries import RecoveryHandler
 from gwtf.node.runtime import COMMIT, ComputeRuntime
@@ -126,6 +127,10 @@ class StageWorker:
         self._ctx = ctx = StageContext(
             host, job, executor, slots=slots, config=config, fault=fault
         )
+        ledger = journaled_ledger(host.node_id, ctx.stage, executor.iteration, ctx.job_id,
+                                  host.log)
+        if ledger is not None:
+            ctx.ledger = ledger
         self._runtime = ComputeRuntime(ctx, emulate_compute_s)
         self._sender = DataPlaneSender(ctx)
         self._pipeline = MicrobatchPipeline(ctx, self._runtime, self._sender, corpus)

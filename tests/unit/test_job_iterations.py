@@ -11,7 +11,7 @@ from gwtf.job.iterations import (
     StepOrder,
     assign,
 )
-from gwtf.recovery import CrashPlan, Recovery, Rule
+from gwtf.recovery import CrashPlan, Evidence, NeighbourReport, Recovery, Rule
 from gwtf.train.data import assign_microbatches
 
 PARTICIPANTS = {"h0": 0, "h1": 0, "a": 1, "b": 1, "z": 2}
@@ -358,3 +358,42 @@ def test_a_kept_sum_is_not_waited_for_and_the_keeper_contributes_it() -> None:
     prepared(c, "h1", [])
     prepared(c, "a", range(5))
     assert isinstance(prepared(c, "z", range(5)), StepOrder)
+
+
+def test_plan_recovery_orders_each_microbatch_once_per_round() -> None:
+    c = coordinator()
+    c.member_down("b")
+    # a sent 3 to b and got its gradient back (b accumulated it); z holds 4's output from b.
+    reports = [NeighbourReport("h0", 0, ((3, Evidence.BACKWARD_DONE), (4, Evidence.SENT))),
+               NeighbourReport("z", 2, ((4, Evidence.FORWARD_DONE),))]
+    orders = c.plan_recovery("b", 1, reports)
+    assert [(r.mb, r.rule) for r in orders.plan.recoveries] == [(3, Rule.REPLAY),
+                                                               (4, Rule.RECOMPUTE)]
+    assert orders.sources == ("h0", "h0") and orders.restart == ""
+    assert c.replays == {(3, 1)}
+    # A sweep of the same death orders nothing again; a new round plans afresh.
+    assert c.plan_recovery("b", 1, reports).plan.recoveries == ()
+    c.restart("test")
+    assert len(c.plan_recovery("b", 1, reports).plan.recoveries) == 2
+
+
+def test_plan_recovery_deals_a_dead_holders_work_round_the_live_holders() -> None:
+    c = IterationCoordinator(iterations=1, microbatches=6, num_stages=3, holders=("h0", "h1",
+                             "h2"), participants={"h0": 0, "h1": 0, "h2": 0, "a": 1, "z": 2})
+    c.done("h2", 0, 0, [2])
+    c.member_down("h2")
+    # h2's share is 2 and 5: 2 finished (replayed at stage 0), 5 never left it (dropped).
+    orders = c.plan_recovery("h2", 0, [NeighbourReport("a", 1, ((2, Evidence.FORWARD_DONE),))])
+    assert [(r.mb, r.rule) for r in orders.plan.recoveries] == [(2, Rule.REPLAY)]
+    assert orders.plan.dropped == {5} and orders.sources == ("h0",)
+    again = c.plan_recovery("h2", 0, [NeighbourReport("a", 1, ((2, Evidence.FORWARD_DONE),
+                                                               (5, Evidence.SENT)))])
+    assert again.plan.recoveries == () and again.plan.dropped == frozenset()
+
+
+def test_plan_recovery_restarts_a_round_whose_input_died_too() -> None:
+    c = coordinator()
+    c.member_down("a")
+    c.member_down("h0")  # a's upstream died too: only z reports what a held
+    orders = c.plan_recovery("a", 1, [NeighbourReport("z", 2, ((1, Evidence.FORWARD_DONE),))])
+    assert orders.sources == () and "microbatch 1 of a has no live node" in orders.restart
