@@ -159,6 +159,7 @@ class Node:
         state = self._state
         state.identify(_advertised(host, self.settings.advertise, port))
         self._peers.open(state.node_id)
+        state.spawn(self._peers.watch_schedule(self.log), "partition schedule")
         return port
 
     async def enter_swarm(self) -> None:
