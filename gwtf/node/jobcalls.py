@@ -264,6 +264,7 @@ class JobCalls:
         if not weights_fit(request.next_holders, request.next_weights):
             raise InvalidMessage("the step's weights do not match its holders")
         active.participants.update(participants)
+        active.base = set(participants)  # the voters of the next commit (gwtf.job.quorum)
         self.excluded_here(active, request.excluded)
         if active.worker is not worker:
             return job_pb2.StepReply()  # this node was the one excluded

@@ -60,6 +60,9 @@ class CurrentJob:
     keepers: dict[int, str] = field(default_factory=dict)
     """Stage -> the node that keeps the backup of its last replica's state."""
     taking_over: bool = False
+    base: set[str] = field(default_factory=set)
+    """The members of the last commit this node took part in (at the start: the participants):
+    the voters of its quorum should it take the job over (gwtf.job.quorum)."""
 
 
 def stop_worker(host: JobsHost, active: CurrentJob) -> None:
