@@ -236,7 +236,11 @@ class JobCalls:
         # The coordinator left these out of the attempt because they died or left: hear of
         # it before acting on the attempt, as the coordinator did
         # (gwtf.node.control.MembershipControl.on_events).
-        self.host.hear_verdicts(verdicts)
+        self.book.vouched = {info.id for info in verdicts}
+        try:
+            self.host.hear_verdicts(verdicts)
+        finally:
+            self.book.vouched = set()
         job = self.book.active.job if self.book.active is not None else None
         assert job is not None
         ids = tuple(request.microbatches)

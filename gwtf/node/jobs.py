@@ -458,7 +458,7 @@ class JobManager:
         progress = self.book.records[active.job_id]
         if progress.state != job_pb2.JOB_STATE_RUNNING or member.id in active.departed:
             return
-        if verb == "left":
+        if verb == "left" or member.id in self.book.vouched:
             self._member_down(active, member, verb)
             return
 

@@ -79,6 +79,9 @@ class JobBook:
         self.records: dict[str, job_pb2.JobProgress] = {}
         self.active: CurrentJob | None = None
         self._changed = asyncio.Event()
+        self.vouched: set[str] = set()
+        """Participants whose death the coordinator named in a commit (it confirmed them): the
+        job acts on them at once, with no confirmation of its own (gwtf.node.jobheal)."""
 
     def current(self, job_id: str) -> CurrentJob | None:
         """The job in hand if it is `job_id`."""
