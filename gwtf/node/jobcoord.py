@@ -576,6 +576,8 @@ class JobCoordinator:
             await asyncio.sleep(1.0)
             if not self.plan.empty_stages():
                 self.update_pause()  # the quorum comes and goes with probes and heals
+                if self._paused_since is None:
+                    self._try_commit()  # it may have come back with all the work done
             if self._paused_since is not None:
                 self.moved()
                 continue

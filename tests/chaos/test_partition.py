@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -45,7 +46,10 @@ NODES = [  # id, stage, compute_s, location
     ("a1", 1, 0.09, "Seoul"),
     ("z1", 2, 0.07, "Tokyo"),
 ]
-PARTITION_S = 8.0
+PARTITION_S = float(os.environ.get("GWTF_PARTITION_S", "8"))
+"""How long the cut holds: 8 s in the suite (more than twice the failure timeout, so each side
+declares the other dead); the issue's 30 s by hand, `GWTF_PARTITION_S=30` (benchmarks/RESULTS.md,
+section `partition`)."""
 WAIT_S = 180.0
 _STEPPED = re.compile(r"job (\S+) iteration (\d+) stepped at stage (\d+) .*: checksum (\S+)")
 
