@@ -7,9 +7,9 @@ holder and a node of every stage). The schedule file cuts the two groups apart f
 `PARTITION_S` while the job runs. Each side soon takes the other for dead; the Asian side has a
 data holder, so it gets a coordinator of its own. Then:
 
-- no two coordinators commit different updates to one iteration: every replica logs the
-  checksum of every step it takes, and for each (iteration, stage) the logs of all seven nodes
-  hold one checksum;
+- no two coordinators commit one iteration: each iteration's step is ordered by one node's
+  coordinator in all seven nodes' logs, and every replica logs the checksum of every step it
+  takes, one checksum per (iteration, stage) in all the logs;
 - the job completes and equals `gwtf.train.train_reference` over the microbatches it trained,
   bit for bit;
 - the replicas of every stage end with the same weights, those of the other side too.
@@ -52,6 +52,7 @@ declares the other dead); the issue's 30 s by hand, `GWTF_PARTITION_S=30` (bench
 section `partition`)."""
 WAIT_S = 180.0
 _STEPPED = re.compile(r"job (\S+) iteration (\d+) stepped at stage (\d+) .*: checksum (\S+)")
+_ORDERED = re.compile(r"job (\S+) iteration (\d+): every member is prepared")
 
 
 @pytest.fixture
@@ -95,6 +96,17 @@ def steps_logged(swarm: LocalSwarm, job_id: str) -> dict[tuple[int, int], dict[s
     return out
 
 
+def steps_ordered(swarm: LocalSwarm, job_id: str) -> dict[int, set[str]]:
+    """Iteration -> the nodes whose logs say they ordered its step as the job's coordinator."""
+    out: dict[int, set[str]] = {}
+    for log in sorted(swarm.log_dir.glob("*.log")):
+        node = log.name.split(".")[0]
+        for match in _ORDERED.finditer(log.read_text()):
+            if match.group(1) == job_id:
+                out.setdefault(int(match.group(2)), set()).add(node)
+    return out
+
+
 def final_weights(swarm: LocalSwarm, job_id: str) -> dict[str, tuple[int, int, str]]:
     """Node -> (stage, iteration, sha256 of its weights of the job) for every live node."""
     from grpc import aio
@@ -133,7 +145,10 @@ def assert_equals_reference(result: JobResult, job: JobConfig) -> None:
 
 def test_a_partition_heals_without_split_brain(swarm: tuple[LocalSwarm, Path]) -> None:
     nodes, schedule = swarm
-    job = dataclasses.replace(PRESETS["tiny-gpt"], name="partition", iterations=10)
+    # Long enough to go on well after the heal (an iteration takes about 0.6 s here), so that
+    # the side that was cut off re-enters the job before it ends.
+    iterations = 24 + 2 * round(PARTITION_S)
+    job = dataclasses.replace(PRESETS["tiny-gpt"], name="partition", iterations=iterations)
     client = GwtfClient(nodes.procs["h0"].address)
     began = time.monotonic()
     job_id = client.submit(job)
@@ -142,9 +157,12 @@ def test_a_partition_heals_without_split_brain(swarm: tuple[LocalSwarm, Path]) -
     result = client.wait(job_id, timeout_s=WAIT_S)
     print(f"job over {time.monotonic() - began:.1f} s after submission, "
           f"{time.time() - healed:.1f} s after the heal")
+    ordered = steps_ordered(nodes, job_id)
+    assert sorted(ordered) == list(range(iterations)), ordered
+    twice = {k: v for k, v in ordered.items() if len(v) > 1}
+    assert not twice, f"two coordinators committed one iteration: {twice}"
     steps = steps_logged(nodes, job_id)
     split = {k: v for k, v in steps.items() if len(v) > 1}
-    print("steps", sorted(steps.items()))
     assert not split, f"two updates of one iteration: {split}"
     assert_equals_reference(result, job)
     weights = final_weights(nodes, job_id)
