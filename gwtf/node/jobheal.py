@@ -77,9 +77,11 @@ class Healer:
             return False
         return progress.iterations_completed > here
 
-    def resync(self, active: CurrentJob, coordinator: str, reason: str) -> None:
+    def resync(self, active: CurrentJob, coordinator: str, reason: str,
+               record: job_pb2.JobProgress | None = None) -> None:
         """This node's part of the job is stale (`reason`): drop it and enter the job again
-        through `coordinator`."""
+        through `coordinator`. `record`: that coordinator's record of the job, which replaces
+        this node's (so that the stale side's records are older news from now on)."""
         if self.book.active is not active:
             return
         self.host.log.warning(
@@ -92,6 +94,8 @@ class Healer:
         stop_worker(self.host, active)
         self.book.active = None
         progress = self.book.records[active.job_id]
+        if record is not None:
+            progress.CopyFrom(record)
         progress.coordinator = coordinator
         progress.paused = ""
         self.book.record(progress)

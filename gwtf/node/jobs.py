@@ -362,9 +362,11 @@ class JobManager:
         known = self.book.records.get(progress.job_id)
         active = self.book.current(progress.job_id)
         if active is not None and self.healer.stale(active, request.sender, progress):
-            self.resync(active, request.sender,
-                        f"{request.sender} completed iteration {progress.iterations_completed - 1} "
-                        "without it")
+            self.healer.resync(
+                active, request.sender,
+                f"{request.sender} completed iteration {progress.iterations_completed - 1} "
+                "without it", progress,
+            )
             return job_pb2.ProgressReply()
         if active is not None:
             if active.coord is not None:
