@@ -56,12 +56,15 @@ class MembershipControl:
         flows: FlowControl,
         status: StatusReport,
         member_down: MemberDown,
+        member_up: Callable[[MemberInfo], None] | None = None,
     ) -> None:
+        """`member_up`: what the job runtime hears of a member that is alive (anew)."""
         self._state = state
         self._peers = peers
         self._flows = flows
         self._status = status
         self._member_down = member_down
+        self._member_up = member_up
 
     def start(self) -> None:
         """The node entered its swarm: heartbeats begin."""
@@ -83,9 +86,11 @@ class MembershipControl:
             # rescale (FlowNode.note_change), as the in-process bus does on every node.
             state.driver.note_change()
         down: list[MemberEvent] = []
+        up: list[MemberInfo] = []
         for event in events:
             m = event.member
             if event.kind == "alive":
+                up.append(m)
                 stats.joins += 1
                 state.log.info(
                     "member %s alive (stage %d, %s%s): %s",
@@ -109,6 +114,9 @@ class MembershipControl:
             self._status.publish_metrics()
         for event in down:
             self._member_down(event.member, "left" if event.kind == "left" else "died")
+        if self._member_up is not None:
+            for m in up:
+                self._member_up(m)
         self._flows.after_change()
 
     def refused(self, member: MemberInfo) -> None:

@@ -353,6 +353,23 @@ class JobCoordinator:
             self.plan.shown_gone(member.id)
         self._down(member.id, verb)
 
+    def came_back(self, node: str) -> None:
+        """`node` was declared dead by nodes that lost sight of it (the far side of a healed
+        partition) and answers with its part of the job: what went to or from it meanwhile
+        (this iteration's commit calls among them) may be lost, so once it is a live member
+        again the round starts over rather than wait for the watchdog."""
+        if node not in self.plan.participants:
+            return
+
+        async def later() -> None:
+            for _ in range(20):
+                if self._stopped or self.host.member(node) is not None:
+                    break
+                await asyncio.sleep(0.25)
+            self._restart(f"{node} was declared dead by nodes that lost sight of it")
+
+        self.spawn(later(), f"{node} came back")
+
     def _quorum_changed(self) -> None:
         """A silent voter was shown dead: the quorum may hold now."""
         self.update_pause()
@@ -546,6 +563,8 @@ class JobCoordinator:
             )
 
     def update_pause(self) -> None:
+        if self._stopped:
+            return  # no longer this node's job to coordinate (over, or handed to another side)
         empty = self.plan.empty_stages()
         progress = self.progress()
         now = time.monotonic()

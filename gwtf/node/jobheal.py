@@ -14,14 +14,16 @@ membership verdict on a participant as its death without asking:
   partition).
 - `stale`: a participant on the side that could not commit hears the job's record from a
   coordinator it does not follow, counting an iteration complete that it has not stepped: the
-  job went on without it. `resync` then drops its part (and its coordination, if it had taken
-  the job over) and enters the job again through that coordinator as a joiner does (3.8),
-  fetching its stage's state from a live replica of the side that went on: its replicas end
-  identical to the others.
+  job went on without it. Or (`returned`) a participant it had taken for dead comes back as a
+  new incarnation and, asked, follows another coordinator at a later iteration. `resync` then
+  drops this node's part (and its coordination, if it had taken the job over) and enters the
+  job again through that coordinator as a joiner does (3.8), fetching its stage's state from a
+  live replica of the side that went on: its replicas end identical to the others.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 import grpc
@@ -59,6 +61,38 @@ class Healer:
             return "silent"
         return "alive"
 
+    async def returned(self, active: CurrentJob, member: MemberInfo) -> None:
+        """`member`, which the job took for dead, is alive again: if it follows another
+        coordinator whose job went on past this node (or, both sides stuck at one iteration,
+        one of smaller id than this node's), this node is stale and re-enters through it."""
+        request = job_pb2.SyncRequest(sender=self.host.node_id, job_id=active.job_id)
+        try:
+            reply = await self.host.stubs(member).jobs.Sync(
+                request, timeout=self.host.config.rpc_timeout_s
+            )
+        except aio.AioRpcError:
+            return  # a restarted process that holds nothing of the job, or gone again
+        other, here = reply.coordinator, self._iteration(active)
+        if here is None or not other or other in (active.coordinator, self.host.node_id):
+            return
+        if not (reply.iteration > here or (reply.iteration == here and other < active.coordinator)):
+            return
+        for _ in range(20):  # its coordinator's own new incarnation may reach this node later
+            if self.host.member(other) is not None:
+                self.resync(active, other, f"{member.id} follows {other} at iteration "
+                            f"{reply.iteration}, past this node's {here}")
+                return
+            await asyncio.sleep(0.25)
+
+    @staticmethod
+    def _iteration(active: CurrentJob) -> int | None:
+        """The iteration this node's part of the job is at (None: it has no part)."""
+        if active.worker is not None:
+            return int(active.worker.iteration)
+        if active.coord is not None:
+            return active.coord.plan.injecting
+        return None
+
     def stale(self, active: CurrentJob, sender: str, progress: job_pb2.JobProgress) -> bool:
         """Does `progress`, from `sender`, say the job went on without this node?"""
         if (
@@ -69,13 +103,8 @@ class Healer:
             or active.participants.get(sender) != 0
         ):
             return False
-        if active.worker is not None:
-            here = active.worker.iteration
-        elif active.coord is not None:
-            here = active.coord.plan.injecting
-        else:
-            return False
-        return progress.iterations_completed > here
+        here = self._iteration(active)
+        return here is not None and progress.iterations_completed > here
 
     def resync(self, active: CurrentJob, coordinator: str, reason: str,
                record: job_pb2.JobProgress | None = None) -> None:

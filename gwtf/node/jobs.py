@@ -361,6 +361,12 @@ class JobManager:
         check_name("job id", progress.job_id)
         known = self.book.records.get(progress.job_id)
         active = self.book.current(progress.job_id)
+        if active is not None and active.coord is None and request.sender != active.coordinator:
+            self.host.log.info(
+                "job %s: the record of %s, which this node does not follow (it follows %s): "
+                "%d iterations completed", progress.job_id, request.sender[:40],
+                active.coordinator, progress.iterations_completed,
+            )
         if active is not None and self.healer.stale(active, request.sender, progress):
             self.healer.resync(
                 active, request.sender,
@@ -474,10 +480,23 @@ class JobManager:
                     "far side of a partition lost sight of it): it stays", active.job_id,
                     member.id,
                 )
+                if active.coord is not None:
+                    active.coord.came_back(member.id)
                 return
             self._member_down(active, member, verb, gone=seen == "gone")
 
         self.host.spawn(confirm(), f"confirm {member.id}")
+
+    def on_member_up(self, member: MemberInfo) -> None:
+        """A member is alive again (a new incarnation): if the running job had taken it for
+        dead, ask it where it is; a job that went on without this node's side makes this node
+        stale (gwtf.node.jobheal)."""
+        active = self.book.active
+        if active is None or member.id not in active.departed:
+            return
+        if self.book.records[active.job_id].state != job_pb2.JOB_STATE_RUNNING:
+            return
+        self.host.spawn(self.healer.returned(active, member), f"ask {member.id}")
 
     def _member_down(self, active: CurrentJob, member: MemberInfo, verb: str, *,
                      gone: bool = False) -> None:

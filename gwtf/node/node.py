@@ -106,7 +106,8 @@ class Node:
         self.jobs = JobManager(self)
         self.metrics.add_source(self.jobs.metrics.collect)
         self._control = MembershipControl(
-            state, self._peers, self._flows, self._status, self.jobs.on_member_down
+            state, self._peers, self._flows, self._status, self.jobs.on_member_down,
+            self.jobs.on_member_up,
         )
         self._entry = SwarmEntry(state, self._peers, self.jobs, self._flows.new_driver)
 
