@@ -25,9 +25,10 @@ heal), when its stale replicas are brought back from the side that went on.
 What the rule costs: a job whose majority of nodes fails at once in a way that looks like silence
 (a machine or its network lost, rather than its process killed, which its host refuses calls for)
 pauses until they answer or a joiner restores the stage; a SIGKILL or a preemption that leaves
-the host up is shown gone within a call and costs nothing. Its limit: when every voter of a
+the host up is shown gone within a call and costs nothing. Its limits: when every voter of a
 commit dies after it (both sides' in turn), the survivors may commit that iteration again; the
-earlier commit died with all its holders.
+earlier commit died with all its holders. And it assumes two sides: a node that reaches both
+sides of a partition that is not transitive could prepare for two coordinators at once.
 """
 
 from __future__ import annotations
