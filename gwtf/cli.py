@@ -236,6 +236,11 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--link-matrix", metavar="FILE",
                       help="CSV src,dst,rtt_ms,bandwidth_gbps: delay every outgoing message as "
                       "that link would (e.g. gwtf/data/geo10_aws.csv)")
+    node.add_argument("--wan-schedule", metavar="FILE",
+                      help="partitions of the emulated WAN: a TOML file of [[partition]] tables "
+                      "(groups = two lists of locations, at = Unix start time, duration_s), "
+                      "re-read whenever it changes; every message between the groups is dropped "
+                      "while one holds")
     node.add_argument("--compute-s", type=_positive_float, metavar="S",
                       help="seconds per microbatch of this node's stage (default: measured by a "
                       "short warm-up of --job's stage, which loads torch)")

@@ -9,6 +9,8 @@ What a training job's nodes decide, written once so that every driver decides it
                 gradients, paths, modes, losses), and the checks of an incoming microbatch's tag
     nexthop     next hops: the weights of the next-stage candidates (from the flows once they
                 are settled, else from capacities) and smooth weighted round-robin over them
+    quorum      the split-brain rule: a commit needs a strict majority of the last commit's
+                members that are not shown dead, so at most one side of a partition commits
     roster      who takes part: the nodes per stage, the fit of a start, the coordinator's
                 successor, the last replica of a stage and the keeper of its backup
 

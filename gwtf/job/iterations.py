@@ -32,6 +32,10 @@ the commit runs again without it. A poisoner alone cannot get an honest replica 
 one vote. After a step, a replica whose checksum differs from a strict majority of its stage is
 `outvoted` in the iteration's outcome.
 
+Split brain (`gwtf.job.quorum`). An attempt is ordered only while its members include a strict
+majority of the iteration's *base* (the members of the last commit) that were not shown dead
+(`gone`): a partition leaves at most one side able to commit, and the other waits.
+
 When the rules cannot recover a microbatch (no live node holds its input: two neighbours died
 at once), or a new coordinator takes over, the iteration starts again from scratch as a new
 `round` (`restart`): every node forgets its work of the iteration; parameters only change at a
@@ -60,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from gwtf.job.nexthop import SmoothRoundRobin
+from gwtf.job.quorum import QuorumVerdict, commit_quorum
 from gwtf.recovery import CrashPlan, NeighbourReport, Rule, check_commit, plan_crash
 
 __all__ = [
@@ -241,7 +246,7 @@ Journal = Callable[[JournalEntry], None]
 
 INPUTS = (
     "done", "replayed", "recovering", "plan_recovery", "commit_order", "prepared", "stepped",
-    "committed", "member_down", "completions", "admit", "restart", "rollback",
+    "committed", "member_down", "completions", "admit", "restart", "rollback", "shown_gone",
 )
 """The methods through which everything the coordinator decides comes in: a journal of their
 calls and results, fed to a fresh coordinator, decides the same (`gwtf.job.journal`)."""
@@ -304,7 +309,10 @@ class IterationCoordinator:
         weights: Mapping[str, int] | None = None,
         iteration: int = 0,
         round_: int = 0,
+        base: Iterable[str] | None = None,
     ) -> None:
+        """`base`: the members of the last commit before `iteration` (default: `participants`,
+        those the job starts with)."""
         if iterations < 1 or microbatches < 1:
             raise ValueError("a job needs at least one iteration and one microbatch")
         self.iterations = iterations
@@ -333,6 +341,10 @@ class IterationCoordinator:
         self.round_floor = round_
         """Every iteration starts at this round: after a rollback, above every round used
         before it, so that no message from before the rollback passes for a current one."""
+        self.base: frozenset[str] = frozenset(participants if base is None else base)
+        """The members of the last commit: the voters of the next one's quorum."""
+        self.gone: set[str] = set()
+        """Nodes shown dead (their address refuses calls): they no longer vote."""
         self.planned: dict[str, set[int]] = {}
         """Per dead node, the microbatches of this round already recovered or dropped."""
         self._holder_turn = 0
@@ -345,6 +357,7 @@ class IterationCoordinator:
             "participants": dict(participants), "num_stages": num_stages,
             "holders": tuple(holders), "weights": dict(weights) if weights else None,
             "iteration": iteration, "round_": round_,
+            "base": tuple(sorted(self.base)),
         }
 
     def attach(self, journal: Journal) -> None:
@@ -496,12 +509,23 @@ class IterationCoordinator:
             self._holder_turn += 1
         return RecoveryOrders(fresh, tuple(sources))
 
+    def quorum(self) -> QuorumVerdict:
+        """May the live participants commit the iteration in progress (`gwtf.job.quorum`)?"""
+        return commit_quorum(self.base, self.participants, self.gone)
+
+    @_input
+    def shown_gone(self, node: str) -> None:
+        """`node` is shown dead (a call to it was refused, or it holds nothing of the job): it
+        no longer counts against the quorum."""
+        self.gone.add(node)
+
     @_input
     def commit_order(self) -> CommitOrder | None:
-        """Phase one of a new attempt, once the iteration may commit; None while it may not."""
+        """Phase one of a new attempt, once the iteration may commit; None while it may not
+        (work outstanding, an empty stage, or no quorum)."""
         if self.in_commit or self.injecting >= self.iterations or self.unfinished():
             return None
-        if self.replays or self.empty_stages():
+        if self.replays or self.empty_stages() or not self.quorum().ok:
             return None
         self.attempt += 1
         self._members = dict(self.participants)
@@ -584,6 +608,7 @@ class IterationCoordinator:
             order, set(self._members), routes,
             sum(r.compute_s for r in reports), sum(r.replayed_s for r in reports),
         )
+        self.base = frozenset(self._members)
         self._next_iteration(order.next_holders, order.weights())
         return order
 
@@ -623,6 +648,7 @@ class IterationCoordinator:
         the committed reports of `members`."""
         self._stepping[order.iteration] = _Stepping(order, set(members), {}, 0.0, 0.0)
         if order.iteration >= self.injecting:
+            self.base = frozenset(members)
             self._next_iteration(order.next_holders, order.weights())
 
     @_input
@@ -717,6 +743,8 @@ class IterationCoordinator:
         self.injecting = iteration
         self.completed = iteration
         self._stepping = {}
+        # Every participant restores its own state of `iteration`, or refuses and fails the job.
+        self.base = frozenset(self.participants)
         self.round = top  # restart() moves it on to the floor
         _, round_, holders, weights = self.restart()
         return round_, holders, weights

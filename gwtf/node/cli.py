@@ -121,8 +121,10 @@ def run_node(args: argparse.Namespace) -> int:
     from gwtf.node.faults import FAULT_ENV, FaultError, parse_fault
     from gwtf.node.node import NodeSettings
     from gwtf.node.observe import configure_logging
+    from gwtf.node.peers import read_schedule
     from gwtf.node.ratelimit import RateLimit
     from gwtf.node.security import SecurityError, credentials_from_args
+    from gwtf.node.wan import ScheduleError
 
     if args.stages is None and not args.bootstrap:
         # Before the node binds anything: without a stage, `gwtf node` alone is the likeliest
@@ -134,10 +136,15 @@ def run_node(args: argparse.Namespace) -> int:
         if args.id is not None:
             check_name("--id", args.id)
         links, location = load_matrix(args.link_matrix, args.location)
+        if args.wan_schedule is not None:
+            if links is None:
+                raise TopologyError("--wan-schedule needs --link-matrix FILE and --location "
+                                    "(it partitions the emulated WAN)")
+            read_schedule(args.wan_schedule, {n for pair in links for n in pair})
         spec = args.fault if args.fault is not None else os.environ.get(FAULT_ENV, "")
         fault = parse_fault(spec) if spec else None
         credentials = credentials_from_args(args)
-    except (TopologyError, InvalidMessage, FaultError, SecurityError) as err:
+    except (TopologyError, InvalidMessage, FaultError, SecurityError, ScheduleError) as err:
         print(f"gwtf node: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -160,6 +167,7 @@ def run_node(args: argparse.Namespace) -> int:
         bootstrap=tuple(args.bootstrap or ()),
         location=location,
         links=links,
+        wan_schedule=args.wan_schedule,
         compute_s=args.compute_s,
         job=args.job,
         num_stages=args.stages,

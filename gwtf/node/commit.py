@@ -323,6 +323,10 @@ class CommitParticipant:
             )
             return
         self.last_step = LastStep(order.iteration, order.loss, order.trained, order.dropped)
+        ctx.host.log.info(
+            "job %s iteration %d stepped at stage %d (round %d): checksum %s",
+            ctx.job_id, order.iteration, ctx.stage, order.round, checksum,
+        )
         self._observe_step(order, time.monotonic() - began)
         report = CommittedReport(
             sender=me,

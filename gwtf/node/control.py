@@ -34,7 +34,13 @@ from gwtf.node.status import StatusReport
 from gwtf.node.transport import is_refused
 from gwtf.v1 import node_pb2
 
-__all__ = ["MembershipControl"]
+__all__ = ["RECONNECT_S", "MembershipControl"]
+
+RECONNECT_S = 1.0
+"""How often a node also gossips with one member it holds dead (`Membership.reconnect_target`):
+a partition's two sides each take the other for dead and stop calling it, so without these
+calls they would never hear of each other again once it heals. A truly dead member's address
+refuses the call at once (or it times out in the background)."""
 
 MemberDown = Callable[[MemberInfo, str], None]
 """What the job runtime hears of a member that is gone: the member, and "left" or "died"."""
@@ -50,12 +56,15 @@ class MembershipControl:
         flows: FlowControl,
         status: StatusReport,
         member_down: MemberDown,
+        member_up: Callable[[MemberInfo], None] | None = None,
     ) -> None:
+        """`member_up`: what the job runtime hears of a member that is alive (anew)."""
         self._state = state
         self._peers = peers
         self._flows = flows
         self._status = status
         self._member_down = member_down
+        self._member_up = member_up
 
     def start(self) -> None:
         """The node entered its swarm: heartbeats begin."""
@@ -77,9 +86,11 @@ class MembershipControl:
             # rescale (FlowNode.note_change), as the in-process bus does on every node.
             state.driver.note_change()
         down: list[MemberEvent] = []
+        up: list[MemberInfo] = []
         for event in events:
             m = event.member
             if event.kind == "alive":
+                up.append(m)
                 stats.joins += 1
                 state.log.info(
                     "member %s alive (stage %d, %s%s): %s",
@@ -103,6 +114,9 @@ class MembershipControl:
             self._status.publish_metrics()
         for event in down:
             self._member_down(event.member, "left" if event.kind == "left" else "died")
+        if self._member_up is not None:
+            for m in up:
+                self._member_up(m)
         self._flows.after_change()
 
     def refused(self, member: MemberInfo) -> None:
@@ -119,6 +133,7 @@ class MembershipControl:
     async def _heartbeat_loop(self) -> None:
         state = self._state
         config = state.config
+        reconnect_at = time.monotonic() + RECONNECT_S
         while True:
             self._status.publish_metrics()
             await asyncio.sleep(config.heartbeat_s)
@@ -133,6 +148,11 @@ class MembershipControl:
             calls = {m.id: m for m in targets}
             for m in (*members.watch_targets(), *to_ping):
                 calls.setdefault(m.id, m)
+            if time.monotonic() >= reconnect_at:
+                reconnect_at = time.monotonic() + RECONNECT_S
+                dead = members.reconnect_target()
+                if dead is not None:
+                    calls.setdefault(dead.id, dead)
             for m in calls.values():
                 state.spawn(self._gossip_with(m), "gossip")
             if self._peers.wan is not None:

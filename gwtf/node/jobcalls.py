@@ -236,7 +236,11 @@ class JobCalls:
         # The coordinator left these out of the attempt because they died or left: hear of
         # it before acting on the attempt, as the coordinator did
         # (gwtf.node.control.MembershipControl.on_events).
-        self.host.hear_verdicts(verdicts)
+        self.book.vouched = {info.id for info in verdicts}
+        try:
+            self.host.hear_verdicts(verdicts)
+        finally:
+            self.book.vouched = set()
         job = self.book.active.job if self.book.active is not None else None
         assert job is not None
         ids = tuple(request.microbatches)
@@ -264,6 +268,7 @@ class JobCalls:
         if not weights_fit(request.next_holders, request.next_weights):
             raise InvalidMessage("the step's weights do not match its holders")
         active.participants.update(participants)
+        active.base = set(participants)  # the voters of the next commit (gwtf.job.quorum)
         self.excluded_here(active, request.excluded)
         if active.worker is not worker:
             return job_pb2.StepReply()  # this node was the one excluded

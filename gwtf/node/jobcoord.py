@@ -23,7 +23,14 @@ calls between nodes:
   their own stage), and named in every later Commit and Step so no microbatch goes to them;
 - a node that becomes coordinator because the previous one died (`take_over`) asks every
   participant where it is (`Sync`), finishes a step its predecessor ordered, and starts the
-  iteration in progress again (its predecessor's bookkeeping died with it).
+  iteration in progress again (its predecessor's bookkeeping died with it);
+- split brain (`gwtf.job.quorum`, docs/design.md 4.5): no commit without a strict majority of
+  the last commit's members that are not shown dead (a call to one is refused, or it holds
+  nothing of the job); one that only went silent may be alive across a partition. While the
+  quorum is missing the job is paused and the silent voters are asked where they are
+  (gwtf.node.jobquorum): one that answers from a job that went on without this side makes this
+  side stale, and this node re-enters the job through that job's coordinator
+  (`Manager.resync`), as every participant of its side does when that job's record reaches it.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from gwtf.job.iterations import (
 )
 from gwtf.node.codec import member_to_pb
 from gwtf.node.jobhost import JobsHost
+from gwtf.node.jobquorum import QuorumProbe
 from gwtf.node.jobrecord import record_journal
 from gwtf.node.jobroll import Entrance, participants_pb
 from gwtf.node.membership import MemberInfo
@@ -63,6 +71,7 @@ class ActiveJob(Protocol):
     job_id: str
     participants: dict[str, int]
     departed: set[str]
+    base: set[str]
 
 
 class Manager(Protocol):
@@ -108,6 +117,8 @@ class Manager(Protocol):
 
     def admit(self, request: job_pb2.AdmitRequest) -> job_pb2.AdmitReply: ...
 
+    def resync(self, active: Any, coordinator: str, reason: str) -> None: ...
+
 
 def _step_call(request: job_pb2.StepRequest) -> Callable[[Stubs, float], Awaitable[Any]]:
     def call(stubs: Stubs, timeout: float) -> Awaitable[Any]:
@@ -145,6 +156,10 @@ class JobCoordinator:
         self.stall_s = manager.host.config.recovery_stall_s
         self.entrance = Entrance(self)
         record_journal(plan, self.host.node_id, self.job_id, self.log)
+        self.probe = QuorumProbe(
+            manager.host, active.job_id, plan, self._quorum_changed,
+            lambda other, why: manager.resync(active, other, why),
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -330,8 +345,33 @@ class JobCoordinator:
 
     # ------------------------------------------------------------------ deaths
 
-    def member_down(self, member: MemberInfo, verb: str) -> None:
+    def member_down(self, member: MemberInfo, verb: str, *, gone: bool = False) -> None:
+        """`gone`: its death is shown (a call to it was refused), so it no longer votes."""
+        if gone:
+            self.plan.shown_gone(member.id)
         self._down(member.id, verb)
+
+    def came_back(self, node: str) -> None:
+        """`node` was declared dead by nodes that lost sight of it (the far side of a healed
+        partition) and answers with its part of the job: what went to or from it meanwhile
+        (this iteration's commit calls among them) may be lost, so once it is a live member
+        again the round starts over rather than wait for the watchdog."""
+        if node not in self.plan.participants:
+            return
+
+        async def later() -> None:
+            for _ in range(20):
+                if self._stopped or self.host.member(node) is not None:
+                    break
+                await asyncio.sleep(0.25)
+            self._restart(f"{node} was declared dead by nodes that lost sight of it")
+
+        self.spawn(later(), f"{node} came back")
+
+    def _quorum_changed(self) -> None:
+        """A silent voter was shown dead: the quorum may hold now."""
+        self.update_pause()
+        self._try_commit()
 
     def exclude(self, node: str) -> None:
         """`node` is excluded as a bad peer: from now on it is as good as dead to the job, so
@@ -502,20 +542,27 @@ class JobCoordinator:
             )
 
     def update_pause(self) -> None:
+        if self._stopped:
+            return  # no longer this node's job to coordinate (over, or handed to another side)
         empty = self.plan.empty_stages()
         progress = self.progress()
         now = time.monotonic()
         if not all(self.entrance.check_empty(stage) for stage in empty):
             self._stopped = True
             return
-        if empty and self._paused_since is None:
-            self._paused_since = now
-            progress.paused = (
-                f"stage {empty[0]} has no live node: the job waits for a node to join it"
-            )
+        why = ""
+        if empty:
+            why = f"stage {empty[0]} has no live node: the job waits for a node to join it"
+        elif not (quorum := self.plan.quorum()).ok:
+            why = f"no quorum: {quorum.reason()}"
+            if not self._stopped:
+                self.probe.silent()
+        if why and (self._paused_since is None or why != progress.paused):
+            self._paused_since = self._paused_since or now
+            progress.paused = why
             self.log.warning("job %s paused: %s", self.job_id, progress.paused)
             self.manager.changed(self.active)
-        elif not empty and self._paused_since is not None:
+        elif not why and self._paused_since is not None:
             progress.paused_s += now - self._paused_since
             self._paused_since = None
             progress.paused = ""
@@ -525,6 +572,10 @@ class JobCoordinator:
     async def _watch(self) -> None:
         while not self._stopped and self.plan.injecting < self.plan.iterations:
             await asyncio.sleep(1.0)
+            if not self.plan.empty_stages():
+                self.update_pause()  # the quorum comes and goes with probes and heals
+                if self._paused_since is None:
+                    self._try_commit()  # it may have come back with all the work done
             if self._paused_since is not None:
                 self.moved()
                 continue
@@ -626,6 +677,7 @@ class JobCoordinator:
         plan = IterationCoordinator(
             iterations=job.iterations, microbatches=job.microbatches, participants=live,
             num_stages=host.num_stages(), holders=holders, iteration=top, round_=round_,
+            base=active.base or active.participants,
         )
         coordinator = cls(manager, active, plan)
         host.log.warning("job %s: %s coordinates from iteration %d", active.job_id, me, top)

@@ -384,6 +384,7 @@ class JobLauncher:
         if not start_fits(participants, holders, weights, request.coordinator, stages):
             raise InvalidMessage("the start names holders or a coordinator that do not fit")
         active.participants = participants
+        active.base = set(participants)
         active.coordinator = request.coordinator
         active.holders = holders
         now = time.monotonic()

@@ -61,6 +61,7 @@ from gwtf.node.codec import InvalidMessage, check_name
 from gwtf.node.errors import Refusal
 from gwtf.node.jobcalls import JobCalls
 from gwtf.node.jobcoord import JobCoordinator
+from gwtf.node.jobheal import Healer
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobjoin import Joiner
 from gwtf.node.jobprep import MAX_JOB_JSON, JobLauncher
@@ -90,6 +91,7 @@ class JobManager:
                                     lambda job_id: _WorkerHost(self, job_id))
         self.joiner = Joiner(host, self.book, self.wire, self.launcher, self.transfer,
                              self.fail, self._take_over)
+        self.healer = Healer(host, self.book, self.joiner)
         self._data_servicer: Any = None
         self._spread_pending = False
 
@@ -359,6 +361,19 @@ class JobManager:
         check_name("job id", progress.job_id)
         known = self.book.records.get(progress.job_id)
         active = self.book.current(progress.job_id)
+        if active is not None and active.coord is None and request.sender != active.coordinator:
+            self.host.log.info(
+                "job %s: the record of %s, which this node does not follow (it follows %s): "
+                "%d iterations completed", progress.job_id, request.sender[:40],
+                active.coordinator, progress.iterations_completed,
+            )
+        if active is not None and self.healer.stale(active, request.sender, progress):
+            self.healer.resync(
+                active, request.sender,
+                f"{request.sender} completed iteration {progress.iterations_completed - 1} "
+                "without it", progress,
+            )
+            return job_pb2.ProgressReply()
         if active is not None:
             if active.coord is not None:
                 return job_pb2.ProgressReply()  # this node's own record is the job's
@@ -434,13 +449,57 @@ class JobManager:
         self.fail(request.job_id, f"{reason} (reported by {request.sender[:40]})", spread=False)
         return job_pb2.FailReply()
 
+    def resync(self, active: CurrentJob, coordinator: str, reason: str) -> None:
+        """This node's side of a partition fell behind: enter the job again through
+        `coordinator` (gwtf.node.jobheal)."""
+        self.healer.resync(active, coordinator, reason)
+
     def on_member_down(self, member: MemberInfo, verb: str) -> None:
         """A member died or left: if it took part in the running job, its work is recovered
         (docs/design.md 4), and if it coordinated the job, the next data holder takes over
-        (4.5); a stage it left thin snapshots its state (4.6)."""
+        (4.5); a stage it left thin snapshots its state (4.6). A death is confirmed first
+        (gwtf.node.jobheal): a participant that still answers with its part of the job was
+        declared dead by nodes that lost sight of it, and stays."""
         active = self.book.active
         if active is None or member.id not in active.participants:
             return
+        progress = self.book.records[active.job_id]
+        if progress.state != job_pb2.JOB_STATE_RUNNING or member.id in active.departed:
+            return
+        if verb == "left" or member.id in self.book.vouched:
+            self._member_down(active, member, verb)
+            return
+
+        async def confirm() -> None:
+            seen = await self.healer.confirm(member, active.job_id)
+            if self.book.active is not active or member.id in active.departed:
+                return
+            if seen == "alive":
+                self.host.log.warning(
+                    "job %s: %s was declared dead but answers with its part of the job (the "
+                    "far side of a partition lost sight of it): it stays", active.job_id,
+                    member.id,
+                )
+                if active.coord is not None:
+                    active.coord.came_back(member.id)
+                return
+            self._member_down(active, member, verb, gone=seen == "gone")
+
+        self.host.spawn(confirm(), f"confirm {member.id}")
+
+    def on_member_up(self, member: MemberInfo) -> None:
+        """A member is alive again (a new incarnation): if the running job had taken it for
+        dead, ask it where it is; a job that went on without this node's side makes this node
+        stale (gwtf.node.jobheal)."""
+        active = self.book.active
+        if active is None or member.id not in active.departed:
+            return
+        if self.book.records[active.job_id].state != job_pb2.JOB_STATE_RUNNING:
+            return
+        self.host.spawn(self.healer.returned(active, member), f"ask {member.id}")
+
+    def _member_down(self, active: CurrentJob, member: MemberInfo, verb: str, *,
+                     gone: bool = False) -> None:
         progress = self.book.records[active.job_id]
         if progress.state != job_pb2.JOB_STATE_RUNNING or member.id in active.departed:
             return
@@ -462,7 +521,7 @@ class JobManager:
                 progress.leaves += 1
             else:
                 progress.crashes += 1
-            active.coord.member_down(member, verb)
+            active.coord.member_down(member, verb, gone=gone)
         if worker is not None and stage == worker.stage:
             sender, live = snapshot_sender(
                 active.participants, active.departed, stage,

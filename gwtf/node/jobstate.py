@@ -60,6 +60,9 @@ class CurrentJob:
     keepers: dict[int, str] = field(default_factory=dict)
     """Stage -> the node that keeps the backup of its last replica's state."""
     taking_over: bool = False
+    base: set[str] = field(default_factory=set)
+    """The members of the last commit this node took part in (at the start: the participants):
+    the voters of its quorum should it take the job over (gwtf.job.quorum)."""
 
 
 def stop_worker(host: JobsHost, active: CurrentJob) -> None:
@@ -76,6 +79,9 @@ class JobBook:
         self.records: dict[str, job_pb2.JobProgress] = {}
         self.active: CurrentJob | None = None
         self._changed = asyncio.Event()
+        self.vouched: set[str] = set()
+        """Participants whose death the coordinator named in a commit (it confirmed them): the
+        job acts on them at once, with no confirmation of its own (gwtf.node.jobheal)."""
 
     def current(self, job_id: str) -> CurrentJob | None:
         """The job in hand if it is `job_id`."""

@@ -167,6 +167,7 @@ class Membership:
         self._checked_at = clock()  # listening from now: a stall before the first check counts too
         self.declared_dead = False
         """Set when gossip says this incarnation is dead: it must come back as a new one."""
+        self._reconnects = 0
 
     # ------------------------------------------------------------------ self
 
@@ -200,6 +201,17 @@ class Membership:
 
     def departed(self) -> list[MemberInfo]:
         return [e.info for _, e in sorted(self._entries.items()) if not e.info.alive]
+
+    def reconnect_target(self) -> MemberInfo | None:
+        """A member this node holds dead (not one that left), to call now and then, round-robin
+        over the tombstones: nobody gossips with the dead, so after a partition heals this is
+        how its two sides hear of each other again, each then learning from the other's table
+        that it was declared dead, and coming back as a new incarnation."""
+        dead = [e.info for _, e in sorted(self._entries.items()) if e.info.state == State.DEAD]
+        if not dead:
+            return None
+        self._reconnects += 1
+        return dead[self._reconnects % len(dead)]
 
     def is_alive(self, node_id: str, epoch: int) -> bool:
         info = self.get(node_id)

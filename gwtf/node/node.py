@@ -106,7 +106,8 @@ class Node:
         self.jobs = JobManager(self)
         self.metrics.add_source(self.jobs.metrics.collect)
         self._control = MembershipControl(
-            state, self._peers, self._flows, self._status, self.jobs.on_member_down
+            state, self._peers, self._flows, self._status, self.jobs.on_member_down,
+            self.jobs.on_member_up,
         )
         self._entry = SwarmEntry(state, self._peers, self.jobs, self._flows.new_driver)
 
@@ -159,6 +160,7 @@ class Node:
         state = self._state
         state.identify(_advertised(host, self.settings.advertise, port))
         self._peers.open(state.node_id)
+        state.spawn(self._peers.watch_schedule(self.log), "partition schedule")
         return port
 
     async def enter_swarm(self) -> None:

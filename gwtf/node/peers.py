@@ -6,19 +6,43 @@ for the callee's emulated WAN and rate limit. A failed or refused `Exchange` to 
 holds further calls to that peer for a delay that doubles from `retry_min_s` up to `retry_max_s`,
 and an acknowledged one ends the hold: a dead or overloaded peer is not hammered, and a peer
 that comes back gets its queued flow messages within `retry_max_s`.
+
+With `--wan-schedule FILE` the emulated WAN's partitions come from FILE (gwtf.node.wan,
+`parse_schedule`), read at start and again whenever it changes (`watch_schedule`, every
+`SCHEDULE_POLL_S`): an operator or a test cuts two groups of locations apart at run time by
+writing the file. A rewrite that does not parse is logged and the schedule in force is kept.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import time
 from collections.abc import Callable
 
 from gwtf.node.config import NodeConfig
 from gwtf.node.membership import MemberInfo
 from gwtf.node.settings import NodeSettings
 from gwtf.node.transport import ChannelPool, Stubs
-from gwtf.node.wan import WanEmulator
+from gwtf.node.wan import Partition, ScheduleError, WanEmulator, parse_schedule
 
-__all__ = ["Peers"]
+__all__ = ["SCHEDULE_POLL_S", "Peers", "read_schedule"]
+
+SCHEDULE_POLL_S = 0.2
+"""How often the partition schedule file is checked for a change: a cut starts on every node
+of a local swarm within this of its scheduled time, well under a heartbeat."""
+
+
+def read_schedule(path: str, known: set[str]) -> tuple[Partition, ...]:
+    """The partitions of the schedule file at `path`; ScheduleError (one sentence) if it cannot
+    be read or used."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as err:
+        raise ScheduleError(f"cannot read the partition schedule {path}: {err.strerror}") from None
+    return parse_schedule(text, known, path)
 
 
 class Peers:
@@ -32,7 +56,9 @@ class Peers:
         self._clock = clock
         self.wan: WanEmulator | None = None
         if settings.links is not None and settings.location:
-            self.wan = WanEmulator(settings.location, settings.links, clock)
+            self.wan = WanEmulator(settings.location, settings.links, clock, wall=time.time)
+            if settings.wan_schedule is not None:
+                self.wan.partitions = read_schedule(settings.wan_schedule, self.wan.locations())
         self._pool: ChannelPool | None = None
         self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (until, last delay)
 
@@ -69,6 +95,28 @@ class Peers:
         """The link matrix has a link to `member`'s location (always, without emulation)."""
         return self.wan is None or self.wan.link_to(member.location) is not None
 
+    async def watch_schedule(self, log: logging.LoggerAdapter[logging.Logger]) -> None:
+        """Re-read the partition schedule file whenever it changes (module docstring)."""
+        path, wan = self._settings.wan_schedule, self.wan
+        if path is None or wan is None:
+            return
+        seen: tuple[float, int] | None = None
+        while True:
+            try:
+                stat = os.stat(path)
+                now = (stat.st_mtime, stat.st_size)
+            except OSError:
+                now = None
+            if now is not None and now != seen:
+                seen = now
+                try:
+                    wan.partitions = read_schedule(path, wan.locations())
+                    log.warning("emulated WAN: partition schedule %s read: %s", path,
+                                "; ".join(_describe(p) for p in wan.partitions) or "none")
+                except ScheduleError as err:
+                    log.warning("emulated WAN: %s; the schedule in force is kept", err)
+            await asyncio.sleep(SCHEDULE_POLL_S)
+
     def forget(self, peer: str) -> None:
         """`peer` died or left: its queue in the emulated WAN goes."""
         if self.wan is not None:
@@ -96,3 +144,8 @@ class Peers:
     def reset(self) -> None:
         """A new incarnation of this node: what failed for the old one says nothing."""
         self._backoff.clear()
+
+
+def _describe(p: Partition) -> str:
+    return (f"{','.join(sorted(p.side_a))} | {','.join(sorted(p.side_b))} cut for "
+            f"{p.end - p.start:g} s from {p.start:.3f}")

@@ -43,6 +43,9 @@ class NodeSettings:
     location: str = ""
     links: Mapping[frozenset[str], LinkSpec] | None = None
     """The link matrix of the emulated WAN (with `location`), None: no emulation."""
+    wan_schedule: str | None = None
+    """A file of the emulated WAN's partitions, re-read when it changes (gwtf.node.peers);
+    None: no partition."""
     compute_s: float | None = None
     """Seconds per microbatch; None: measured by a warm-up of the stage of `job`."""
     job: str = "tiny-gpt"

@@ -13,22 +13,113 @@ real link's measured RTT already includes its hosts' stacks. So the emulator sub
 stack's own round trip, calibrated as the least RTT of un-delayed probes (`calibrate`), from
 each link's RTT: end to end, a probe then sees the matrix, not the matrix plus the machine.
 
+Partitions (docs/design.md 3.6). A `Partition` cuts every link between two groups of locations
+for a time: while it holds, a message between the groups is dropped, both ways, not delayed
+(`cut`): the caller sees its call time out, as over a WAN path that loses everything, never a
+refusal (which would read as a dead process). Schedules are read from a TOML file
+(`parse_schedule`, layout in its docstring) at wall-clock times, so that every process of a
+local swarm cuts at the same moment; the emulator converts them to its own clock.
+
 Pure: time comes from the injected clock.
 """
 
 from __future__ import annotations
 
+import math
+import tomllib
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec
 
-__all__ = ["CALIBRATION_WINDOW", "WanEmulator"]
+__all__ = [
+    "CALIBRATION_WINDOW",
+    "Partition",
+    "ScheduleError",
+    "WanEmulator",
+    "parse_schedule",
+]
 
 CALIBRATION_WINDOW = 32
 """Un-delayed probes kept for the stack's RTT (their minimum)."""
 CALIBRATION_MIN = 8
 """Un-delayed probes needed before the stack's RTT is subtracted."""
+
+
+class ScheduleError(ValueError):
+    """A partition schedule that cannot be used (one sentence)."""
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Every link between `side_a` and `side_b` (two disjoint sets of locations) is cut from
+    `start` until `end` (seconds on the wall clock, `time.time()`)."""
+
+    side_a: frozenset[str]
+    side_b: frozenset[str]
+    start: float
+    end: float
+
+    def cuts(self, here: str, there: str, wall: float) -> bool:
+        """Does this partition drop a message between locations `here` and `there` at `wall`?"""
+        if not self.start <= wall < self.end:
+            return False
+        return (here in self.side_a and there in self.side_b) or (
+            here in self.side_b and there in self.side_a
+        )
+
+
+def parse_schedule(text: str, known: Iterable[str], source: str = "the schedule") -> tuple[
+    Partition, ...
+]:
+    """The partitions of a schedule file (TOML), checked against the matrix's locations:
+
+        [[partition]]
+        groups = [["Oregon", "Virginia"], ["Tokyo", "Seoul"]]  # two disjoint groups of locations
+        at = 1764028800.0        # wall-clock start (Unix seconds, as time.time())
+        duration_s = 30          # how long every link between the groups is cut
+
+    No `[[partition]]` table: no partition. ScheduleError (one sentence) for anything else."""
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ScheduleError(f"{source} is not valid TOML: {err}") from None
+    extra = set(table) - {"partition"}
+    if extra:
+        raise ScheduleError(f"{source}: unknown key {sorted(extra)[0]!r} (only [[partition]])")
+    entries = table.get("partition", [])
+    if not isinstance(entries, list):
+        raise ScheduleError(f"{source}: partition must be an array of tables ([[partition]])")
+    names = set(known)
+    out = []
+    for n, entry in enumerate(entries, 1):
+        where = f"{source}, partition {n}"
+        if not isinstance(entry, dict) or set(entry) != {"groups", "at", "duration_s"}:
+            raise ScheduleError(f"{where}: needs exactly groups, at and duration_s")
+        groups = entry["groups"]
+        if (
+            not isinstance(groups, list) or len(groups) != 2
+            or not all(isinstance(g, list) and g and all(isinstance(x, str) for x in g)
+                       for g in groups)
+        ):
+            raise ScheduleError(f"{where}: groups must be two non-empty lists of locations")
+        side_a, side_b = frozenset(groups[0]), frozenset(groups[1])
+        if side_a & side_b:
+            raise ScheduleError(
+                f"{where}: {sorted(side_a & side_b)[0]!r} is in both groups"
+            )
+        unknown = sorted((side_a | side_b) - names)
+        if unknown:
+            raise ScheduleError(f"{where}: location {unknown[0]!r} is not in the link matrix")
+        at, duration = entry["at"], entry["duration_s"]
+        numbers = (at, duration)
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in numbers):
+            raise ScheduleError(f"{where}: at and duration_s must be numbers of seconds")
+        if not math.isfinite(at) or not math.isfinite(duration) or duration <= 0:
+            raise ScheduleError(f"{where}: at must be finite and duration_s above 0")
+        out.append(Partition(side_a, side_b, float(at), float(at) + float(duration)))
+    return tuple(out)
 
 
 class WanEmulator:
@@ -41,10 +132,15 @@ class WanEmulator:
         clock: Callable[[], float],
         *,
         intra: LinkSpec = DEFAULT_INTRA,
+        wall: Callable[[], float] | None = None,
     ) -> None:
+        """`clock`: for the links' queues; `wall`: the wall clock partitions are scheduled on
+        (None: `clock`)."""
         self.location = location
         self._links = dict(links)
         self._clock = clock
+        self._wall = wall or clock
+        self.partitions: tuple[Partition, ...] = ()
         self._intra = intra
         # Per peer: when the outgoing link to it has finished serialising what was queued.
         self._free_at: dict[str, float] = {}
@@ -87,6 +183,14 @@ class WanEmulator:
         self._free_at[peer] = departed
         one_way = max(0.0, link.rtt_ms / 2000 - self.stack_rtt_s / 2)
         return departed - now + one_way
+
+    def cut(self, location: str) -> bool:
+        """Is the link to `location` cut now by a partition? (Never for an unknown location: a
+        client with no location, such as `gwtf status`, reaches every node.)"""
+        if not location or not self.partitions:
+            return False
+        wall = self._wall()
+        return any(p.cuts(self.location, location, wall) for p in self.partitions)
 
     def forget(self, peer: str) -> None:
         self._free_at.pop(peer, None)

@@ -287,6 +287,8 @@ def test_a_joiner_takes_part_from_its_admission() -> None:
     c.done("h", 0, 0, [0, 1])
     assert c.commit_order() is None  # paused: stage 1 has no node
     c.admit("y", 1)
+    assert c.commit_order() is None  # h alone is 1 of the 2 voters (gwtf.job.quorum)...
+    c.shown_gone("z")  # ...until z is shown dead
     order = c.commit_order()
     assert order is not None and dict(order.members) == {"h": 0, "y": 1}
 

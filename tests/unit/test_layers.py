@@ -7,7 +7,7 @@ import sys
 CODE = """
 import sys
 import gwtf.flow, gwtf.flow.decentralized, gwtf.recovery, gwtf.job, gwtf.job.iterations
-import gwtf.job.nexthop, gwtf.job.snapshots
+import gwtf.job.nexthop, gwtf.job.snapshots, gwtf.job.quorum
 banned = ("torch", "grpc", "asyncio", "uvloop", "gwtf.node", "gwtf.sim", "gwtf.train",
           "gwtf.v1")
 loaded = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in banned))

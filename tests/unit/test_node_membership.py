@@ -351,3 +351,23 @@ def test_an_unwatched_member_is_declared_dead_by_two_refusals_periods_apart() ->
     t.merge([member(y, heartbeat=1)])
     t.check()
     assert t.refused(y, 1) == [] and t.is_alive(y, 1)
+
+
+def test_two_sides_of_a_healed_partition_hear_of_each_other_through_their_dead() -> None:
+    # w and e each declared the other dead while cut apart; nobody gossips with the dead, so
+    # each calls the dead it holds now and then (reconnect_target): the answer carries the
+    # other side's verdict, and each hears that it must come back as a new incarnation.
+    clock = Clock()
+    w, e = table(clock, me="w"), table(clock, me="e")
+    w.merge([replace(member("e"), state=State.DEAD), replace(member("gone"), state=State.LEFT)])
+    e.merge([replace(member("w"), state=State.DEAD)])
+    w.forget_news()
+    e.forget_news()
+    assert w.targets(3) == [] and e.targets(3) == []  # neither calls the other any more
+    # The dead, not those that left.
+    assert {w.reconnect_target().id for _ in range(3)} == {"e"}  # type: ignore[union-attr]
+    assert table(clock).reconnect_target() is None  # no tombstone, nobody to call
+    _, answer = e.incoming("w", w.outgoing("e"))  # w's call to e gets through the heal
+    assert w.merge(answer.members) == [] and w.declared_dead
+    _, answer = w.incoming("e", e.outgoing("w"))
+    assert e.merge(answer.members) == [] and e.declared_dead

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gwtf.flow.topology import LinkSpec
-from gwtf.node.wan import CALIBRATION_MIN, WanEmulator
+from gwtf.node.wan import CALIBRATION_MIN, ScheduleError, WanEmulator, parse_schedule
 
 LINKS = {frozenset(("Oregon", "Tokyo")): LinkSpec(rtt_ms=96.0, bandwidth_gbps=0.5)}
 
@@ -54,3 +54,149 @@ def test_calibration_subtracts_the_local_stack_once_measured_enough() -> None:
     wan.calibrate(0.002)
     assert wan.stack_rtt_s == 0.002
     assert wan.delay("t", "Tokyo", 0) == pytest.approx(0.048 - 0.001)
+
+
+# ---------------------------------------------------------------------- partitions
+
+GEO = {
+    frozenset(("Oregon", "Tokyo")): LinkSpec(rtt_ms=96.0, bandwidth_gbps=0.5),
+    frozenset(("Oregon", "Virginia")): LinkSpec(rtt_ms=70.0, bandwidth_gbps=1.0),
+    frozenset(("Virginia", "Tokyo")): LinkSpec(rtt_ms=150.0, bandwidth_gbps=0.5),
+}
+
+
+def schedule(at: float, duration: float = 30.0) -> str:
+    return (f'[[partition]]\ngroups = [["Oregon", "Virginia"], ["Tokyo"]]\nat = {at}\n'
+            f"duration_s = {duration}\n")
+
+
+def test_a_partition_cuts_both_ways_between_its_groups_only_while_it_holds() -> None:
+    wall = Clock()
+    oregon = WanEmulator("Oregon", GEO, Clock(), wall=wall)
+    tokyo = WanEmulator("Tokyo", GEO, Clock(), wall=wall)
+    parts = parse_schedule(schedule(wall.now + 5), {"Oregon", "Virginia", "Tokyo"})
+    oregon.partitions = tokyo.partitions = parts
+    assert not oregon.cut("Tokyo") and not tokyo.cut("Oregon")  # not yet
+    wall.now += 5
+    assert oregon.cut("Tokyo") and tokyo.cut("Oregon") and tokyo.cut("Virginia")
+    assert not oregon.cut("Virginia") and not oregon.cut("Oregon")  # within a group
+    assert not oregon.cut("") and not tokyo.cut("Mars")  # clients, unknown places: never
+    wall.now += 29.9
+    assert oregon.cut("Tokyo")
+    wall.now += 0.1  # healed
+    assert not oregon.cut("Tokyo") and not tokyo.cut("Oregon")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("partition = 3", "array of tables"),
+        ("[[partition]]\ngroups = [['Oregon'], ['Tokyo']]\nat = 1", "exactly groups"),
+        ("[[partition]]\ngroups = [['Oregon'], ['Tokyo']]\nat = 1\nduration_s = 0",
+         "duration_s above 0"),
+        ("[[partition]]\ngroups = [['Oregon'], ['Mars']]\nat = 1\nduration_s = 3",
+         "'Mars' is not in the link matrix"),
+        ("[[partition]]\ngroups = [['Oregon'], ['Oregon', 'Tokyo']]\nat = 1\nduration_s = 3",
+         "in both groups"),
+        ("[[partition]]\ngroups = [['Oregon']]\nat = 1\nduration_s = 3", "two non-empty"),
+        ("[[partition]]\ngroups = [['Oregon'], ['Tokyo']]\nat = 'now'\nduration_s = 3",
+         "numbers of seconds"),
+        ("cut = 1", "unknown key 'cut'"),
+        ("[[partition", "not valid TOML"),
+    ],
+)
+def test_a_bad_schedule_is_refused_in_one_sentence(text: str, says: str) -> None:
+    with pytest.raises(ScheduleError, match=says) as err:
+        parse_schedule(text, {"Oregon", "Virginia", "Tokyo"}, "s.toml")
+    assert "\n" not in str(err.value) and str(err.value).startswith("s.toml")
+
+
+def test_an_empty_schedule_is_no_partition() -> None:
+    assert parse_schedule("", {"Oregon"}) == ()
+
+
+def test_calls_across_a_cut_are_dropped_every_kind_and_pass_once_it_heals() -> None:
+    """Real gRPC on loopback: a unary call, a reply stream and a request stream across a cut
+    time out (dropped, not refused); a reply to a caller across a cut is never sent; a client
+    with no location and calls after the heal get through."""
+    import asyncio
+    import time
+
+    import grpc
+    from grpc import aio
+
+    from gwtf.node.server import HealthServicer, ProbeServicer
+    from gwtf.node.transport import DROPPED, ChannelPool, WanServerInterceptor
+    from gwtf.v1 import health_pb2, health_pb2_grpc, node_pb2, node_pb2_grpc
+
+    wall = Clock()
+    server_wan = WanEmulator("Tokyo", GEO, time.monotonic, wall=wall)
+    client_wan = WanEmulator("Oregon", GEO, time.monotonic, wall=wall)
+    cut = parse_schedule(schedule(wall.now, 10.0), {"Oregon", "Virginia", "Tokyo"})
+
+    async def count(requests: object, context: aio.ServicerContext) -> node_pb2.EchoReply:
+        n = 0
+        async for _ in requests:  # type: ignore[attr-defined]
+            n += 1
+        return node_pb2.EchoReply(nonce=n)
+
+    async def main() -> None:
+        server = aio.server(interceptors=[WanServerInterceptor(server_wan)])
+        health = HealthServicer()
+        health.set_serving(True)
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        node_pb2_grpc.add_ProbeServicer_to_server(ProbeServicer(), server)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Count", {
+            "Count": grpc.stream_unary_rpc_method_handler(
+                count, request_deserializer=node_pb2.EchoRequest.FromString,
+                response_serializer=node_pb2.EchoReply.SerializeToString),
+        }),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        address = f"127.0.0.1:{port}"
+        pool = ChannelPool("o1", "Oregon", client_wan)
+        stubs = pool.stubs(address, "t1", "Tokyo")
+        counting = stubs.channel.stream_unary(
+            "/t.Count/Count", request_serializer=node_pb2.EchoRequest.SerializeToString,
+            response_deserializer=node_pb2.EchoReply.FromString)
+        check = health_pb2.HealthCheckRequest()
+        echo = node_pb2.EchoRequest(nonce=7)
+
+        async def dropped(call: object) -> float:
+            began = time.monotonic()
+            with pytest.raises(aio.AioRpcError) as err:
+                await call  # type: ignore[misc]
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
+            return time.monotonic() - began
+
+        try:
+            assert (await stubs.probe.Echo(echo, timeout=5)).nonce == 7
+            assert (await counting(iter([echo] * 3), timeout=5)).nonce == 3
+            client_wan.partitions = server_wan.partitions = cut
+            assert await dropped(stubs.probe.Echo(echo, timeout=0.3)) >= 0.29
+            async def first_of_watch() -> object:
+                async for reply in stubs.health.Watch(check, timeout=0.3):
+                    return reply
+                return None
+            assert await dropped(first_of_watch()) >= 0.29
+            assert await dropped(counting(iter([echo] * 3), timeout=0.3)) >= 0.29
+            with pytest.raises(aio.AioRpcError) as err:
+                await stubs.probe.Echo(echo, timeout=0.2)
+            assert err.value.details() == DROPPED
+            # Only the server sees the cut: the request arrives, its reply is never sent.
+            client_wan.partitions = ()
+            await dropped(stubs.probe.Echo(echo, timeout=0.3))
+            await dropped(counting(iter([echo] * 3), timeout=0.3))
+            # A client with no location (gwtf status) is never cut.
+            outsider = ChannelPool("cli", "", None).stubs(address)
+            assert (await outsider.probe.Echo(echo, timeout=5)).nonce == 7
+            wall.now += 10  # healed
+            client_wan.partitions = cut
+            assert (await stubs.probe.Echo(echo, timeout=5)).nonce == 7
+            assert (await stubs.health.Check(check, timeout=5)).status == 1
+            assert (await counting(iter([echo] * 3), timeout=5)).nonce == 3
+        finally:
+            await pool.close_all()
+            await server.stop(None)
+
+    asyncio.run(main())
