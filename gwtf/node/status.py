@@ -18,6 +18,7 @@ from gwtf.node.codec import member_to_pb, swarm_to_pb
 from gwtf.node.flows import FlowControl
 from gwtf.node.observe import NodeMetrics
 from gwtf.node.peers import Peers
+from gwtf.node.prober import LinkProber
 from gwtf.node.ratelimit import RateLimiter
 from gwtf.node.routing import LocalRouting
 from gwtf.node.state import NodeState
@@ -117,12 +118,7 @@ class StatusReport:
             self._local_status(status, local)
             return status
         for peer, arc in sorted(driver.owned.items()):
-            estimate = prober.estimates.get(peer)
-            measured = (
-                (estimate.rtt_ms or 0.0, estimate.bandwidth_gbps or 0.0, estimate.probes)
-                if estimate is not None
-                else (0.0, 0.0, 0)
-            )
+            measured = _measured(prober, peer)
             status.arcs.append(
                 node_pb2.ArcStatus(
                     src=state.node_id,
@@ -157,12 +153,7 @@ class StatusReport:
         prober = self._flows.prober
         for arc in local.arcs():
             params = local.params(arc)
-            estimate = prober.estimates.get(arc.peer)
-            measured = (
-                (estimate.rtt_ms or 0.0, estimate.bandwidth_gbps or 0.0, estimate.probes)
-                if estimate is not None
-                else (0.0, 0.0, 0)
-            )
+            measured = _measured(prober, arc.peer)
             status.arcs.append(
                 node_pb2.ArcStatus(
                     src=self._state.node_id,
@@ -206,3 +197,12 @@ class StatusReport:
                 else:
                     reply.nodes.append(result.nodes[0])
         return reply
+
+
+def _measured(prober: LinkProber, peer: str) -> tuple[float, float, int]:
+    """What the probes measured of the link to `peer`: round trip (ms), bandwidth (Gbit/s) and
+    the number of probes; zeros before the first."""
+    estimate = prober.estimates.get(peer)
+    if estimate is None:
+        return (0.0, 0.0, 0)
+    return (estimate.rtt_ms or 0.0, estimate.bandwidth_gbps or 0.0, estimate.probes)
