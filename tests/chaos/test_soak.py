@@ -9,7 +9,7 @@ tiny-gpt job runs meanwhile; it must end with the loss curve and the parameters 
 `train_reference` over the microbatches it trained, bit for bit (the tolerance argument of
 tests/chaos/test_recovery.py), with nothing lost.
 
-About 2 minutes on 2 cores: it runs in `make soak`, not in `make test` (see the Makefile).
+About 4 minutes on 2 cores: it runs in `make soak`, not in `make test` (see the Makefile).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.chaos, pytest.mark.soak]
 
 NODES, STAGES = 7, 3
 START_S, DURATION_S = 15.0, 60.0
-ITERATIONS = 80
+ITERATIONS = 240
+"""Enough for the job to outlast the trace: with local routing (docs/design.md 2.12) this swarm
+trains 80 iterations before the third kill, and the churn then missed the job."""
 WATCHER = "s2n1"
 
 
@@ -63,6 +65,7 @@ def soak_trace(
     return rows
 
 
+@pytest.mark.timeout(900)
 def test_a_cluster_under_churn_trains_exactly_what_the_reference_trains(tmp_path: Path) -> None:
     plans = plan_nodes(NODES, STAGES, locations=[], base_compute_s=0.1, seed=0)
     initial = {p.id: p.stage for p in plans}
