@@ -27,7 +27,6 @@ the nodes' logs:
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import queue
 import re
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import machine, write_section
+from benchmarks.swarmrun import log, log_time, submit_when_formed
 from gwtf.client import JobResult, fetch_jobs
 from gwtf.flow.topology import LinkSpec
 from gwtf.node.churn import plan_churn
@@ -64,10 +64,6 @@ _REROUTE = re.compile(
 )
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 def trace_slice(window_s: float, every: int = 3) -> list[TraceEvent]:
     """The events of the nodes numbered 1 mod `every`, up to `window_s` trace seconds."""
     def keep(node: str) -> bool:
@@ -85,11 +81,6 @@ def write_trace(events: list[TraceEvent], path: Path, lead_trace_s: float) -> No
     path.write_text("\n".join(rows) + "\n")
 
 
-def _stamp(text: str) -> float:
-    """A node log line's time (local wall clock, milliseconds) as epoch seconds."""
-    return dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
 def reroutes(log_dir: Path) -> dict[str, float]:
     """Dead node -> the wall time of the first microbatch rerouted away from it."""
     first: dict[str, float] = {}
@@ -98,7 +89,7 @@ def reroutes(log_dir: Path) -> dict[str, float]:
             match = _REROUTE.match(line)
             if match:
                 dead = match.group(2) or match.group(3)
-                at = _stamp(match.group(1))
+                at = log_time(match.group(1))
                 first[dead] = min(at, first.get(dead, at))
     return first
 
@@ -217,18 +208,7 @@ def measure(quick: bool) -> dict[str, Any]:
             at, line = lines.get(timeout=300)
             lines.put((at, line))
             drain()
-        from gwtf.client import GwtfClient
-
-        first = addresses[plans[-1].id]
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                job_id = GwtfClient(first, timeout_s=60).submit(job)
-                break
-            except Exception:  # the swarm is still forming
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)
+        job_id = submit_when_formed(addresses[plans[-1].id], job)
         started = time.time()
         log(f"submitted {job_id}")
         end = started + LEAD_S + replay_s + 5.0

@@ -26,7 +26,6 @@ are the two runs of RESULTS.md).
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import math
 import os
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from benchmarks.report import machine, write_section
+from benchmarks.swarmrun import log, log_time, submit_when_formed
 from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import Scenario, load_scenario
 from gwtf.sim.traces import TraceEvent
@@ -66,15 +66,6 @@ _COMMIT = re.compile(
     r"(\d+) microbatches"
 )
 _LISTENING = re.compile(r"listening on (\S+)")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _stamp(text: str) -> float:
-    """A node log line's time (local wall clock, milliseconds) as epoch seconds."""
-    return dt.datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def tiny_stage_params(stages: int) -> tuple[float, ...]:
@@ -192,7 +183,7 @@ def commits(log_dir: Path) -> list[tuple[float, int]]:
         for line in path.read_text(errors="replace").splitlines():
             match = _COMMIT.match(line)
             if match:
-                at, it, mbs = _stamp(match.group(1)), int(match.group(2)), int(match.group(3))
+                at, it, mbs = log_time(match.group(1)), int(match.group(2)), int(match.group(3))
                 if it not in first or at < first[it][0]:
                     first[it] = (at, mbs)
     return sorted(first.values())
@@ -201,7 +192,6 @@ def commits(log_dir: Path) -> list[tuple[float, int]]:
 def run_real(sc: Scenario, log_dir: Path) -> dict[str, Any]:
     """Run the trace on real processes: commits relative to the first, and the trace as it
     happened (crash at the SIGKILL, join when the new process listened)."""
-    from gwtf.client import GwtfClient
     from gwtf.train import PRESETS
 
     swarm = Swarm(sc, log_dir)
@@ -216,14 +206,7 @@ def run_real(sc: Scenario, log_dir: Path) -> dict[str, Any]:
         swarm.wait_listening(initial)
         job = dataclasses.replace(PRESETS["tiny-gpt"], name="fidelity", iterations=100000)
         deadline = time.monotonic() + 120
-        while True:
-            try:
-                job_id = GwtfClient(swarm.bootstrap, timeout_s=60).submit(job)
-                break
-            except Exception:  # the swarm is still forming
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)
+        job_id = submit_when_formed(swarm.bootstrap, job)
         started = time.time()
         log(f"submitted {job_id}; waiting for the first commit")
         while not commits(log_dir):

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import write_section
+from benchmarks.swarmrun import log
 from gwtf.node.codec import member_to_pb, members_from_pb
 from gwtf.node.membership import Gossip, MemberInfo, Membership
 from gwtf.v1 import node_pb2
@@ -63,10 +64,6 @@ SWARM = "bench"
 WARMUP_S = 10.0
 WINDOW_S = 10.0
 DETECT_LIMIT_S = 30.0
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass

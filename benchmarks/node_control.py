@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import write_section
+from benchmarks.swarmrun import log
 from gwtf.flow.generate import data_path
 from gwtf.node.launch import _locations, plan_nodes
 from tests.integration.cluster import LocalSwarm, pipeline_arcs, wait_for
@@ -47,10 +48,6 @@ SETTLE_S = 180.0
 HEARTBEAT_S = 0.5
 FAILURE_TIMEOUT_S = 5.0
 PARTS = ("rpc", "gossip", "phases", "churn")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- swarms

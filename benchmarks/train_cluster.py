@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import machine, write_section
+from benchmarks.swarmrun import log
 from gwtf.flow.generate import data_path
 from gwtf.node.launch import _locations, plan_nodes
 from tests.integration.cluster import LocalSwarm, pipeline_arcs, wait_for
@@ -51,10 +52,6 @@ LOCAL_NODES = [
 ]
 WAIT_S = 900.0
 _BUSY = re.compile(r"(\d+) forwards, \d+ backwards, torch [\d.]+ s, busy ([\d.]+) s \((\d+)% of")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def load() -> str:
