@@ -636,6 +636,11 @@ class JobCoordinator:
         await asyncio.gather(*(ask(n) for n in sorted(live)))
         if not replies:
             return None
+        # A death noticed while the participants were asked has no coordinator yet to hear of
+        # it: leave the dead out now, or a stage they emptied looks held and the round restarts
+        # for good (one in three fresh-clone CI runs, a stage wiped with its coordinator).
+        live = {p: s for p, s in live.items() if p == me or host.member(p) is not None}
+        holders = sorted(p for p, s in live.items() if s == 0)
         top = max(r.iteration for r in replies.values())
         job = active.job
         ahead = [r for r in replies.values() if r.iteration == top and r.stepped]
