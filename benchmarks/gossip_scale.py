@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.report import write_section
-from benchmarks.swarmrun import log
+from benchmarks.swarmrun import gossip_rates, log
 from gwtf.node.codec import member_to_pb, members_from_pb
 from gwtf.node.membership import Gossip, MemberInfo, Membership
 from gwtf.v1 import node_pb2
@@ -291,14 +291,7 @@ def real(n: int, window_s: float) -> dict[str, Any]:
             first = {p.id: swarm.status(p.id, swarm=False) for p in swarm.live()}
             time.sleep(window_s)  # a measurement window, not a condition
             last = {p.id: swarm.status(p.id, swarm=False) for p in swarm.live()}
-            rates, calls = [], []
-            for node_id, a in first.items():
-                b = last[node_id]
-                assert a is not None and b is not None
-                na, nb = a["nodes"][0], b["nodes"][0]
-                dt = nb["uptime_s"] - na["uptime_s"]
-                rates.append((nb["gossip_bytes_sent"] - na["gossip_bytes_sent"]) / dt)
-                calls.append((nb["gossip_calls_sent"] - na["gossip_calls_sent"]) / dt)
+            rates, calls = gossip_rates(first, last)
             victim = sorted(p.id for p in swarm.live())[n // 2]
             at = swarm.kill(victim)
             wall = time.time() - (time.monotonic() - at)

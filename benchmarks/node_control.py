@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import write_section
-from benchmarks.swarmrun import log
+from benchmarks.swarmrun import gossip_rates, log
 from gwtf.flow.generate import data_path
 from gwtf.node.launch import _locations, plan_nodes
 from tests.integration.cluster import LocalSwarm, pipeline_arcs, wait_for
@@ -318,14 +318,7 @@ def gossip(sizes: list[int], window_s: float) -> list[dict[str, Any]]:
                 time.sleep(window_s)  # a measurement window, not a condition
                 ticks1, t1 = _cpu_ticks(pids), time.monotonic()
                 last = {p.id: swarm.status(p.id, swarm=False) for p in swarm.live()}
-                rates, calls = [], []
-                for node_id, a in first.items():
-                    b = last[node_id]
-                    assert a is not None and b is not None
-                    na, nb = a["nodes"][0], b["nodes"][0]
-                    dt = nb["uptime_s"] - na["uptime_s"]
-                    rates.append((nb["gossip_bytes_sent"] - na["gossip_bytes_sent"]) / dt)
-                    calls.append((nb["gossip_calls_sent"] - na["gossip_calls_sent"]) / dt)
+                rates, calls = gossip_rates(first, last)
                 hz = os.sysconf("SC_CLK_TCK")
                 row = {
                     "nodes": n,
