@@ -131,8 +131,10 @@ def run(quick: bool = False, policies: list[str] | None = None) -> str:
         "aggregation included, counting only microbatches whose gradient reached every "
         "stage's optimizer; progress = the same plus the microbatches finished in the "
         "iteration still open at the end (the ratios use it: committed throughput moves in "
-        "steps of one iteration); time to train = commit of the scenario's `iterations`-th "
-        "iteration (in parentheses: projected from the rate when the run ended first); "
+        "steps of one iteration); time to train = the first commit after which "
+        "`iterations` x `microbatches_per_iteration` microbatches are counted, the same work "
+        "for every policy (in parentheses: projected from the committed rate when the run "
+        "ended first); "
         "wasted = compute thrown away or redone / all compute; lost = microbatches whose "
         "gradient at some stage never reached the optimizer, uncounted (SWARM: a dead peer's "
         "accumulated gradients, a dead trainer's microbatches).",

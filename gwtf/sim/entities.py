@@ -119,6 +119,10 @@ class SimResult:
     iterations_completed: int
     iteration_target: int
     time_to_train_s: float | None
+    """When `microbatch_target` microbatches had their gradient in every stage's step."""
+    time_to_iterations_s: float | None
+    """When the `iteration_target`-th iteration committed, however many microbatches it held."""
+    microbatch_target: int
     committed_microbatches: int
     throughput_mean: float
     progress_microbatches: int
@@ -148,14 +152,17 @@ class SimResult:
         iters = [b - a for a, b in zip([0.0] + self.commit_times, self.commit_times,
                                        strict=False)]
         projected = self.time_to_train_s
-        if projected is None and self.iterations_completed:
-            projected = self.sim_time_s * self.iteration_target / self.iterations_completed
+        if projected is None and self.committed_microbatches:
+            projected = (self.sim_time_s * self.microbatch_target
+                         / self.committed_microbatches)
         return {
             "throughput_mean": round(self.throughput_mean, 6),
             "iterations_completed": self.iterations_completed,
             "time_to_train_s": None if self.time_to_train_s is None
             else round(self.time_to_train_s, 3),
             "projected_time_to_train_s": None if projected is None else round(projected, 3),
+            "time_to_iterations_s": None if self.time_to_iterations_s is None
+            else round(self.time_to_iterations_s, 3),
             "wasted_compute_s": round(self.wasted_compute_s, 3),
             "wasted_compute_fraction": round(self.wasted_compute_fraction, 6),
             "dropped_microbatches": self.dropped_microbatches,

@@ -190,6 +190,7 @@ class Simulation:
         self.committed_mbs = 0
         self.commit_times: list[float] = []
         self.time_to_train: float | None = None
+        self.time_to_iterations: float | None = None
         self.paused_until = 0.0
         self.paused_s = 0.0
         self._pause_start: float | None = None
@@ -332,6 +333,8 @@ class Simulation:
             iterations_completed=self.committed,
             iteration_target=sc.iterations,
             time_to_train_s=self.time_to_train,
+            time_to_iterations_s=self.time_to_iterations,
+            microbatch_target=sc.iterations * sc.microbatches_per_iteration,
             committed_microbatches=self.committed_mbs,
             throughput_mean=self.committed_mbs / sim_time if sim_time else 0.0,
             progress_microbatches=self.committed_mbs + (
@@ -418,8 +421,16 @@ class Simulation:
         # so they do not count as trained (counting them would credit work it threw away).
         self.committed_mbs += len(it.finished - self.lost)
         self.commit_times.append(self.engine.now)
-        if self.committed == self.sc.iterations and self.time_to_train is None:
+        # Time to train is time to the same counted work for every policy (docs/design.md,
+        # simulator reports): `iterations` full global batches in every stage's step. SWARM's
+        # iterations hold fewer counted microbatches (what died with a peer is lost, as in
+        # hivemind, where a dead peer's reported samples expire) and gwtf's drop a few, so
+        # counting iterations would compare different amounts of training.
+        if (self.time_to_train is None
+                and self.committed_mbs >= self.sc.iterations * self.sc.microbatches_per_iteration):
             self.time_to_train = self.engine.now
+        if self.committed == self.sc.iterations and self.time_to_iterations is None:
+            self.time_to_iterations = self.engine.now
         self.policy.on_commit(it)
         if self.policy.activate_at_commit:
             self.activate_pending()
