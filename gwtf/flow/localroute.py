@@ -6,7 +6,8 @@ live members and the deaths it detects, and asks it for its out-rates.
 - *View.* The records of the live members (`NodeSpec`: id, stage, location, compute_s,
   capacity) and the location links. A new view starts a quiet spell; once the view has not
   changed for `quiet_s`, `solve()` solves it (`localsolve.solve_members`: the answer depends
-  only on the records, so every node with the same view computes the same flows) and the node
+  only on the records, so every node with the same view computes the same flows; balanced,
+  `gwtf.flow.balance`, so that no node of a wide stage is loaded to its capacity) and the node
   switches to it. A burst of joins costs one solve; nodes that learn of a death a little apart
   still switch within about `quiet_s` of each other.
 - *Repair.* A next hop that dies is repaired at once, before any solve (`gossip.repair`): what
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from gwtf.flow.balance import BALANCE_HEADROOM
 from gwtf.flow.gossip import repair
 from gwtf.flow.localsolve import HUB_SLACK, LinkTerms, link_terms, solve_members
 from gwtf.flow.topology import LinkSpec, Members, NodeSpec
@@ -58,12 +60,16 @@ class LocalRoute:
         quiet_s: float,
         clock: Callable[[], float],
         hub_slack: float | None = HUB_SLACK,
+        balance: float | None = BALANCE_HEADROOM,
     ) -> None:
+        """`balance`: the headroom of the balanced objective (docs/design.md 2.2,
+        `gwtf.flow.balance`); None solves for the least cost alone."""
         self.node_id = node_id
         self.num_stages = num_stages
         self.quiet_s = quiet_s
         self._clock = clock
         self._hub_slack = hub_slack
+        self._balance = balance
         self._activation_bytes = activation_bytes
         self._links = MappingProxyType(dict(links))
         self._intra = intra
@@ -144,7 +150,9 @@ class LocalRoute:
             self._members, self._plan, self._mine, self._through = members, {}, {}, 0
             self.has_solution = False
         else:
-            flows = solve_members(members, hub_slack=self._hub_slack).flows
+            flows = solve_members(
+                members, hub_slack=self._hub_slack, balance=self._balance
+            ).flows
             self._adopt(members, flows)
         self.last_solve_s = self._clock() - started
         self.waited_s = now - self._changed_at

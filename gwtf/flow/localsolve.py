@@ -34,10 +34,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
+from gwtf.flow.balance import solve_balanced
 from gwtf.flow.solution import FLOW_EPSILON, FlowResult
 from gwtf.flow.topology import (
     CAP_SCALE,
@@ -452,14 +453,29 @@ REFINE_ROUNDS = 4
 pairs joined directly instead (each round only adds direct arcs, so it can only tighten)."""
 
 
-def solve_members(members: Members, *, hub_slack: float | None = HUB_SLACK) -> Solved:
-    """The maximum flow of least cost of the swarm `members` describes, by node pair (units).
+def solve_members(
+    members: Members, *, hub_slack: float | None = HUB_SLACK, balance: float | None = None
+) -> Solved:
+    """The maximum flow of least cost of the swarm `members` describes, by node pair (units);
+    with `balance` (a headroom, `gwtf.flow.balance`), of least cost among the maximum flows
+    that load each stage's nodes evenly within it (docs/design.md 2.2).
 
     Deterministic: the answer depends only on the records, not on their order. When a hub's
     relaxation does not split back (a node pair's capacity binds), the cell pairs concerned are
     joined directly and the network solved again, up to REFINE_ROUNDS times; what still does not
     fit is trimmed, so the flow is always feasible.
     """
+    if balance is not None:
+        final = max(n.stage for n in members.nodes)
+        sinks = {n.id for n in members.nodes if n.stage == final}
+        return solve_balanced(
+            members.nodes,
+            lambda nodes: solve_members(
+                replace(members, nodes=tuple(nodes)), hub_slack=hub_slack
+            ),
+            lambda solved: sum(u for (_, dst), u in solved.flows.items() if dst in sinks),
+            balance,
+        )
     groups, cells = _groups(members)
     last = max(g.stage for g in groups)
     terms = _Terms(members)

@@ -21,6 +21,7 @@ from collections.abc import Hashable
 
 import networkx as nx
 
+from gwtf.flow.balance import solve_balanced
 from gwtf.flow.solution import FlowResult, cost_units, make_result
 from gwtf.flow.topology import Topology
 
@@ -56,8 +57,22 @@ def build_oracle_network(topology: Topology) -> nx.DiGraph:
     return graph
 
 
-def solve_oracle(topology: Topology) -> FlowResult:
-    """The maximum flow of least cost, solved centrally (messages = rounds = 0)."""
+def solve_oracle(topology: Topology, *, balance: float | None = None) -> FlowResult:
+    """The maximum flow of least cost, solved centrally (messages = rounds = 0). With `balance`
+    (a headroom, `gwtf.flow.balance`): of least cost among the maximum flows that load each
+    stage's nodes evenly within that headroom, the routing objective of jobs (docs/design.md
+    2.2); without: of least cost among all maximum flows."""
+    if balance is None:
+        return _solve(topology)
+    return solve_balanced(
+        topology.nodes,
+        lambda nodes: _solve(topology.with_capacities({n.id: n.capacity for n in nodes})),
+        lambda result: result.flow_value_units,
+        balance,
+    )
+
+
+def _solve(topology: Topology) -> FlowResult:
     graph = build_oracle_network(topology)
     flow_dict = nx.max_flow_min_cost(graph, SOURCE, SINK, capacity="capacity", weight="weight")
     flows: dict[tuple[str, str], int] = {}

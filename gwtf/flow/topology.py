@@ -35,7 +35,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
 from types import MappingProxyType
@@ -614,6 +614,15 @@ class Topology:
         nodes = [n for n in self._nodes if n.id != node.id]
         nodes.append(node)
         return self._edit(nodes=nodes, changed_nodes=frozenset((node.id,)))
+
+    def with_capacities(self, capacities: Mapping[str, float]) -> Topology:
+        """This topology with the named nodes' capacities replaced; arcs do not depend on them
+        (their cost on compute times and links, their capacity on links), so they are kept."""
+        nodes = [
+            replace(n, capacity=capacities[n.id]) if n.id in capacities else n
+            for n in self._nodes
+        ]
+        return self._edit(nodes=nodes)
 
     def _check_pair(self, src: str, dst: str) -> None:
         for end in (src, dst):

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gwtf.flow.balance import BALANCE_HEADROOM
 from gwtf.flow.bus import COST_HEADROOM, node_views, peer_edits, with_epochs
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
 from gwtf.flow.oracle import solve_oracle
@@ -217,6 +218,9 @@ class _FlowPolicy(Policy):
 
 class OraclePolicy(_FlowPolicy):
     name = "oracle"
+    balance: float | None = BALANCE_HEADROOM
+    """The routing objective's headroom (docs/design.md 2.2); None: least cost alone
+    (`benchmarks/balance.py` compares the two)."""
 
     def __init__(self, sim: Simulation) -> None:
         super().__init__(sim)
@@ -234,7 +238,7 @@ class OraclePolicy(_FlowPolicy):
         if topo is None:
             return
         self.solves += 1
-        result = solve_oracle(topo)
+        result = solve_oracle(topo, balance=self.balance)
         self.max_flow_value = max(self.max_flow_value, result.flow_value)
         for (src, dst), units in result.flows.items():
             self.flows.setdefault(src, {})[dst] = units

@@ -6,7 +6,9 @@ pipeline."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from gwtf.flow.balance import BALANCE_HEADROOM
 from gwtf.flow.generate import geo10
 from gwtf.flow.gossip import delivered, without_node
 from gwtf.flow.localroute import LocalRoute
@@ -27,7 +29,10 @@ def swarm(seed: int = 0, n: int = 16, stages: int = 4) -> Topology:
     return geo10(np.random.default_rng(seed), n, stages)
 
 
-def route_of(topo: Topology, node_id: str, clock: Clock, quiet_s: float = 1.0) -> LocalRoute:
+def route_of(
+    topo: Topology, node_id: str, clock: Clock, quiet_s: float = 1.0,
+    balance: float | None = BALANCE_HEADROOM,
+) -> LocalRoute:
     members = Members.of(topo)
     return LocalRoute(
         node_id,
@@ -37,11 +42,15 @@ def route_of(topo: Topology, node_id: str, clock: Clock, quiet_s: float = 1.0) -
         members.intra,
         quiet_s=quiet_s,
         clock=clock,
+        balance=balance,
     )
 
 
-def solved(topo: Topology, node_id: str, clock: Clock, records: list | None = None) -> LocalRoute:
-    route = route_of(topo, node_id, clock)
+def solved(
+    topo: Topology, node_id: str, clock: Clock, records: list | None = None,
+    balance: float | None = BALANCE_HEADROOM,
+) -> LocalRoute:
+    route = route_of(topo, node_id, clock, balance=balance)
     route.set_view(records if records is not None else list(topo.nodes))
     clock.now += route.quiet_s
     assert route.solve()
@@ -75,15 +84,26 @@ def test_every_nodes_own_out_arcs_together_are_the_optimum() -> None:
         route = solved(topo, node.id, Clock(), records)
         for peer, units in route.routes().items():
             union[(node.id, peer)] = units
-    assert union == {k: x for k, x in solve_members(Members.of(topo)).flows.items() if x > 0}
+    # The routing objective: least cost among the maximum flows balanced within each stage
+    # (docs/design.md 2.2); the flow value stays the maximum flow, the oracle's.
+    best = solve_members(Members.of(topo), balance=BALANCE_HEADROOM).flows
+    assert union == {k: x for k, x in best.items() if x > 0}
     last = set(topo.stage_nodes(topo.num_stages - 1))
     assert sum(x for (_, d), x in union.items() if d in last) == oracle.flow_value_units
 
 
-def test_a_dead_next_hop_is_repaired_at_once_and_the_new_view_solved() -> None:
+@pytest.mark.parametrize(("balance", "floor"), [(None, 0.95), (BALANCE_HEADROOM, 0.9)])
+def test_a_dead_next_hop_is_repaired_at_once_and_the_new_view_solved(
+    balance: float | None, floor: float
+) -> None:
+    """`floor`: what the repair alone delivers here, of the new optimum. With the balanced
+    objective this case repairs to 0.90 (the repair re-splits by residual capacity, and the
+    balanced plan leaves it spread thinner over this stage); over 24 crashes (12 swarms, the
+    busiest node of stage 1 or 2) the balanced plans repair better on average, 0.88 against
+    0.83 of the new optimum (docs/design.md 2.2). The solve a quiet second later restores it."""
     topo = swarm(seed=3)
     clock = Clock()
-    routes = {n.id: solved(topo, n.id, clock) for n in topo.nodes}
+    routes = {n.id: solved(topo, n.id, clock, balance=balance) for n in topo.nodes}
     # The stage-2 node that carries the most flow dies (here the others of its stage have room
     # left: the repair has something to re-split into).
     through = {n: sum(r.routes().get(n, 0) for r in routes.values()) for n in topo.node_ids}
@@ -102,7 +122,7 @@ def test_a_dead_next_hop_is_repaired_at_once_and_the_new_view_solved() -> None:
     new_optimum = solve_oracle(topo.without_node(victim)).flow_value_units
     stale = delivered(after, {"old": old_plans}, {})
     repaired = delivered(after, {"old": {n: r.routes() for n, r in routes.items()}}, {})
-    assert stale < 0.6 * new_optimum < 0.95 * new_optimum <= repaired, (stale, repaired)
+    assert stale < 0.6 * new_optimum < floor * new_optimum <= repaired, (stale, repaired)
     for node, route in routes.items():
         if node == victim:
             continue
