@@ -196,6 +196,12 @@ class JobCoordinator:
                 self.log.warning("job %s: local call failed: %s", self.job_id, err)
                 return None
         member = self.host.member(node)
+        if member is None and node in self.plan.participants:
+            # The job counts it in (a joiner admitted, or a participant whose death was found
+            # false, docs/design.md 4.5) before membership shows its new incarnation: a call
+            # skipped here left it in an older round, and the iteration stalled until the
+            # watchdog's restart, for good if that one was skipped too.
+            member = self.host.known_member(node)
         if member is None:
             return None
         try:
