@@ -515,11 +515,11 @@ class JobCoordinator:
 
     # ------------------------------------------------------------------ restarts, pauses
 
-    def _restart(self, reason: str) -> None:
+    def _restart(self, reason: str, *, stalled: bool = False) -> None:
         if self._stopped or self.plan.injecting >= self.plan.iterations:
             return
         try:
-            iteration, round_, holders, weights = self.plan.restart(reason)
+            iteration, round_, holders, weights = self.plan.restart(reason, stalled=stalled)
         except ValueError as err:
             self.manager.fail(self.job_id, str(err))
             return
@@ -597,7 +597,7 @@ class JobCoordinator:
                 for dead, (stage, _) in sorted(self.dead.items()):
                     self.spawn(self._recover(dead, stage), f"sweep {dead}")
                 continue
-            self._restart(f"no progress for {self.stall_s:.0f} s")
+            self._restart(f"no progress for {self.stall_s:.0f} s", stalled=True)
 
     # ------------------------------------------------------------------ joiners
 
