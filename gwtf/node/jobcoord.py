@@ -119,6 +119,8 @@ class Manager(Protocol):
 
     def resync(self, active: Any, coordinator: str, reason: str) -> None: ...
 
+    def holds(self, active: Any) -> bool: ...
+
 
 def _step_call(request: job_pb2.StepRequest) -> Callable[[Stubs, float], Awaitable[Any]]:
     def call(stubs: Stubs, timeout: float) -> Awaitable[Any]:
@@ -682,7 +684,10 @@ class JobCoordinator:
                     mismatched=(), routes={}, digests={},
                     dropped=tuple(m for e in last.stepped_dropped for m in e.microbatches),
                 ))
-        if top >= job.iterations:
+        if top >= job.iterations or not manager.holds(active):
+            # Over, or this node dropped its part while it asked (its side was stale after a
+            # heal, and it enters the job through the other side's coordinator): a coordinator
+            # started now would restart rounds nobody follows, and its record would name it.
             return None
         round_ = max((r.round for r in replies.values() if r.iteration == top), default=0)
         plan = IterationCoordinator(
