@@ -589,6 +589,10 @@ class JobCoordinator:
                 continue
             if time.monotonic() - self._last_progress < self.stall_s:
                 continue
+            # A stalled round asks its participants where they are: one that follows another
+            # coordinator, which went on or has the smaller id (this node took the job over
+            # while that one lived), makes this one yield and enter through it (4.5).
+            self.probe.ask(sorted(self.live_participants()))
             if not self._swept and self.dead:
                 self._swept = True
                 self._last_progress = time.monotonic()

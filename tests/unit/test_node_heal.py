@@ -192,3 +192,55 @@ async def _drain(tasks: list[Any]) -> None:
         tasks.clear()
         for coro in batch:
             await coro
+
+
+def test_a_coordinator_whose_round_stalls_yields_to_the_one_its_participants_follow() -> None:
+    """h1, back from the cut-off side, took the job over again at iteration 9 (a death of h0
+    that was not one); every participant still follows h0, so h1's rounds stall. Its watchdog
+    asks them where they are, and h1 enters through h0 instead of restarting for good."""
+    import asyncio
+
+    from gwtf.node.jobcoord import JobCoordinator
+
+    calls = Calls()
+    host = CoordHost("h1", set(PARTICIPANTS), calls)
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h1")
+    resyncs: list[tuple[str, str]] = []
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+        def changed(self, active: Any) -> None:
+            pass
+
+        def resync(self, active: Any, coordinator: str, reason: str) -> None:
+            resyncs.append((coordinator, reason))
+
+    async def sync(request: Any, timeout: float) -> job_pb2.SyncReply:
+        return job_pb2.SyncReply(iteration=9, round=2, coordinator="h0")
+
+    host.stubs = lambda info: SimpleNamespace(jobs=SimpleNamespace(Sync=sync))  # type: ignore
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h1")
+    plan = IterationCoordinator(iterations=16, microbatches=8, participants=PARTICIPANTS,
+                                num_stages=3, holders=("h0", "h1"), iteration=9)  # fmt: skip
+    coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
+    coord.stall_s = 0.0
+
+    async def run() -> None:
+        watch = asyncio.ensure_future(coord._watch())
+        await asyncio.sleep(1.2)
+        watch.cancel()
+        probes = [t for t in host.tasks if t.__qualname__ == "QuorumProbe._probe"]
+        for other in host.tasks:
+            if other not in probes:
+                other.close()  # its restart's calls: not what this test watches
+        await _drain(probes)
+
+    asyncio.run(run())
+    assert resyncs and resyncs[0][0] == "h0", resyncs
