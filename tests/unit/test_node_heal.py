@@ -244,3 +244,44 @@ def test_a_coordinator_whose_round_stalls_yields_to_the_one_its_participants_fol
 
     asyncio.run(run())
     assert resyncs and resyncs[0][0] == "h0", resyncs
+
+
+def test_a_take_over_that_ends_after_a_resync_starts_no_coordinator() -> None:
+    """h1 takes the job over on the cut-off side and asks its participants where they are;
+    meanwhile its side is found stale and it drops its part to enter through h0. The take-over
+    that ends then must not start a coordinator: one would restart rounds nobody follows, and
+    its record would name h1 to the joiners of the job."""
+    import asyncio
+
+    from gwtf.node.jobcoord import JobCoordinator
+
+    east = {"h1": 0, "a1": 1, "z1": 2}
+    calls = Calls()
+    host = CoordHost("h1", set(east), calls)
+    host.num_stages = lambda: 3  # type: ignore[attr-defined]
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h0")
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2, iterations=16, microbatches=8)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h1", base=set(east))
+    held = {"now": active}
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        async def call(self, call: Any, member: Any, timeout_s: float, *,
+                       attempts: int = 3) -> Any:
+            held["now"] = None  # the resync lands while the participants are asked
+            return job_pb2.SyncReply(iteration=3)
+
+        def sync(self, request: Any) -> job_pb2.SyncReply:
+            return job_pb2.SyncReply(iteration=3)
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+        def holds(self, it: Any) -> bool:
+            return held["now"] is it
+
+    assert asyncio.run(JobCoordinator.take_over(Manager(), active)) is None  # type: ignore
+    assert host.tasks == [] and record.coordinator == "h0"
