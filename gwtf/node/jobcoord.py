@@ -155,6 +155,9 @@ class JobCoordinator:
         self._swept = False
         self._paused_since: float | None = None
         self._stopped = False
+        self.answering: set[str] = set()
+        """Participants the job heard from since membership last declared them dead (admitted
+        joiners, deaths found false) though membership may not show them alive yet."""
         self.stall_s = manager.host.config.recovery_stall_s
         self.entrance = Entrance(self)
         record_journal(plan, self.host.node_id, self.job_id, self.log)
@@ -198,7 +201,7 @@ class JobCoordinator:
                 self.log.warning("job %s: local call failed: %s", self.job_id, err)
                 return None
         member = self.host.member(node)
-        if member is None and node in self.plan.participants:
+        if member is None and node in self.answering and node in self.plan.participants:
             # The job counts it in (a joiner admitted, or a participant whose death was found
             # false, docs/design.md 4.5) before membership shows its new incarnation: a call
             # skipped here left it in an older round, and the iteration stalled until the
@@ -366,6 +369,7 @@ class JobCoordinator:
         again the round starts over rather than wait for the watchdog."""
         if node not in self.plan.participants:
             return
+        self.answering.add(node)
 
         async def later() -> None:
             for _ in range(20):
@@ -392,6 +396,7 @@ class JobCoordinator:
         self._down(node, "was excluded")
 
     def _down(self, node: str, verb: str) -> None:
+        self.answering.discard(node)
         stage = self.plan.participants.get(node)
         if stage is None:
             return
