@@ -205,6 +205,7 @@ class JobCalls:
         active = self.book.active
         if active is not None and active.job_id == job_id and active.worker is None and (
             not active.participants
+            and self.book.records[job_id].state == job_pb2.JOB_STATE_RUNNING
         ):
             # Entering the job (gwtf.node.jobjoin): admitted, its worker starts as the
             # admission's reply arrives. A restart ordered meanwhile (a heal's restarts come
