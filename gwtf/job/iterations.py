@@ -69,6 +69,7 @@ from gwtf.recovery import CrashPlan, NeighbourReport, Rule, check_commit, plan_c
 
 __all__ = [
     "INPUTS",
+    "STALLED_ROUNDS",
     "CommitOrder",
     "Journal",
     "JournalEntry",
@@ -251,6 +252,13 @@ INPUTS = (
 """The methods through which everything the coordinator decides comes in: a journal of their
 calls and results, fed to a fresh coordinator, decides the same (`gwtf.job.journal`)."""
 
+STALLED_ROUNDS = 5
+"""Rounds in a row that the coordinator's watchdog may start for one iteration, each after the
+iteration made no progress for its `recovery_stall_s`, before the job fails: an iteration that
+five fresh starts with every live participant could not commit waits on something no restart
+mends (a participant that never hears the coordinator), and failing with the nodes it waits on
+beats hanging without a word (docs/design.md 4.4)."""
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -339,6 +347,8 @@ class IterationCoordinator:
         self.completed = iteration
         """Iterations completed, in order (the outcomes returned so far)."""
         self.round_floor = round_
+        self.stalled = 0
+        """Rounds of the iteration in progress the watchdog started (`restart(stalled=True)`)."""
         """Every iteration starts at this round: after a rollback, above every round used
         before it, so that no message from before the rollback passes for a current one."""
         self.base: frozenset[str] = frozenset(participants if base is None else base)
@@ -630,6 +640,7 @@ class IterationCoordinator:
     def _next_iteration(self, holders: Sequence[str], weights: Mapping[str, int] | None
                         ) -> None:
         self.planned = {}
+        self.stalled = 0
         self.injecting += 1
         self.round = self.round_floor
         self.attempt = 0
@@ -705,13 +716,38 @@ class IterationCoordinator:
             raise ReportError(f"stage {stage} is outside the job's 0..{self.num_stages - 1}")
         self.participants[node] = stage
 
+    def waiting_on(self) -> str:
+        """What the iteration in progress waits for, in a few words (for a stalled one)."""
+        if self.in_commit:
+            late = sorted(set(self._members) - set(self._prepared))
+            return f"the prepared reports of {', '.join(late)} in commit attempt {self.attempt}"
+        shares = self.assignment()
+        late = sorted(h for h, ids in shares.items() if set(ids) & self.unfinished())
+        if late:
+            return f"the microbatches injected by {', '.join(late)}"
+        if self.replays:
+            return f"{len(self.replays)} replays"
+        return "a commit that no rule blocks"
+
     @_input
-    def restart(self, reason: str = "") -> tuple[int, int, tuple[str, ...], tuple[int, ...]]:
+    def restart(self, reason: str = "", *, stalled: bool = False
+                ) -> tuple[int, int, tuple[str, ...], tuple[int, ...]]:
         """Start the iteration again from scratch with the live participants: (iteration, new
-        round, its holders, their weights). ValueError when no data holder is left."""
+        round, its holders, their weights). ValueError when no data holder is left, or when
+        `stalled` (the watchdog's restart of an iteration that made no progress) and the
+        watchdog already started `STALLED_ROUNDS` rounds of it: the reason names what it
+        waited on."""
         holders = self.live_holders()
         if not holders:
             raise ValueError("no data holder is left to start the iteration again")
+        if stalled:
+            self.stalled += 1
+            if self.stalled >= STALLED_ROUNDS:
+                raise ValueError(
+                    f"iteration {self.injecting} stalled in {STALLED_ROUNDS} rounds in a row "
+                    f"(each started again after no progress); round {self.round} still waited "
+                    f"on {self.waiting_on()}"
+                )
         weights = self.next_weights(holders)
         self._weights = weights_of(holders, weights)
         self.round += 1
@@ -741,6 +777,7 @@ class IterationCoordinator:
                                                    self._stepping.values())])
         self.round_floor = top + 1
         self.injecting = iteration
+        self.stalled = 0
         self.completed = iteration
         self._stepping = {}
         # Every participant restores its own state of `iteration`, or refuses and fails the job.

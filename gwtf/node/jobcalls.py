@@ -202,6 +202,17 @@ class JobCalls:
     def _participating(self, job_id: str, sender: str) -> tuple[CurrentJob, StageWorker]:
         """This node's worker for a call from the job's coordinator (a new coordinator that
         took over is recognised once this node sees its predecessor dead)."""
+        active = self.book.active
+        if active is not None and active.job_id == job_id and active.worker is None and (
+            not active.participants
+            and self.book.records[job_id].state == job_pb2.JOB_STATE_RUNNING
+        ):
+            # Entering the job (gwtf.node.jobjoin): admitted, its worker starts as the
+            # admission's reply arrives. A restart ordered meanwhile (a heal's restarts come
+            # with the stale side's entries) is retried rather than lost, which would leave this
+            # node in an older round and the iteration stalled (docs/design.md 4.5).
+            raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                          f"{self.host.node_id} is entering job {job_id[:40]!r}")
         worker = self.worker_for(job_id)
         active = self.book.active
         assert active is not None

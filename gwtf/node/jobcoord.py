@@ -119,6 +119,8 @@ class Manager(Protocol):
 
     def resync(self, active: Any, coordinator: str, reason: str) -> None: ...
 
+    def holds(self, active: Any) -> bool: ...
+
 
 def _step_call(request: job_pb2.StepRequest) -> Callable[[Stubs, float], Awaitable[Any]]:
     def call(stubs: Stubs, timeout: float) -> Awaitable[Any]:
@@ -153,6 +155,9 @@ class JobCoordinator:
         self._swept = False
         self._paused_since: float | None = None
         self._stopped = False
+        self.answering: set[str] = set()
+        """Participants the job heard from since membership last declared them dead (admitted
+        joiners, deaths found false) though membership may not show them alive yet."""
         self.stall_s = manager.host.config.recovery_stall_s
         self.entrance = Entrance(self)
         record_journal(plan, self.host.node_id, self.job_id, self.log)
@@ -196,6 +201,12 @@ class JobCoordinator:
                 self.log.warning("job %s: local call failed: %s", self.job_id, err)
                 return None
         member = self.host.member(node)
+        if member is None and node in self.answering and node in self.plan.participants:
+            # The job counts it in (a joiner admitted, or a participant whose death was found
+            # false, docs/design.md 4.5) before membership shows its new incarnation: a call
+            # skipped here left it in an older round, and the iteration stalled until the
+            # watchdog's restart, for good if that one was skipped too.
+            member = self.host.known_member(node)
         if member is None:
             return None
         try:
@@ -358,6 +369,7 @@ class JobCoordinator:
         again the round starts over rather than wait for the watchdog."""
         if node not in self.plan.participants:
             return
+        self.answering.add(node)
 
         async def later() -> None:
             for _ in range(20):
@@ -384,6 +396,7 @@ class JobCoordinator:
         self._down(node, "was excluded")
 
     def _down(self, node: str, verb: str) -> None:
+        self.answering.discard(node)
         stage = self.plan.participants.get(node)
         if stage is None:
             return
@@ -509,11 +522,11 @@ class JobCoordinator:
 
     # ------------------------------------------------------------------ restarts, pauses
 
-    def _restart(self, reason: str) -> None:
+    def _restart(self, reason: str, *, stalled: bool = False) -> None:
         if self._stopped or self.plan.injecting >= self.plan.iterations:
             return
         try:
-            iteration, round_, holders, weights = self.plan.restart(reason)
+            iteration, round_, holders, weights = self.plan.restart(reason, stalled=stalled)
         except ValueError as err:
             self.manager.fail(self.job_id, str(err))
             return
@@ -581,6 +594,10 @@ class JobCoordinator:
                 continue
             if time.monotonic() - self._last_progress < self.stall_s:
                 continue
+            # A stalled round asks its participants where they are: one that follows another
+            # coordinator, which went on or has the smaller id (this node took the job over
+            # while that one lived), makes this one yield and enter through it (4.5).
+            self.probe.ask(sorted(self.live_participants()))
             if not self._swept and self.dead:
                 self._swept = True
                 self._last_progress = time.monotonic()
@@ -591,7 +608,7 @@ class JobCoordinator:
                 for dead, (stage, _) in sorted(self.dead.items()):
                     self.spawn(self._recover(dead, stage), f"sweep {dead}")
                 continue
-            self._restart(f"no progress for {self.stall_s:.0f} s")
+            self._restart(f"no progress for {self.stall_s:.0f} s", stalled=True)
 
     # ------------------------------------------------------------------ joiners
 
@@ -676,7 +693,10 @@ class JobCoordinator:
                     mismatched=(), routes={}, digests={},
                     dropped=tuple(m for e in last.stepped_dropped for m in e.microbatches),
                 ))
-        if top >= job.iterations:
+        if top >= job.iterations or not manager.holds(active):
+            # Over, or this node dropped its part while it asked (its side was stale after a
+            # heal, and it enters the job through the other side's coordinator): a coordinator
+            # started now would restart rounds nobody follows, and its record would name it.
             return None
         round_ = max((r.round for r in replies.values() if r.iteration == top), default=0)
         plan = IterationCoordinator(

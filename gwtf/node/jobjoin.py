@@ -185,6 +185,15 @@ class Joiner:
                     _enter_call(ask), coordinator,
                     host.config.rpc_timeout_s,
                 )
+                while not reply.admitted and reply.iteration == iteration and (
+                    time.monotonic() < deadline
+                ):
+                    # Its state is of the iteration in progress, which is in its commit: ask
+                    # again once that is over rather than fetch the same state again (a commit
+                    # that takes longer than a fetch would keep this node out for good).
+                    await asyncio.sleep(0.2)
+                    reply = await self.wire.call(_enter_call(ask), coordinator,
+                                                 host.config.rpc_timeout_s)
             except RuntimeError:
                 continue
             if not reply.admitted:

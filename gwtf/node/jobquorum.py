@@ -10,12 +10,16 @@ Each silent voter is asked (`Sync`) at most every `PROBE_S`:
   lacked a quorum: the smaller id's goes on): this side is stale, and re-enters the job through
   that coordinator (`resync`);
 - no answer: still silent (alive across a partition, or dead without proof).
+
+A round that stalls (the coordinator's watchdog) asks its live participants the same way
+(`ask`): a coordinator that took the job over while the one it replaced still ran (a death
+that was not one, confirmed too late) finds the participants following that one, and yields.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import grpc
 from grpc import aio
@@ -56,7 +60,12 @@ class QuorumProbe:
         if now - self._probed_at < PROBE_S:
             return
         self._probed_at = now
-        for node in self.plan.quorum().silent:
+        self.ask(self.plan.quorum().silent)
+
+    def ask(self, nodes: Iterable[str]) -> None:
+        """Ask `nodes` where they are: a stalled round asks its participants, for one that
+        follows another coordinator (two took the job over at once) makes this one yield."""
+        for node in nodes:
             if node not in self._probing and node != self.host.node_id:
                 self._probing.add(node)
                 self.host.spawn(self._probe(node), f"probe {node}")

@@ -57,6 +57,7 @@ class Coordinating(Protocol):
     job: Any
     job_id: str
     active: Any
+    answering: set[str]
 
     @property
     def manager(self) -> _Manager: ...
@@ -165,6 +166,7 @@ class Entrance:
         coord = self.coord
         plan = coord.plan
         plan.admit(node, stage)
+        coord.answering.add(node)  # its calls go out though membership may not show it yet
         reply.admitted = True
         reply.round = plan.round
         reply.iteration = plan.injecting

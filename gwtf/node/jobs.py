@@ -449,6 +449,10 @@ class JobManager:
         self.fail(request.job_id, f"{reason} (reported by {request.sender[:40]})", spread=False)
         return job_pb2.FailReply()
 
+    def holds(self, active: CurrentJob) -> bool:
+        """Is `active` still this node's part of its job (not dropped by a resync)?"""
+        return self.book.active is active
+
     def resync(self, active: CurrentJob, coordinator: str, reason: str) -> None:
         """This node's side of a partition fell behind: enter the job again through
         `coordinator` (gwtf.node.jobheal)."""

@@ -14,6 +14,11 @@ data holder, so it gets a coordinator of its own. Then:
   bit for bit;
 - the replicas of every stage end with the same weights, those of the other side too.
 
+The heal is where a race was (docs/design.md 4.5, "The race at re-entry"): the west's
+coordinator admitted the east's nodes before its membership showed them alive, and skipped its
+restarts to them, so the round stalled 20 s at the heal, and for good in one fresh-clone CI run
+in three; no node may log a watchdog stall, nor fail to enter.
+
 Run time: 36 s on a shared 2-core machine (7 s to start the nodes; the 8 s cut; 16
 iterations). The issue's 30 s cut, by hand (`GWTF_PARTITION_S=30`, 82 iterations): 84 s.
 Figures in benchmarks/RESULTS.md, section `partition`.
@@ -36,12 +41,7 @@ from cluster import REPO, LocalSwarm, wait_for
 from gwtf.client import GwtfClient, JobResult
 from gwtf.train import PRESETS, JobConfig, train_reference
 
-# In `make soak`, not `make test`: one fresh-clone run in three, the cut-off side's coordinator
-# went on restarting its round after it had found its part stale and entered again through the
-# other side's coordinator, and its stage-2 node could not enter within 120 s (the job never
-# ended). The re-entry after a heal has a race still to be found; until then this case would
-# fail `make test` at random.
-pytestmark = [pytest.mark.chaos, pytest.mark.soak]
+pytestmark = pytest.mark.chaos
 
 MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
 WEST = ("Oregon", "Virginia")
@@ -116,6 +116,16 @@ def steps_ordered(swarm: LocalSwarm, job_id: str) -> dict[int, set[str]]:
     return out
 
 
+def heal_stalls(swarm: LocalSwarm) -> list[str]:
+    """Log lines of a round the watchdog found stalled, or of a node that could not enter the
+    job: what the race at the heal left (docs/design.md 4.5)."""
+    return [
+        f"{log.name}: {line}" for log in sorted(swarm.log_dir.glob("*.log"))
+        for line in log.read_text().splitlines()
+        if "made no progress for" in line or "could not enter within" in line
+    ]
+
+
 def final_weights(swarm: LocalSwarm, job_id: str) -> dict[str, tuple[int, int, str]]:
     """Node -> (stage, iteration, sha256 of its weights of the job) for every live node."""
     from grpc import aio
@@ -176,6 +186,7 @@ def test_a_partition_heals_without_split_brain(swarm: tuple[LocalSwarm, Path]) -
     split = {k: v for k, v in steps.items() if len(v) > 1}
     assert not split, f"two updates of one iteration: {split}"
     assert_equals_reference(result, job)
+    assert not heal_stalls(nodes), heal_stalls(nodes)
     weights = final_weights(nodes, job_id)
     for stage in range(3):
         ends = {(it, d) for s, it, d in weights.values() if s == stage}

@@ -3,6 +3,7 @@
 import pytest
 
 from gwtf.job.iterations import (
+    STALLED_ROUNDS,
     CommittedReport,
     IterationCoordinator,
     Outliers,
@@ -277,6 +278,38 @@ def test_a_restart_forgets_the_round_and_its_late_reports() -> None:
     assert c.finished == set()
     c.done("h0", 0, 1, range(5))
     assert c.commit_order() is not None
+
+
+def test_an_iteration_the_watchdog_restarts_for_good_fails_naming_what_it_waits_on() -> None:
+    # The heal of a partition (docs/design.md 4.5): a member of the commit never hears it (its
+    # coordinator skipped its calls), so every round ends in a commit attempt that waits on it.
+    def waiting_on_z(c: IterationCoordinator) -> None:
+        c.done("h0", 0, c.round, [0, 2, 4])
+        c.done("h1", 0, c.round, [1, 3])
+        assert c.commit_order() is not None
+        for sender in ("h0", "h1", "a", "b"):
+            prepared(c, sender, range(5) if sender == "a" else [])
+
+    c = coordinator()
+    for _ in range(STALLED_ROUNDS - 1):
+        waiting_on_z(c)
+        c.restart("no progress for 10 s", stalled=True)
+    c.restart("z came back")  # restarts of other kinds are not counted
+    waiting_on_z(c)
+    assert c.waiting_on() == f"the prepared reports of z in commit attempt {c.attempt}"
+    with pytest.raises(ValueError, match=rf"iteration 0 stalled in {STALLED_ROUNDS} rounds in a "
+                       r"row .* round 5 still waited on the prepared reports of z"):
+        c.restart("no progress for 10 s", stalled=True)
+    # A commit starts the count again: each iteration gets its own rounds.
+    c = coordinator()
+    for _ in range(STALLED_ROUNDS - 1):
+        c.restart("no progress for 10 s", stalled=True)
+    assert c.waiting_on() == "the microbatches injected by h0, h1"
+    c.done("h0", 0, c.round, range(5))
+    c.commit_order()
+    all_prepared(c, range(5))
+    assert c.injecting == 1 and c.stalled == 0
+    c.restart("no progress for 10 s", stalled=True)
 
 
 def test_a_joiner_takes_part_from_its_admission() -> None:

@@ -83,3 +83,214 @@ def test_a_paused_coordinator_yields_to_a_job_that_went_on_or_to_the_smaller_id(
     west._heard("a1", job_pb2.SyncReply(iteration=3, coordinator="h1"))
     west._heard("a1", job_pb2.SyncReply(iteration=2, coordinator="h1"))
     assert resyncs == []
+
+
+# ---------------------------------------------------------------- the heal, replayed in order
+
+
+class Calls:
+    """The coordinator's calls to remote participants: (method, node), in the order sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def stubs(self, node: str) -> Any:
+        sent = self.sent
+
+        class Jobs:
+            def __getattr__(self, method: str) -> Any:
+                async def call(request: Any, timeout: float) -> Any:
+                    sent.append((method, node))
+                    return SimpleNamespace()
+
+                return call
+
+        return SimpleNamespace(jobs=Jobs())
+
+
+class CoordHost(Host):
+    """The west coordinator's host at the heal: membership still shows the stale side's old
+    incarnations dead (their new ones reach it by gossip a second later)."""
+
+    config = SimpleNamespace(recovery_stall_s=10.0, rpc_timeout_s=3.0)
+
+    def __init__(self, me: str, alive: set[str], calls: Calls) -> None:
+        super().__init__(me, alive)
+        self.calls = calls
+        self.tasks: list[Any] = []
+
+    def known_member(self, node_id: str) -> Any:
+        return SimpleNamespace(id=node_id, alive=node_id in self.alive)
+
+    def spawn(self, coro: Any, name: str) -> None:
+        self.tasks.append(coro)
+
+
+def test_a_restart_right_after_the_heal_reaches_the_joiners_membership_shows_dead() -> None:
+    """The ordering behind the heal's stalls (docs/design.md 4.5, measured in 2 runs of 5 of
+    tests/chaos/test_partition.py): the west's coordinator h0 admits h1, back from the cut-off
+    side, before its membership has h1's new incarnation, then restarts its round (a west
+    participant the east's stale verdicts declared dead came back). The restart must reach h1:
+    skipped, h1 stayed in the older round, and the iteration stalled until the watchdog, for
+    good when that restart was skipped too."""
+    import asyncio
+
+    from gwtf.node.jobcoord import JobCoordinator
+
+    calls = Calls()
+    west = {"h0": 0, "a0": 1, "z0": 2}
+    host = CoordHost("h0", set(west), calls)
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h0")
+    local: list[str] = []
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        async def call(self, call: Any, member: Any, timeout_s: float, *,
+                       attempts: int = 3) -> Any:
+            return await call(calls.stubs(member.id), timeout_s)
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+        def excluded(self, job_id: str) -> list[str]:
+            return []
+
+        def changed(self, active: Any) -> None:
+            pass
+
+        def __getattr__(self, name: str) -> Any:  # this node's own part of each call
+            return lambda request: local.append(name) or SimpleNamespace()
+
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h0")
+    plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
+                                holders=("h0",), iteration=8, base=west)  # fmt: skip
+    coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
+    reply = coord.enter(job_pb2.EnterRequest(sender="h1", job_id=JOB, stage=0, has_state=True,
+                                             state_iteration=8))  # fmt: skip
+    assert reply.admitted and "h1" in plan.participants and host.member("h1") is None
+    coord._restart("a0 was declared dead by nodes that lost sight of it")
+    asyncio.run(_drain(host.tasks))
+    assert ("Restart", "h1") in calls.sent, calls.sent
+    assert {n for m, n in calls.sent if m == "Admit"} == {"a0", "z0"}
+    assert local == ["admit", "restart"]
+    # A participant membership declared dead, and the job has not heard from since, is not
+    # called (its death is being confirmed), though its address is known; nor once dropped.
+    host.alive.discard("z0")
+    calls.sent.clear()
+    coord._restart("z0 died")
+    asyncio.run(_drain(host.tasks))
+    assert sorted(n for m, n in calls.sent if m == "Restart") == ["a0", "h1"]
+    coord._down("h1", "crashed")
+    calls.sent.clear()
+    coord._restart("h1 died")
+    asyncio.run(_drain(host.tasks))
+    assert sorted(n for m, n in calls.sent if m == "Restart") == ["a0"]
+
+
+async def _drain(tasks: list[Any]) -> None:
+    """Run the calls spawned (and what they spawn); a death's recovery is not watched here."""
+    while tasks:
+        batch = list(tasks)
+        tasks.clear()
+        for coro in batch:
+            if "_recover" in coro.__qualname__:
+                coro.close()
+            else:
+                await coro
+
+
+def test_a_coordinator_whose_round_stalls_yields_to_the_one_its_participants_follow() -> None:
+    """h1, back from the cut-off side, took the job over again at iteration 9 (a death of h0
+    that was not one); every participant still follows h0, so h1's rounds stall. Its watchdog
+    asks them where they are, and h1 enters through h0 instead of restarting for good."""
+    import asyncio
+
+    from gwtf.node.jobcoord import JobCoordinator
+
+    calls = Calls()
+    host = CoordHost("h1", set(PARTICIPANTS), calls)
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h1")
+    resyncs: list[tuple[str, str]] = []
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+        def changed(self, active: Any) -> None:
+            pass
+
+        def resync(self, active: Any, coordinator: str, reason: str) -> None:
+            resyncs.append((coordinator, reason))
+
+    async def sync(request: Any, timeout: float) -> job_pb2.SyncReply:
+        return job_pb2.SyncReply(iteration=9, round=2, coordinator="h0")
+
+    host.stubs = lambda info: SimpleNamespace(jobs=SimpleNamespace(Sync=sync))  # type: ignore
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h1")
+    plan = IterationCoordinator(iterations=16, microbatches=8, participants=PARTICIPANTS,
+                                num_stages=3, holders=("h0", "h1"), iteration=9)  # fmt: skip
+    coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
+    coord.stall_s = 0.0
+
+    async def run() -> None:
+        watch = asyncio.ensure_future(coord._watch())
+        await asyncio.sleep(1.2)
+        watch.cancel()
+        probes = [t for t in host.tasks if t.__qualname__ == "QuorumProbe._probe"]
+        for other in host.tasks:
+            if other not in probes:
+                other.close()  # its restart's calls: not what this test watches
+        await _drain(probes)
+
+    asyncio.run(run())
+    assert resyncs and resyncs[0][0] == "h0", resyncs
+
+
+def test_a_take_over_that_ends_after_a_resync_starts_no_coordinator() -> None:
+    """h1 takes the job over on the cut-off side and asks its participants where they are;
+    meanwhile its side is found stale and it drops its part to enter through h0. The take-over
+    that ends then must not start a coordinator: one would restart rounds nobody follows, and
+    its record would name h1 to the joiners of the job."""
+    import asyncio
+
+    from gwtf.node.jobcoord import JobCoordinator
+
+    east = {"h1": 0, "a1": 1, "z1": 2}
+    calls = Calls()
+    host = CoordHost("h1", set(east), calls)
+    host.num_stages = lambda: 3  # type: ignore[attr-defined]
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h0")
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2, iterations=16, microbatches=8)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h1", base=set(east))
+    held = {"now": active}
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        async def call(self, call: Any, member: Any, timeout_s: float, *,
+                       attempts: int = 3) -> Any:
+            held["now"] = None  # the resync lands while the participants are asked
+            return job_pb2.SyncReply(iteration=3)
+
+        def sync(self, request: Any) -> job_pb2.SyncReply:
+            return job_pb2.SyncReply(iteration=3)
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+        def holds(self, it: Any) -> bool:
+            return held["now"] is it
+
+    assert asyncio.run(JobCoordinator.take_over(Manager(), active)) is None  # type: ignore
+    assert host.tasks == [] and record.coordinator == "h0"
