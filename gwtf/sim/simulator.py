@@ -679,8 +679,10 @@ class Simulation:
         del self._history[to:]
         del self.commit_times[to:]
         self.committed = to
-        if to < self.sc.iterations:
+        if self.committed_mbs < self.sc.iterations * self.sc.microbatches_per_iteration:
             self.time_to_train = None
+        if to < self.sc.iterations:
+            self.time_to_iterations = None
         self.rollbacks.append((self.engine.now, stage, before, to))
         self._start_iteration(to)
 
