@@ -11,7 +11,9 @@
   off and counts for nothing. The keeper replaces what it holds of the stage only then
   (`keeper_keeps`: the newest and the newest periodic one), and every node keeps its own state of
   the previous periodic boundary until every stage's snapshot of the newer one has landed
-  (`own_kept`). A keeper that dies takes its snapshots with it;
+  (`own_kept`). A keeper that dies takes its snapshots with it, and the stages they were of send
+  theirs to a new keeper at once (the node waits for their next due boundary instead:
+  docs/design.md 4.6, limits);
 - when the last replica of a stage is gone (its death noticed), the stage is restored from its
   keeper (`restore_point`): the snapshot of the iteration in progress loses nothing (the rules
   replay the stage's work on the joiners); an older one the other stages still keep rolls the
@@ -121,11 +123,23 @@ class StageSnapshots:
             self.landed_periodic[stage] = index if newest is None else max(newest, index)
 
     def died(self, node: SimNode) -> None:
-        """`node` is gone: the snapshots it kept are gone with it."""
+        """`node` is gone: the snapshots it kept are gone with it, and each stage they were of
+        sends a new keeper at once what its nodes hold (the state of the iteration's start if
+        the stage is thin, else of its latest periodic boundary), as a death that makes a stage
+        thin does: a stage whose snapshots died waits for no boundary to have one again."""
+        it = self.sim.iteration
         for stage, keeper in enumerate(self.keeper):
-            if keeper is node:
-                self.keeper[stage] = None
-                self.kept[stage] = frozenset()
+            if keeper is not node:
+                continue
+            self.keeper[stage] = None
+            self.kept[stage] = frozenset()
+            live = [n for n in self._live(stage) if n is not node]
+            if it is None or not live:
+                continue
+            index = it.index if self.policy.is_thin(len(live)) else \
+                self.policy.last_periodic(it.index)
+            if index != self.policy.start:
+                self._send(stage, index, min(live, key=lambda n: n.id))
 
     def source(self, stage: int) -> SimNode | None:
         """Where a joiner of `stage`, which has no live replica, downloads its state from."""

@@ -101,9 +101,10 @@ def test_a_stage_wiped_while_its_snapshot_is_on_the_way_uses_the_previous_one(
 def test_a_wipe_no_snapshot_restores_fails_the_job_with_its_reason(tmp_path: Path) -> None:
     t = starts(tmp_path, every=2)
     # The keeper of stage 1's snapshots (the smallest id of another stage: s0a) dies in
-    # iteration 4 once the snapshots of 4 have landed, taking stage 1's along; the stage dies
-    # later in the same iteration, before any other snapshot is due, and every other node keeps
-    # only its state of 4.
+    # iteration 4 once the snapshots of 4 have landed, taking stage 1's along; once that is
+    # noticed, stage 1 sends its state of 4 to a new keeper, and dies with it on the way (a
+    # slower link: 4 s), before any other snapshot is due. Every other node keeps only its state
+    # of 4 by then.
     rows = f"{t[4] + 2},crash,s0a\n" + wipe(t[4] + 8, t[5] + 10)
     result = run(scenario(tmp_path, rows, every=2, thin=0))
     assert result.failed == ("stage 1 lost every replica at iteration 4 and no node keeps a "
@@ -111,6 +112,7 @@ def test_a_wipe_no_snapshot_restores_fails_the_job_with_its_reason(tmp_path: Pat
     assert result.summary()["failed"] == result.failed
     assert result.sim_time_s == 400  # the run ends, reported, not hung
     assert result.iterations_completed == 4 and result.rollbacks == []
+    assert result.snapshots["cut"] >= 1
 
 
 def test_a_stage_wiped_in_the_first_iteration_is_rebuilt_from_the_job(tmp_path: Path) -> None:
