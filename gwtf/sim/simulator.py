@@ -667,6 +667,8 @@ class Simulation:
         no longer counted as trained or dropped, its commit no longer in the audit) and trained
         again (docs/design.md 4.6), as the node's job record forgets them."""
         before = self.iteration.index if self.iteration is not None else self.committed
+        if self.iteration is not None:
+            self.dropped -= len(self.iteration.dropped)  # of an iteration that never commits
         self._discard_iteration()
         undone = self._history[to:]
         if undone:
