@@ -63,11 +63,13 @@ GOSSIP_FANOUT = 3
 """Random members called per period (the node's `NodeConfig.gossip_fanout`)."""
 WATCH = 6
 """Watchers of each member, which notice its crash (gwtf.node.membership.WATCH)."""
-SOLVE_S_PER_MEMBER = 1.2e-3
-"""Modelled seconds of one solve per member of the view: `LocalRoute.solve` on geo10 views took
-1.4 ms at 6 members, 5 ms at 16, 40 ms at 32, 53-120 ms at 48-100 (best of five, one core of
-the shared 2-core development machine, 2026-11-25). A model rather than a measurement in the
-run, so that a run stays a pure function of its scenario and seed."""
+SOLVE_S_PER_MEMBER = 2.5e-3
+"""Modelled seconds of one solve per member of the view: `LocalRoute`'s solver (the balanced
+objective, two solves) on geo10 views took 2.3 ms at 6 members, 9 ms at 16, 81 ms at 32, 136 ms
+at 64 and 580 ms at 100 (best of five, one core of the shared 2-core development machine,
+2026-11-25); the fit holds from 16 to 64 members, the sizes of the shipped scenarios. A model
+rather than a measurement in the run, so that a run stays a pure function of its scenario and
+seed."""
 _CACHED_SOLVES = 256
 
 Change = tuple[str, int, NodeSpec | None]
