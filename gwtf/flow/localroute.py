@@ -19,6 +19,12 @@ live members and the deaths it detects, and asks it for its out-rates.
   (docs/design.md 3.7), so a mismatch costs throughput for that moment, never correctness.
 - *No solution* while a stage has no live member: the routes are empty and the node routes by
   capacities (docs/design.md 2.8).
+
+Two drivers feed it the same way: the node (gwtf.node.routing, over its member table and wall
+time) and the simulator (gwtf.sim.localrouting, over simulated gossip and time). What a driver
+adds is only when the records reach it and when it calls `solve()`; a solve's answer is
+`solve_members` of the view either way (`solver` lets the simulator share one solve among the
+nodes whose views are equal, since the answer depends only on the records).
 """
 
 from __future__ import annotations
@@ -32,7 +38,21 @@ from gwtf.flow.gossip import repair
 from gwtf.flow.localsolve import HUB_SLACK, LinkTerms, link_terms, solve_members
 from gwtf.flow.topology import LinkSpec, Members, NodeSpec
 
-__all__ = ["LocalRoute", "OutArc"]
+__all__ = ["LocalRoute", "OutArc", "Solver", "solver"]
+
+Solver = Callable[[Members], Mapping[tuple[str, str], int]]
+"""The flows of a view's records: `solve_members` (`solver`), or the same answer cached."""
+
+
+def solver(
+    hub_slack: float | None = HUB_SLACK, balance: float | None = BALANCE_HEADROOM
+) -> Solver:
+    """`solve_members` with `hub_slack` and `balance`, as a `Solver`."""
+
+    def solve(members: Members) -> Mapping[tuple[str, str], int]:
+        return solve_members(members, hub_slack=hub_slack, balance=balance).flows
+
+    return solve
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +81,16 @@ class LocalRoute:
         clock: Callable[[], float],
         hub_slack: float | None = HUB_SLACK,
         balance: float | None = BALANCE_HEADROOM,
+        solve: Solver | None = None,
     ) -> None:
         """`balance`: the headroom of the balanced objective (docs/design.md 2.2,
-        `gwtf.flow.balance`); None solves for the least cost alone."""
+        `gwtf.flow.balance`); None solves for the least cost alone. `solve`, when given,
+        replaces `solver(hub_slack, balance)` (the simulator's is the same, cached)."""
         self.node_id = node_id
         self.num_stages = num_stages
         self.quiet_s = quiet_s
         self._clock = clock
-        self._hub_slack = hub_slack
-        self._balance = balance
+        self._solve = solve or solver(hub_slack, balance)
         self._activation_bytes = activation_bytes
         self._links = MappingProxyType(dict(links))
         self._intra = intra
@@ -150,10 +171,7 @@ class LocalRoute:
             self._members, self._plan, self._mine, self._through = members, {}, {}, 0
             self.has_solution = False
         else:
-            flows = solve_members(
-                members, hub_slack=self._hub_slack, balance=self._balance
-            ).flows
-            self._adopt(members, flows)
+            self._adopt(members, self._solve(members))
         self.last_solve_s = self._clock() - started
         self.waited_s = now - self._changed_at
         self._solved = view
@@ -186,6 +204,14 @@ class LocalRoute:
         self._plan = {**self._plan, self.node_id: dict(self._mine)}
         self.repairs += 1
         return True
+
+    def member_gone(self, peer: str, records: Iterable[NodeSpec]) -> bool:
+        """`peer` died or left and `records` are the live members without it: a next hop is
+        repaired at once (`lost`), then the view changes (solved once quiet again); True if the
+        routes changed now."""
+        repaired = self.lost(peer)
+        self.set_view(records)
+        return repaired
 
     # ------------------------------------------------------------------ results
 

@@ -62,14 +62,14 @@ class LocalRouting:
 
     def member_down(self, member: MemberInfo) -> None:
         """`member` died or left: repair at once if it was a next hop, then a new view."""
-        if self.route.lost(member.id):
+        if self.route.member_gone(member.id, self._records()):
             self._state.log.info(
                 "routes: next hop %s is gone, its share re-split at once: next hops %s",
                 member.id,
                 self.route.routes() or "none",
             )
             self._probe_next_hops()
-        self.update_view()
+        self._view_changed.set()
 
     def _records(self) -> list[NodeSpec]:
         members = self._state.members

@@ -141,6 +141,7 @@ class Churn:
         sim = self.sim
         sim.crashes += 0 if graceful else 1
         node.alive = False
+        node.left = graceful
         if node.busy and node.job is not None:
             partial = sim.engine.now - node.job_start
             sim.total_compute += partial

@@ -57,6 +57,8 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     message_bytes = 100
     batch_s = 0.0                       # messages landing within batch_s are handled together
     jitter = 0.1                        # each control message's delay x (1 + jitter * U(0, 1))
+    routing = "local"                   # gwtf: local solves (as the node), or "relax"
+    route_quiet_s = 1.0                 # local: solve once the view was quiet this long
 
     [policies]
     names = ["gwtf", "gwtf-fixed", "swarm", "swarm-rebalance", "dtfm", "oracle"]
@@ -97,6 +99,7 @@ from gwtf.sim.traces import TraceError, TraceEvent, generate_churn, read_trace
 
 __all__ = [
     "POLICIES",
+    "ROUTINGS",
     "TXL_LARGE_PARAMS",
     "NodeInfo",
     "Scenario",
@@ -107,6 +110,8 @@ __all__ = [
 ]
 
 POLICIES = ("gwtf", "gwtf-fixed", "swarm", "swarm-rebalance", "dtfm", "oracle")
+ROUTINGS = ("local", "relax")
+"""How the gwtf policies route (`Scenario.routing`), as `gwtf node --routing`."""
 TXL_LARGE_PARAMS = 257e6
 """Parameters of Transformer-XL large (WikiText-103), the model of the measured tokens/s."""
 _V100 = "LambdaCloud V100 16GB"
@@ -176,6 +181,13 @@ class Scenario:
     """Microbatches between shipments of partial sums (0: off; REPLAY_AUTO: adaptive)."""
     snapshot_every: int = 4
     snapshot_thin: int = 2
+    routing: str = "local"
+    """How the gwtf policies route (docs/design.md 5): "local", by local solves on each node's
+    membership view as the node does by default (`gwtf node --routing local`), or "relax", by
+    the flow machines' messages (`--routing relax`)."""
+    route_quiet_s: float = 1.0
+    """Local routing: a node solves its view once it has not changed for this long (the node's
+    `NodeConfig.route_quiet_s`)."""
 
     def compute_s(self, node: NodeInfo, stage: int | None = None) -> float:
         """Seconds of forward + backward per microbatch of `node` at `stage` (default: its own)."""
@@ -234,7 +246,7 @@ _SECTIONS = {
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
               "session_distribution", "leave_fraction", "link_trace", "detection_timeout_s",
               "restart_delay_s"),
-    "control": ("phase_end_s", "message_bytes", "batch_s", "jitter"),
+    "control": ("phase_end_s", "message_bytes", "batch_s", "jitter", "routing", "route_quiet_s"),
     "policies": ("names", "swarm_rebalance_period_s", "placement_horizon_s", "swarm_ema_alpha",
                  "swarm_refresh_s", "dtfm_search_evaluations"),
 }
@@ -544,6 +556,12 @@ def parse_scenario(
     message_bytes = control.integer("message_bytes", 100, minimum=1)
     batch_s = control.number("batch_s", 0.0)
     jitter = control.number("jitter", 0.1)
+    routing = control.text("routing", "local")
+    if routing not in ROUTINGS:
+        raise ScenarioError(
+            f"{where} [control]: routing must be one of {', '.join(ROUTINGS)}, got {routing!r}"
+        )
+    route_quiet_s = control.number("route_quiet_s", 1.0, positive=True)
     if phase_end == 0:
         used = {info.location for info in infos.values()}
         worst = max(
@@ -603,4 +621,6 @@ def parse_scenario(
         replay_bound=replay_bound,
         snapshot_every=snapshot_every,
         snapshot_thin=snapshot_thin,
+        routing=routing,
+        route_quiet_s=route_quiet_s,
     )

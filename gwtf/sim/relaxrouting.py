@@ -1,0 +1,257 @@
+"""The gwtf policies' routing by the relaxation (`routing = "relax"`, `gwtf node --routing relax`).
+
+The real decentralized flow state machines of `gwtf.flow` (`FlowNode`) run inside the
+simulation; every control message takes the simulated link delay (times `1 + jitter * U(0, 1)`),
+so routing after a change takes the time it really takes. A node handles its inbox in batches
+(`control_batch_s`); scaling phases end swarm-wide `phase_end_s` after no message is in flight;
+a machine that asks for a rescale rescales every machine. A crash, a join and a link change touch
+every machine (`note_change`), a link change updates its arcs in place as a new generation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gwtf.flow.bus import COST_HEADROOM, node_views, peer_edits, with_epochs
+from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
+from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
+from gwtf.sim.engine import Kind, returns_events
+from gwtf.sim.entities import SimNode
+from gwtf.sim.simulator import Simulation
+
+__all__ = ["RelaxRouting"]
+
+
+class RelaxRouting:
+    """The flow machines of one simulation, and their messages on the simulated links."""
+
+    def __init__(self, sim: Simulation, *, placement: bool) -> None:
+        self.sim = sim
+        self.sink = sim.sink
+        self.flow: dict[str, FlowNode] = {}
+        self.tick_at: dict[str, float] = {}
+        self.inbox: dict[str, tuple[float, list[FlowMessage]]] = {}
+        self.batch_s = sim.sc.control_batch_s
+        self.jitter = sim.sc.control_jitter
+        self.rng = np.random.default_rng([sim.seed, 11])
+        self.config = self._config(placement)
+        # Scaling phases end swarm-wide: once no control message is in flight, and after the
+        # time a real swarm takes to learn it (`phase_end_s`), every machine tightens epsilon.
+        self.in_flight = 0
+        self.activity = 0  # bumped at every delivery and change: an older phase end is stale
+        self.gen = 0  # arc generations for links that come back
+
+    def _config(self, placement: bool) -> FlowConfig:
+        """One config for the whole run, from every node the scenario will ever have and the
+        worst version of every link, so that `M` stays above any path cost."""
+        sc = self.sim.sc
+        links: dict[frozenset[str], LinkSpec] = dict(sc.links)
+        for event in sc.events:
+            if event.kind == "link":
+                assert event.rtt_ms is not None and event.bandwidth_gbps is not None
+                key = frozenset(event.link_pair)
+                old = links.get(key)
+                if old is None:
+                    links[key] = LinkSpec(event.rtt_ms, event.bandwidth_gbps)
+                else:
+                    links[key] = LinkSpec(max(old.rtt_ms, event.rtt_ms),
+                                          min(old.bandwidth_gbps, event.bandwidth_gbps))
+        # Joiners of every stage are included. With placement a machine may hold any stage:
+        # its slowest and its fastest stage bound the costs of its arcs.
+        costs: list[int] = []
+        for pick in (max, min):
+            nodes = [
+                NodeSpec.make(i.id, i.stage, pick(
+                    sc.compute_s(i, s) for s in (range(sc.stages) if placement else [i.stage])
+                ), i.location)
+                for i in sc.nodes.values()
+            ]
+            universe = Topology.build(sc.activation_bytes, nodes, links, sc.intra)
+            costs += [a.cost_units for a in universe.arcs]
+        costs = costs or [1]
+        return FlowConfig.for_costs(sc.stages, COST_HEADROOM * max(costs), min(costs))
+
+    # -- the bus
+    def _send(self, msgs: list[FlowMessage]) -> None:
+        sim = self.sim
+        nodes = sim.nodes
+        size = sim.sc.message_bytes
+        now = sim.engine.now
+        for msg in msgs:
+            a = nodes.get(msg.sender)
+            b = nodes.get(msg.receiver)
+            if a is None or b is None:
+                continue
+            sim.control_messages += 1
+            self.in_flight += 1
+            # Real links jitter; without it equal delays make the machines run in lockstep,
+            # and a synchronous epsilon-relaxation can cycle (seen on one-region swarms).
+            at = now + sim.one_way(a, b, size) * (1.0 + self.jitter * float(self.rng.random()))
+            # A node handles its inbox in batches: messages landing within `batch_s` of the
+            # first one waiting are handed over together (one `on_messages` call).
+            inbox = self.inbox.get(msg.receiver)
+            if inbox is not None and inbox[0] <= at <= inbox[0] + self.batch_s:
+                inbox[1].append(msg)
+                continue
+            if inbox is not None and at < inbox[0]:
+                # An earlier arrival than the pending batch: deliver it on its own.
+                sim.sink.emit(at, Kind.CONTROL, self._deliver, (msg.receiver, [msg], None))
+                continue
+            batch: list[FlowMessage] = [msg]
+            entry = (at, batch)
+            if inbox is None or at > inbox[0] + self.batch_s:
+                self.inbox[msg.receiver] = entry
+            sim.sink.emit(at + self.batch_s, Kind.CONTROL, self._deliver,
+                                (msg.receiver, batch, entry))
+
+    @returns_events
+    def _deliver(self, payload: tuple[str, list[FlowMessage], object]) -> None:
+        receiver, batch, entry = payload
+        if entry is not None and self.inbox.get(receiver) is entry:
+            del self.inbox[receiver]
+        self.in_flight -= len(batch)
+        self.activity += 1
+        node = self.flow.get(receiver)
+        if node is not None:
+            self._send(node.on_messages(batch))
+            self._tick(node)
+            if node.wants_rescale():
+                for machine in self.flow.values():
+                    machine.rescale()
+        self._maybe_end_phase()
+
+    def _changed(self) -> None:
+        """The topology changed: every machine may ask for a rescale again."""
+        self.activity += 1
+        for machine in self.flow.values():
+            machine.note_change()
+
+    def _maybe_end_phase(self) -> None:
+        if self.in_flight == 0 and any(not m.final for m in self.flow.values()):
+            at = self.sim.engine.now + self.sim.sc.phase_end_s
+            self.sim.sink.emit(at, Kind.TICK, self._end_phase, self.activity)
+
+    @returns_events
+    def _end_phase(self, activity: int) -> None:
+        if activity != self.activity or self.in_flight:
+            return  # something happened since: that later quiet moment decides
+        self.activity += 1
+        for node_id in sorted(self.flow):
+            self._send(self.flow[node_id].tighten())
+        self._maybe_end_phase()
+
+    def _tick(self, node: FlowNode) -> None:
+        at = node.next_tick()
+        if at is not None and self.tick_at.get(node.node_id) != at:
+            self.tick_at[node.node_id] = at
+            self.sim.sink.emit(at, Kind.TICK, self._on_tick, (node, at))
+
+    @returns_events
+    def _on_tick(self, payload: tuple[FlowNode, float]) -> None:
+        node, at = payload
+        if self.flow.get(node.node_id) is not node or self.tick_at.get(node.node_id) != at:
+            return
+        del self.tick_at[node.node_id]
+        now = self.sim.engine.now
+        self._send(node.on_tick(now))
+        following = node.next_tick()
+        if following is not None and following <= now:
+            # Not idle yet (waiting for answers): the next message it gets reschedules it.
+            return
+        self._tick(node)
+
+    # -- the router (GwtfPolicy's questions)
+    def routes(self, node: SimNode) -> dict[str, int]:
+        machine = self.flow.get(node.id)
+        return machine.routes() if machine is not None else {}
+
+    def start(self) -> None:
+        topo = self.sim.topology()
+        if topo is None:
+            return
+        views = node_views(topo)
+        clock = self.sim.engine.clock
+        epochs = {node_id: self.sim.incarnation(node_id) for node_id in views}
+        for node_id in sorted(views):
+            view = with_epochs(views[node_id], epochs)
+            self.flow[node_id] = FlowNode(view, self.config, clock, epoch=epochs[node_id])
+        for node_id in sorted(views):
+            self._send(self.flow[node_id].start())
+            self._tick(self.flow[node_id])
+        self._maybe_end_phase()
+
+    def retire(self, node: SimNode, *, left: bool) -> None:
+        """The node's flow machine goes; its peers drop their arcs to it (a leave and a crash
+        alike: the peers learn it as the membership does)."""
+        machine = self.flow.pop(node.id, None)
+        self.tick_at.pop(node.id, None)
+        if machine is None:
+            return
+        self._changed()
+        for peer in machine.peers():
+            other = self.flow.get(peer)
+            if other is not None:
+                self._send(other.remove_peer(node.id))
+                self._tick(other)
+        self._maybe_end_phase()
+
+    def activated(self, node: SimNode) -> None:
+        topo = self.sim.topology()
+        if topo is None:
+            return
+        views = node_views(topo)
+        clock = self.sim.engine.clock
+        # Usually just the joiner; after a stage was empty, every node that waited for it.
+        epochs = {node_id: self.sim.incarnation(node_id) for node_id in views}
+        for node_id in sorted(views):
+            if node_id in self.flow:
+                continue
+            self._changed()
+            epoch = epochs[node_id]
+            view = with_epochs(views[node_id], epochs)
+            machine = FlowNode(view, self.config, clock, epoch=epoch, warm=True)
+            self.flow[node_id] = machine
+            for peer_id, arc, peer_sees_upstream in peer_edits(views[node_id]):
+                peer = self.flow.get(peer_id)
+                if peer is not None and peer is not machine:
+                    self._send(peer.add_peer(arc, upstream=peer_sees_upstream,
+                                             peer_epoch=epoch))
+                    self._tick(peer)
+            self._send(machine.start())
+            self._tick(machine)
+        self._maybe_end_phase()
+
+    def link_changed(self, loc_a: str, loc_b: str) -> None:
+        """The arcs over the link get the new capacity and cost at both ends, as a new
+        generation updated in place (`FlowNode.update_arc`: the flow stays where the new numbers
+        allow it), or vanish with the link."""
+        topo = self.sim.topology()
+        if topo is None:
+            return
+        self._changed()
+        self.gen += 1
+        pair = {loc_a, loc_b}
+        for u in self.sim.active_nodes():
+            for v in self.sim.active_nodes(u.stage + 1):
+                if {u.location, v.location} != pair:
+                    continue
+                fu, fv = self.flow.get(u.id), self.flow.get(v.id)
+                if fu is None or fv is None:
+                    continue
+                if topo.has_arc(u.id, v.id):
+                    spec = topo.arc(u.id, v.id)
+                    self._send(fu.update_arc(
+                        LocalArc(v.id, spec.cap_units, spec.cost_units, self.gen, fv.epoch),
+                        upstream=False))
+                    self._send(fv.update_arc(
+                        LocalArc(u.id, spec.cap_units, spec.cost_units, self.gen, fu.epoch),
+                        upstream=True))
+                else:
+                    self._send(fu.remove_arc(v.id, upstream=False))
+                    self._send(fv.remove_arc(u.id, upstream=True))
+                self._tick(fu)
+                self._tick(fv)
+                if fu.wants_rescale() or fv.wants_rescale():
+                    for machine in self.flow.values():
+                        machine.rescale()
+        self._maybe_end_phase()
