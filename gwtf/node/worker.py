@@ -351,10 +351,10 @@ class StageWorker:
         """Checks a peer's contribution header; the number of values it must carry."""
         return self._commit.contribution_numel(header)
 
-    def on_contribution(self, header: ContributionHeader, flat: Tensor) -> None:
+    def on_contribution(self, header: ContributionHeader, flat: Tensor) -> bool:
         """A stage peer's gradient sums for an attempt of this iteration's commit (or the
-        next iteration's)."""
-        self._commit.on_contribution(header, flat)
+        next iteration's): whether this node holds all the stream declared."""
+        return self._commit.on_contribution(header, flat)
 
     def order_commit(self, order: CommitOrder) -> None:
         """Phase one of an attempt of the coordinator's commit (a repeated one is ignored)."""
