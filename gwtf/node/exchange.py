@@ -128,14 +128,20 @@ class SliceExchange:
         attempt = order.attempt
         ids = header.microbatches
         sent = poisoned(ctx, flat, it.number) if peers else flat
-        # Reduce-scatter: slice j of this node's sums to owner j.
+        # Reduce-scatter: slice j of this node's sums to owner j. Past a peer that is gone the
+        # sends go on while the attempt is current: what lands is kept for the next attempt.
+        failed = False
         for index, peer in enumerate(peers):
             if index == 1:
                 ctx.hit("aggregation", it.number)
             if not await self._partial(peer, header, sent, ranges[peer], key, deadline, it):
-                return None
+                if not ctx.current(it) or it.attempt != attempt:
+                    return None
+                failed = True
         if len(peers) == 1:
             ctx.hit("aggregation", it.number)
+        if failed:
+            return None
         mine = ranges[me]
         declared = await self._until(it, attempt, peers, deadline, lambda: self._ready(
             key, attempt, peers, mine))

@@ -2,9 +2,10 @@
 what a replica holds of its peers' sums, and what it already delivered to them. Pure: no I/O.
 
 The `r` members of a stage in a commit attempt, sorted by node id, cut the flat vector of `n`
-values (`gwtf.node.gradsync.flatten`) into `r` contiguous slices, slice `i` =
-`[i n // r, (i + 1) n // r)`, owned by the i-th member: uneven sizes differ by one value, and
-with `r > n` some slices are empty (their owner still hears every member's microbatches). Each
+values (`gwtf.node.gradsync.flatten`) into `r` contiguous slices (`gwtf.job.slicing.bounds`:
+slice `i` = `[i n // r, (i + 1) n // r)`, owned by the i-th member; uneven sizes differ by one
+value, and with `r > n` some slices are empty, whose owner still hears every member's
+microbatches). Each
 member sends slice `j` of its sums to owner `j` (*partial*), owner `j` adds the slices it holds
 in node-id order with `gwtf.train.sum_in_order` (elementwise, so its result is bit for bit that
 slice of the whole sum) and sends the result to every other member (*reduced*); the reduced
@@ -35,6 +36,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from gwtf.job.slicing import Range, bounds, gaps
+
 __all__ = [
     "Delivered",
     "SliceStore",
@@ -44,34 +47,8 @@ __all__ = [
     "gaps",
 ]
 
-Range = tuple[int, int]
 Key = tuple[int, int]
 """(iteration, round): what is held stays valid across the attempts of one round."""
-
-
-def bounds(numel: int, members: int, index: int) -> Range:
-    """Slice `index` of `members` over a vector of `numel` values: `[lo, hi)`."""
-    if members < 1 or not 0 <= index < members:
-        raise ValueError(f"slice {index} of {members} does not exist")
-    return index * numel // members, (index + 1) * numel // members
-
-
-def gaps(want: Range, have: Iterable[Range]) -> list[Range]:
-    """The parts of `want` that no range of `have` covers, in order."""
-    lo, hi = want
-    out: list[Range] = []
-    at = lo
-    for start, end in sorted(have):
-        if end <= at or start >= hi:
-            continue
-        if start > at:
-            out.append((at, min(start, hi)))
-        at = max(at, end)
-        if at >= hi:
-            break
-    if at < hi:
-        out.append((at, hi))
-    return out
 
 
 def basis(parts: Iterable[tuple[str, Sequence[int]]]) -> str:
