@@ -1,12 +1,15 @@
 """The commit participant of a stage worker: the two phases of an iteration's commit at one replica
 (docs/design.md 3.7, 4.3 and 4.7).
 
-Phase one (`order_commit`): the node sends its gradient sums to the other members of its stage
-named in the order (gwtf.node.gradsync), collects theirs (`on_contribution`) and reports
-`prepared`; with a robust aggregation it screens the sums it holds first and names the
-out-of-bounds peers. Phase two (`step`): once every member is prepared, the node combines the sums
-in node-id order (or by the job's robust rule), steps AdamW, and reports its stage checksum. A
-member that dies in phase one voids the attempt and the coordinator orders another.
+Phase one (`order_commit`): the node and the other members of its stage named in the order add
+up their gradient sums by reduce-scatter and all-gather (gwtf.node.exchange, gwtf.node.slices),
+each member then holding the stage's whole sum, and it reports `prepared`. With a robust
+aggregation the members send each other their whole sums instead (gwtf.node.gradsync, all to
+all): the node screens them and names the out-of-bounds peers. Phase two (`step`): once every
+member is prepared, the node divides the sum exactly as `combine_contributions` would (or
+combines by the job's robust rule), steps AdamW, and reports its stage checksum. A member that
+dies in phase one voids the attempt and the coordinator orders another, which moves only what
+this one did not deliver.
 """
 
 from __future__ import annotations
