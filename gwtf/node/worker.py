@@ -49,8 +49,8 @@ contributions cover each finished microbatch exactly once (`gwtf.recovery.check_
 coordinator orders the step: the node divides the sum as `gwtf.train.combine_contributions` does
 (`combine_summed`, which checks the coverage again), steps AdamW, and reports its stage checksum.
 A member that dies in phase one voids the attempt: its sums are replayed elsewhere and the commit
-runs again, moving only what the last attempt did not deliver. Forwards of `k + 1` that arrive before this node has
-stepped `k` are held until it has.
+runs again, moving only what the last attempt did not deliver. Forwards of `k + 1` that arrive
+before this node has stepped `k` are held until it has.
 
 With a robust aggregation (the job's `aggregation`, `gwtf.train.robust`), each member screens the
 sums it holds in phase one (`norm_outliers`) and names the out-of-bounds peers in its `prepared`
