@@ -11,6 +11,8 @@ What a training job's nodes decide, written once so that every driver decides it
                 are settled, else from capacities) and smooth weighted round-robin over them
     quorum      the split-brain rule: a commit needs a strict majority of the last commit's
                 members that are not shown dead, so at most one side of a partition commits
+    slicing     the slices of a stage's commit exchange (reduce-scatter, all-gather) and the
+                gaps a rerun moves
     roster      who takes part: the nodes per stage, the fit of a start, the coordinator's
                 successor, the last replica of a stage and the keeper of its backup
 

@@ -1,12 +1,15 @@
 """The commit participant of a stage worker: the two phases of an iteration's commit at one replica
 (docs/design.md 3.7, 4.3 and 4.7).
 
-Phase one (`order_commit`): the node sends its gradient sums to the other members of its stage
-named in the order (gwtf.node.gradsync), collects theirs (`on_contribution`) and reports
-`prepared`; with a robust aggregation it screens the sums it holds first and names the
-out-of-bounds peers. Phase two (`step`): once every member is prepared, the node combines the sums
-in node-id order (or by the job's robust rule), steps AdamW, and reports its stage checksum. A
-member that dies in phase one voids the attempt and the coordinator orders another.
+Phase one (`order_commit`): the node and the other members of its stage named in the order add
+up their gradient sums by reduce-scatter and all-gather (gwtf.node.exchange, gwtf.node.slices),
+each member then holding the stage's whole sum, and it reports `prepared`. With a robust
+aggregation the members send each other their whole sums instead (gwtf.node.gradsync, all to
+all): the node screens them and names the out-of-bounds peers. Phase two (`step`): once every
+member is prepared, the node divides the sum exactly as `combine_contributions` would (or
+combines by the job's robust rule), steps AdamW, and reports its stage checksum. A member that
+dies in phase one voids the attempt and the coordinator orders another, which moves only what
+this one did not deliver.
 """
 
 from __future__ import annotations
@@ -17,16 +20,24 @@ from collections.abc import Callable, Mapping
 
 import grpc
 import torch
-from grpc import aio
 from torch import Tensor
 
 from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport, StepOrder
 from gwtf.job.snapshots import snapshot_sender
 from gwtf.node.errors import Refusal
-from gwtf.node.gradsync import ContributionError, ContributionHeader, encode, flatten, unflatten
+from gwtf.node.exchange import SliceExchange, contribute, poisoned
+from gwtf.node.gradsync import (
+    PARTIAL,
+    REDUCED,
+    WHOLE,
+    ContributionError,
+    ContributionHeader,
+    flatten,
+    unflatten,
+)
 from gwtf.node.runtime import COMMIT, ComputeRuntime
+from gwtf.node.slices import Summed
 from gwtf.node.stage import (
-    FINAL_CODES,
     Iteration,
     LastStep,
     StageContext,
@@ -35,7 +46,7 @@ from gwtf.node.stage import (
 )
 from gwtf.node.tensors import TensorError
 from gwtf.train import ContributionError as CombineError
-from gwtf.train import ExecutorError, GradContribution, combine_contributions
+from gwtf.train import ExecutorError, GradContribution, combine_contributions, combine_summed
 from gwtf.train.robust import aggregate, norm_outliers
 
 __all__ = ["CommitParticipant"]
@@ -56,16 +67,21 @@ class CommitParticipant:
         self._numel = sum(p.numel() for p in executor.parameters().values())
         self._grad_dtype = torch.float64 if ctx.job.grad_accum == "float64" else torch.float32
         self._sums: dict[tuple[int, int, int], dict[str, GradContribution]] = {}
-        """(iteration, round, attempt) -> the stage peers' gradient sums for that attempt."""
+        """(iteration, round, attempt) -> the stage peers' whole gradient sums for that attempt
+        (robust aggregations: the all-to-all exchange)."""
+        self._exchange = SliceExchange(ctx, runtime, self._shapes, self._grad_dtype)
+        """The reduce-scatter and all-gather (every other aggregation)."""
         self.last_step: LastStep | None = None
 
     def forget(self, before: int) -> None:
         """Drop the peers' sums of iterations before `before` (stepped, or started over)."""
         self._sums = {k: v for k, v in self._sums.items() if k[0] >= before}
+        self._exchange.forget(before)
 
     def forget_all(self) -> None:
         """Drop every peer's sums (a rollback: they are of iterations that are undone)."""
         self._sums = {}
+        self._exchange.forget_all()
 
     # ------------------------------------------------------------------ the peers' sums
 
@@ -97,13 +113,37 @@ class CommitParticipant:
             )
         if any(not 0 <= mb < ctx.job.microbatches for mb in header.microbatches):
             raise ContributionError("the contribution names microbatches outside the job's")
-        return self._numel
+        # Whole vectors for a robust rule (its screen needs them), slices for every other.
+        whole = ctx.job.aggregation.robust
+        if (header.kind == WHOLE) != whole:
+            raise ContributionError(
+                f"job {ctx.job_id} exchanges {'whole vectors' if whole else 'slices'}, "
+                f"not a {header.kind} contribution"
+            )
+        if whole:
+            return self._numel
+        lo, hi, start, end = header.slice_lo, header.slice_hi, header.offset, header.offset
+        end += header.numel
+        if not 0 <= lo <= hi <= self._numel:
+            raise ContributionError(f"slice [{lo}, {hi}) is outside the {self._numel} values")
+        if header.kind == PARTIAL and not lo <= start <= end <= hi:
+            raise ContributionError(f"values [{start}, {end}) are outside slice [{lo}, {hi})")
+        if header.kind == REDUCED and (start != lo or header.numel not in (0, hi - lo)):
+            raise ContributionError(f"a reduced slice [{lo}, {hi}) carries [{start}, {end})")
+        return header.numel
 
-    def on_contribution(self, header: ContributionHeader, flat: Tensor) -> None:
+    def on_contribution(self, header: ContributionHeader, flat: Tensor) -> bool:
         """A stage peer's gradient sums for an attempt of this iteration's commit (or the
-        next iteration's)."""
+        next iteration's): whether this node now holds all the stream declared (the ack's
+        `complete`, gwtf.node.slices)."""
         ctx = self._ctx
         self.contribution_numel(header)
+        if header.kind != WHOLE:
+            ctx.metrics.count("gwtf_job_bytes_received", ctx.job_id, "gradient_sums",
+                              flat.numel() * flat.element_size())
+            complete = self._exchange.on_slice(header, flat)
+            ctx.signal()
+            return complete
         store = self._sums.setdefault((header.iteration, header.round, header.attempt), {})
         if header.sender in store:
             raise ContributionError(
@@ -120,6 +160,7 @@ class CommitParticipant:
             grad_sums=unflatten(flat, self._shapes) if header.microbatches else {},
         )
         ctx.signal()
+        return True
 
     # ------------------------------------------------------------------ phase one
 
@@ -169,34 +210,18 @@ class CommitParticipant:
             round=it.round,
             attempt=order.attempt,
         )
-        peers = sorted(p for p, s in order.members.items() if s == ctx.stage and p != me)
-        sent = self._poisoned(flat, it.number) if peers else flat
-        for index, peer in enumerate(peers):
-            if index == 1:
-                ctx.hit("aggregation", it.number)
-            ok = await self._contribute(peer, header, sent, deadline, it, order.attempt)
-            if not ok:
-                return
-        if len(peers) == 1:
-            ctx.hit("aggregation", it.number)
-        key = (it.number, it.round, order.attempt)
-        while not set(peers) <= set(self._sums.get(key, {})):
-            if not ctx.current(it) or it.attempt != order.attempt:
-                return
-            if any(ctx.host.member(p) is None for p in peers):
-                return  # a member died: the coordinator voids the attempt and orders another
-            try:
-                await ctx.wait_change(deadline)
-            except TimeoutError:
-                return
-        got = self._sums.get(key, {})
-        held = [mine, *(got[p] for p in peers)]
-        outliers: tuple[str, ...] = ()
         rule = ctx.job.aggregation
+        outliers: tuple[str, ...] = ()
+        held: list[GradContribution] | Summed | None
         if rule.robust:
+            # The screen (4.7) and the robust rules need every replica's whole vector.
+            held = await self._exchange_whole(order, it, mine, header, flat, deadline)
+            if held is None:
+                return
+            screened = held
             try:
                 outliers = tuple(await self._runtime.compute(
-                    COMMIT, lambda: norm_outliers(held, rule.norm_factor), 0.0, it))
+                    COMMIT, lambda: norm_outliers(screened, rule.norm_factor), 0.0, it))
             except (WorkerStopped, Stale):
                 return
             if outliers:
@@ -205,6 +230,10 @@ class CommitParticipant:
                     "(gradient norm above %g times the median, or not finite)", ctx.job_id,
                     it.number, order.attempt, ctx.stage, ", ".join(outliers), rule.norm_factor,
                 )
+        else:
+            held = await self._exchange.run(order, it, header, flat, deadline)
+            if held is None:
+                return
         it.prepared = (order, held)
         compute_s, replayed_s = self._runtime.compute_delta()
         ctx.metrics.observe("gwtf_job_commit_seconds", ctx.job_id, time.monotonic() - began,
@@ -223,45 +252,36 @@ class CommitParticipant:
             outliers=frozenset(outliers),
         ))
 
-    def _poisoned(self, flat: Tensor, iteration: int) -> Tensor:
-        """What this node sends its stage peers: its sums, unless armed to poison them."""
+    async def _exchange_whole(
+        self, order: CommitOrder, it: Iteration, mine: GradContribution,
+        header: ContributionHeader, flat: Tensor, deadline: float,
+    ) -> list[GradContribution] | None:
+        """All to all: this node's whole vector to every stage peer, theirs here; the sums of
+        the attempt's members, this node's first (None: the attempt is over here)."""
         ctx = self._ctx
-        scale = ctx.fault.gradient_scale(iteration) if ctx.fault is not None else None
-        if scale is None:
-            return flat
-        ctx.host.log.warning("fault injected: gradient sums of iteration %d sent scaled by %g",
-                             iteration, scale)
-        return flat * scale
-
-    async def _contribute(
-        self, peer: str, header: ContributionHeader, flat: Tensor, deadline: float,
-        it: Iteration, attempt: int,
-    ) -> bool:
-        ctx = self._ctx
-        for tries in range(ctx.config.send_attempts):
-            if tries:
-                await asyncio.sleep(ctx.backoff(tries - 1))
-            member = ctx.host.member(peer)
-            if member is None or not ctx.current(it) or it.attempt != attempt:
-                return False
-            nbytes = flat.numel() * flat.element_size()
-            delay = ctx.host.wan_delay(member, nbytes)
-            if delay > 0:
-                await asyncio.sleep(delay)
+        me = ctx.host.node_id
+        peers = sorted(p for p, s in order.members.items() if s == ctx.stage and p != me)
+        sent = poisoned(ctx, flat, it.number) if peers else flat
+        for index, peer in enumerate(peers):
+            if index == 1:
+                ctx.hit("aggregation", it.number)
+            ack = await contribute(ctx, peer, header, sent, deadline, it, order.attempt)
+            if ack is None:
+                return None
+        if len(peers) == 1:
+            ctx.hit("aggregation", it.number)
+        key = (it.number, it.round, order.attempt)
+        while not set(peers) <= set(self._sums.get(key, {})):
+            if not ctx.current(it) or it.attempt != order.attempt:
+                return None
+            if any(ctx.host.member(p) is None for p in peers):
+                return None  # a member died: the coordinator voids the attempt, orders another
             try:
-                await ctx.host.job_stub(member).Contribute(
-                    encode(header, flat), timeout=max(0.001, deadline - time.monotonic())
-                )
-                ctx.metrics.count("gwtf_job_bytes_sent", ctx.job_id, "gradient_sums", nbytes)
-                return True
-            except aio.AioRpcError as err:
-                if err.code() in FINAL_CODES:
-                    ctx.host.log.warning(
-                        "job %s: %s refused the gradient sums for iteration %d attempt %d: %s",
-                        ctx.job_id, peer, header.iteration, attempt, err.details(),
-                    )
-                    return False
-        return False
+                await ctx.wait_change(deadline)
+            except TimeoutError:
+                return None
+        got = self._sums.get(key, {})
+        return [mine, *(got[p] for p in peers)]
 
     # ------------------------------------------------------------------ phase two
 
@@ -282,7 +302,7 @@ class CommitParticipant:
 
     async def _step(
         self, it: Iteration, order: StepOrder, commit: CommitOrder,
-        contributions: list[GradContribution],
+        contributions: list[GradContribution] | Summed,
     ) -> None:
         ctx = self._ctx
         executor = ctx.executor
@@ -295,7 +315,12 @@ class CommitParticipant:
         noise = ctx.fault.weight_noise(order.iteration) if ctx.fault is not None else None
 
         def step() -> tuple[str, dict[str, str], bytes | None]:
-            if rule.robust:
+            if isinstance(contributions, Summed):
+                aggregated = combine_summed(
+                    ctx.stage, commit.iteration, contributions.parts, contributions.sums,
+                    expected_ids=expected,
+                )
+            elif rule.robust:
                 aggregated = aggregate(
                     contributions, rule.rule, expected_ids=expected, trim=rule.trim,
                     clip_iterations=rule.clip_iterations,

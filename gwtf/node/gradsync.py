@@ -29,6 +29,9 @@ from gwtf.v1 import job_pb2
 
 __all__ = [
     "CHUNK_BYTES",
+    "PARTIAL",
+    "REDUCED",
+    "WHOLE",
     "ContributionAssembler",
     "ContributionError",
     "ContributionHeader",
@@ -41,6 +44,16 @@ CHUNK_BYTES = 2**20
 """Payload bytes per chunk: within STYLE's 1-4 MiB, well under the node's 4 MiB message limit."""
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+WHOLE = "whole"
+PARTIAL = "partial"
+REDUCED = "reduced"
+_KINDS = {
+    WHOLE: job_pb2.ContributionHeader.WHOLE,
+    PARTIAL: job_pb2.ContributionHeader.PARTIAL,
+    REDUCED: job_pb2.ContributionHeader.REDUCED,
+}
+_KIND_NAMES = {number: name for name, number in _KINDS.items()}
 
 
 class ContributionError(ValueError):
@@ -60,6 +73,18 @@ class ContributionHeader:
     attempt: int = 0
     """The iteration's round and the commit attempt the sums are for: a replica keeps the sums
     of each attempt apart, so that a rerun of the commit never mixes in stale ones."""
+    kind: str = WHOLE
+    """WHOLE (the sender's whole vector), PARTIAL (a piece of the receiver's slice of the
+    sender's sums) or REDUCED (the sender's slice summed over the stage): gwtf.node.slices."""
+    offset: int = 0
+    """Where the `numel` values carried start in the whole vector (0 for WHOLE)."""
+    slice_lo: int = 0
+    slice_hi: int = 0
+    """PARTIAL: the receiver's slice, which the sender's pieces must cover once this stream is
+    in; REDUCED: the sender's slice, the values carried."""
+    basis: str = ""
+    """REDUCED: the digest of the (member, microbatch ids) summed (gwtf.node.slices.basis);
+    `microbatches` is then their union."""
 
 
 def flatten(sums: Mapping[str, Tensor], names: Sequence[str], dtype: torch.dtype) -> Tensor:
@@ -96,6 +121,11 @@ def _header_to_pb(header: ContributionHeader) -> job_pb2.ContributionHeader:
         numel=header.numel,
         round=header.round,
         attempt=header.attempt,
+        kind=_KINDS[header.kind],
+        offset=header.offset,
+        slice_lo=header.slice_lo,
+        slice_hi=header.slice_hi,
+        basis=header.basis,
     )
 
 
@@ -173,7 +203,14 @@ class ContributionAssembler:
             numel=pb.numel,
             round=pb.round,
             attempt=pb.attempt,
+            kind=_KIND_NAMES.get(pb.kind, WHOLE),
+            offset=pb.offset,
+            slice_lo=pb.slice_lo,
+            slice_hi=pb.slice_hi,
+            basis=pb.basis[:64],
         )
+        if pb.kind not in _KIND_NAMES:
+            raise ContributionError(f"contribution kind {pb.kind} is not known here")
         expected = self._expect(header) if header.microbatches else 0
         if header.numel != expected:
             raise ContributionError(

@@ -89,8 +89,8 @@ class JobCalls:
     def contribution_expect(self, header: Any) -> int:
         return int(self.worker_for(header.job_id).contribution_numel(header))
 
-    def on_contribution(self, header: Any, flat: Any) -> None:
-        self.worker_for(header.job_id).on_contribution(header, flat)
+    def on_contribution(self, header: Any, flat: Any) -> bool:
+        return bool(self.worker_for(header.job_id).on_contribution(header, flat))
 
     def holder_flow(self) -> int | None:
         """The flow units out of this holder to the job's stage-1 nodes; None while the

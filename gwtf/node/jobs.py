@@ -141,8 +141,8 @@ class JobManager:
     def contribution_expect(self, header: Any) -> int:
         return self.calls.contribution_expect(header)
 
-    def on_contribution(self, header: Any, flat: Any) -> None:
-        self.calls.on_contribution(header, flat)
+    def on_contribution(self, header: Any, flat: Any) -> bool:
+        return self.calls.on_contribution(header, flat)
 
     # ================================================================== the client's calls
 

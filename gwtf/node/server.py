@@ -380,6 +380,7 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         from gwtf.node.gradsync import ContributionAssembler, ContributionError
 
         assembler = ContributionAssembler(jobs.contribution_expect)
+        complete = False
         reading = True
         try:
             async for chunk in request_iterator:
@@ -387,12 +388,12 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
             reading = False
             screened = assembler.header is not None and jobs.screens(assembler.header.job_id)
             header, flat = assembler.finish(allow_non_finite=screened)
-            jobs.on_contribution(header, flat)
+            complete = jobs.on_contribution(header, flat)
         except (ContributionError, InvalidMessage, Refusal) as err:
             if reading:
                 await drain(request_iterator)
             await _fail(context, err)
-        return job_pb2.ContributionAck(received_bytes=assembler.received_bytes)
+        return job_pb2.ContributionAck(received_bytes=assembler.received_bytes, complete=complete)
 
 
 def add_data_plane(server: aio.Server, node: Node) -> None:

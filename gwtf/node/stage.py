@@ -29,6 +29,7 @@ from gwtf.node.errors import Refusal
 from gwtf.node.faults import Fault
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics
+from gwtf.node.slices import Summed
 from gwtf.node.tensors import DataPlaneStub, TensorError
 from gwtf.recovery import Ledger
 from gwtf.train import GradContribution, JobConfig, StageExecutor
@@ -164,7 +165,7 @@ class Iteration(MicrobatchTable):
     """(microbatch, direction) -> (receiver, tensors) of every send: what a recovery resends."""
     sending: set[tuple[int, str]] = field(default_factory=set)
     """Sends with a loop running (a redirect only changes its target)."""
-    prepared: tuple[CommitOrder, list[GradContribution]] | None = None
+    prepared: tuple[CommitOrder, list[GradContribution] | Summed] | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
 

@@ -42,14 +42,15 @@ microbatches that left it are recovered by another holder, which rebuilds the to
 own copy of the data; the ones that never left it are dropped.
 
 Commit of iteration `k`, in two phases ordered by the coordinator once every microbatch is
-finished or dropped and every replay done: the node sends its gradient sums to the other members
-of its stage named in the order (`gwtf.node.gradsync`), collects theirs and reports `prepared`;
-when every member is prepared and the contributions cover each finished microbatch exactly once
-(`gwtf.recovery.check_commit`), the coordinator orders the step: the node combines the sums in
-node-id order (`gwtf.train.combine_contributions`, which checks the coverage again), steps AdamW,
-and reports its stage checksum. A member that dies in phase one voids the attempt: its sums are
-replayed elsewhere and the commit runs again. Forwards of `k + 1` that arrive before this node has
-stepped `k` are held until it has.
+finished or dropped and every replay done: the node and the other members of its stage named in
+the order add up their gradient sums by reduce-scatter and all-gather (`gwtf.node.exchange`; all
+to all with a robust aggregation) and report `prepared`; when every member is prepared and the
+contributions cover each finished microbatch exactly once (`gwtf.recovery.check_commit`), the
+coordinator orders the step: the node divides the sum as `gwtf.train.combine_contributions` does
+(`combine_summed`, which checks the coverage again), steps AdamW, and reports its stage checksum.
+A member that dies in phase one voids the attempt: its sums are replayed elsewhere and the commit
+runs again, moving only what the last attempt did not deliver. Forwards of `k + 1` that arrive
+before this node has stepped `k` are held until it has.
 
 With a robust aggregation (the job's `aggregation`, `gwtf.train.robust`), each member screens the
 sums it holds in phase one (`norm_outliers`) and names the out-of-bounds peers in its `prepared`
@@ -351,10 +352,10 @@ class StageWorker:
         """Checks a peer's contribution header; the number of values it must carry."""
         return self._commit.contribution_numel(header)
 
-    def on_contribution(self, header: ContributionHeader, flat: Tensor) -> None:
+    def on_contribution(self, header: ContributionHeader, flat: Tensor) -> bool:
         """A stage peer's gradient sums for an attempt of this iteration's commit (or the
-        next iteration's)."""
-        self._commit.on_contribution(header, flat)
+        next iteration's): whether this node holds all the stream declared."""
+        return self._commit.on_contribution(header, flat)
 
     def order_commit(self, order: CommitOrder) -> None:
         """Phase one of an attempt of the coordinator's commit (a repeated one is ignored)."""

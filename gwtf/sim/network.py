@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from gwtf.flow.topology import LinkSpec
 from gwtf.sim.scenario import NodeInfo
 
-__all__ = ["Network", "two_phase_commit_s"]
+__all__ = ["Moves", "Network", "fresh_moves", "leg_s", "order_s", "two_phase_commit_s"]
 
 
 class Network:
@@ -75,6 +75,38 @@ class Network:
         return end + link.rtt_ms / 2000
 
 
+Moves = Mapping[tuple[str, str], float]
+"""Bytes each (sender, receiver) of a stage sends in one leg of the commit exchange."""
+
+
+def fresh_moves(stage: Sequence[NodeInfo], nbytes: float) -> tuple[Moves, Moves]:
+    """The reduce-scatter and the all-gather of a first attempt, when every replica holds a sum
+    of `nbytes`: in each, every replica sends a `1 / r` slice to every other one."""
+    share = nbytes / len(stage) if stage else 0.0
+    one = {(a.id, b.id): share for a in stage for b in stage if a.id != b.id}
+    return one, dict(one)
+
+
+def leg_s(network: Network, stage: Sequence[NodeInfo], moves: Moves) -> float:
+    """One leg of a stage's exchange: every replica sends its `moves` to the others at once; in
+    parallel on pair links; under the access model one after the other through its shared
+    uplink, and what it receives through its shared downlink. Headers travel whatever the bytes
+    (a rerun declares what the receiver holds already), so the latency is paid anyway."""
+    slowest = 0.0
+    for a in stage:
+        peers = [b for b in stage if b.id != a.id]
+        if not peers:
+            continue
+        latency = max((network.link(a, b) or network.intra).rtt_ms / 2000 for b in peers)
+        sends = [moves.get((a.id, b.id), 0.0) * 8 / (network.gbps(a, b) * 1e9) for b in peers]
+        up = sum(sends) if math.isfinite(a.uplink_gbps) else max(sends)
+        down = 0.0
+        if math.isfinite(a.downlink_gbps):
+            down = sum(moves.get((b.id, a.id), 0.0) for b in peers) * 8 / (a.downlink_gbps * 1e9)
+        slowest = max(slowest, latency + max(up, down))
+    return slowest
+
+
 def two_phase_commit_s(
     network: Network,
     coordinator: NodeInfo,
@@ -82,34 +114,31 @@ def two_phase_commit_s(
     stages: Sequence[Sequence[NodeInfo]],
     sum_bytes: Sequence[float],
     message_bytes: float,
+    moves: Sequence[tuple[Moves, Moves]] | None = None,
 ) -> float:
     """Seconds from the last microbatch finishing at a holder to every holder injecting again,
     by the node's commit (docs/design.md 3.7): the holders' reports reach the `coordinator`;
     its commit order reaches every member; the replicas of each stage exchange their gradient
-    sums (`sum_bytes[s]` each); their `prepared` reports reach the coordinator; its step order
-    reaches every member. Five one-way legs, each as long as its slowest message, on idle links.
+    sums (`sum_bytes[s]` each) by a reduce-scatter and an all-gather, two legs (`leg_s`); their
+    `prepared` reports reach the coordinator; its step order reaches every member. Each leg as
+    long as its slowest message, on idle links. `moves`: per stage, what the reduce-scatter and
+    the all-gather send (a rerun's, `gwtf.sim.exchange`); by default a first attempt's.
     """
     members = [m for stage in stages for m in stage]
+    sums = 0.0
+    for s, stage in enumerate(stages):
+        scatter, gather = moves[s] if moves is not None else fresh_moves(stage, sum_bytes[s])
+        sums = max(sums, leg_s(network, stage, scatter) + leg_s(network, stage, gather))
+    before = order_s(network, coordinator, holders, members, message_bytes)
+    return before + sums + order_s(network, coordinator, members, members, message_bytes)
 
-    def out(nbytes: float) -> float:
-        return max((network.one_way(coordinator, m, nbytes) for m in members), default=0.0)
 
-    def back(senders: Sequence[NodeInfo]) -> float:
-        return max((network.one_way(m, coordinator, message_bytes) for m in senders), default=0.0)
-
-    def exchange(stage: Sequence[NodeInfo], nbytes: float) -> float:
-        """Every replica sends its sum to every other one at once: in parallel on pair links,
-        one after the other through a shared uplink (the access model)."""
-        slowest = 0.0
-        for a in stage:
-            peers = [b for b in stage if b.id != a.id]
-            if not peers:
-                continue
-            latency = max((network.link(a, b) or network.intra).rtt_ms / 2000 for b in peers)
-            sends = [nbytes * 8 / (network.gbps(a, b) * 1e9) for b in peers]
-            serial = sum(sends) if math.isfinite(a.uplink_gbps) else max(sends)
-            slowest = max(slowest, latency + serial)
-        return slowest
-
-    sums = max((exchange(stage, sum_bytes[s]) for s, stage in enumerate(stages)), default=0.0)
-    return back(holders) + out(message_bytes) + sums + back(members) + out(message_bytes)
+def order_s(
+    network: Network, coordinator: NodeInfo, senders: Sequence[NodeInfo],
+    members: Sequence[NodeInfo], message_bytes: float,
+) -> float:
+    """Two legs of the commit: the `senders`' reports reach the `coordinator`, then its order
+    reaches every member."""
+    back = max((network.one_way(m, coordinator, message_bytes) for m in senders), default=0.0)
+    out = max((network.one_way(coordinator, m, message_bytes) for m in members), default=0.0)
+    return back + out

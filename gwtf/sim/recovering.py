@@ -36,7 +36,8 @@ from gwtf.sim.entities import (
     SimNode,
     SimulationError,
 )
-from gwtf.sim.network import two_phase_commit_s
+from gwtf.sim.exchange import ExchangeLedger
+from gwtf.sim.network import order_s, two_phase_commit_s
 from gwtf.sim.simulator import Simulation
 from gwtf.sim.snapshots import StageSnapshots
 
@@ -57,23 +58,37 @@ class RuleRecovery:
         self.snapshots = StageSnapshots(sim) if self.keeps_snapshots else None
         self.waiting: list[dict[int, MB]] = [{} for _ in range(sim.S)]
         """Per stage, the microbatches whose recovery waits for a node of the stage."""
+        self.exchanges = ExchangeLedger()
+        """What the commit's exchanges of the iteration delivered so far (reruns reuse it)."""
 
     # ------------------------------------------------------------------ the commit
 
     def commit_s(self) -> float:
         """Seconds the commit takes: the node's two-phase commit (docs/design.md 3.7; reports,
-        order, sums exchanged within each stage, prepared, step), measured in section
-        `fidelity` of benchmarks/RESULTS.md as the cost the real swarm pays; a ring all-reduce
-        (two legs) under-charged it."""
+        order, sums exchanged within each stage by reduce-scatter and all-gather, prepared,
+        step), measured in section `fidelity` of benchmarks/RESULTS.md as the cost the real
+        swarm pays; a ring all-reduce (two legs) under-charged it. A rerun after a death moves
+        only what the earlier attempts did not deliver (`gwtf.sim.exchange`)."""
         sim = self.sim
         members = [sim.policy.aggregation_members(s) for s in range(self.S)]
         if not members[0]:
             return self.allreduce_commit_s()
         sc = sim.sc
+        it = sim.iteration
+        coordinator = min((n.info for n in members[0]), key=lambda i: i.id)
+        stages = [[n.info for n in m] for m in members]
+        everyone = [i for stage in stages for i in stage]
+        moves = self.exchanges.moves(
+            sim.engine.now, (it.index, it.start_s) if it is not None else (-1, 0.0), sim.network,
+            stages,
+            {n.id: frozenset(n.ledger.contributions()) for m in members for n in m},
+            [int(p) for p in sc.params_per_stage], sc.grad_bytes_per_param,
+            order_s(sim.network, coordinator, stages[0], everyone, sc.message_bytes),
+        )
         return two_phase_commit_s(
-            sim.network, min((n.info for n in members[0]), key=lambda i: i.id),
-            [n.info for n in members[0]], [[n.info for n in m] for m in members],
+            sim.network, coordinator, stages[0], stages,
             [p * sc.grad_bytes_per_param for p in sc.params_per_stage], sc.message_bytes,
+            moves,
         )
 
     def allreduce_commit_s(self) -> float:

@@ -32,8 +32,12 @@ from gwtf.train.commit import (
     AggregatedGradient,
     ContributionError,
     GradContribution,
+    check_cover,
     combine_contributions,
+    combine_summed,
     mean_loss,
+    mean_of,
+    sum_in_order,
 )
 from gwtf.train.costs import activation_bytes, measure_stage_compute
 from gwtf.train.data import (
@@ -101,7 +105,11 @@ __all__ = [
     "build_stage",
     "build_stage_of",
     "checksum_of_digests",
+    "check_cover",
     "combine_contributions",
+    "combine_summed",
+    "mean_of",
+    "sum_in_order",
     "job_corpus",
     "job_microbatch",
     "load_corpus",

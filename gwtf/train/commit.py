@@ -27,8 +27,12 @@ __all__ = [
     "AggregatedGradient",
     "ContributionError",
     "GradContribution",
+    "check_cover",
     "combine_contributions",
+    "combine_summed",
     "mean_loss",
+    "mean_of",
+    "sum_in_order",
 ]
 
 
@@ -71,6 +75,63 @@ def _ids(ids: Iterable[int]) -> str:
     return f"[{shown}{', ...' if len(listed) > 10 else ''}]"
 
 
+def check_cover(
+    stage: int,
+    iteration: int,
+    parts: Sequence[tuple[str, tuple[int, ...]]],
+    expected_ids: Iterable[int] | None = None,
+) -> tuple[int, ...]:
+    """Rule 6 on the replicas' (node id, microbatch ids): one contribution per node, no
+    microbatch counted twice, and, given the ids the iteration finished, each of them counted.
+    The ids combined, sorted."""
+    node_ids = [node for node, _ in parts]
+    if len(set(node_ids)) != len(node_ids):
+        twice = next(n for n in node_ids if node_ids.count(n) > 1)
+        raise ContributionError(f"node {twice} sent two contributions; keep one per node")
+    owner: dict[int, str] = {}
+    for node, ids in sorted(parts):
+        if len(set(ids)) != len(ids):
+            raise ContributionError(f"contribution of {node} lists a microbatch twice")
+        for mb in ids:
+            if mb in owner:
+                raise ContributionError(
+                    f"microbatch {mb} of iteration {iteration} was accumulated by both "
+                    f"{owner[mb]} and {node}; it must be counted once"
+                )
+            owner[mb] = node
+    if expected_ids is not None:
+        expected = set(expected_ids)
+        missing = expected - owner.keys()
+        if missing:
+            raise ContributionError(
+                f"microbatches {_ids(missing)} of iteration {iteration} finished but no "
+                f"replica of stage {stage} accumulated them; replay them before committing"
+            )
+        extra = owner.keys() - expected
+        if extra:
+            raise ContributionError(
+                f"microbatches {_ids(extra)} were accumulated by stage {stage} but are not "
+                f"finished in iteration {iteration}"
+            )
+    return tuple(sorted(owner))
+
+
+def sum_in_order(parts: Sequence[Tensor]) -> Tensor:
+    """The sum of `parts` (the replicas' sums, already in node-id order), left to right, in
+    their dtype: the one addition every combine uses, whole tensors or slices of them.
+    Elementwise, so a slice of the sum is bit for bit the sum of the slices."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total.add_(part)
+    return total
+
+
+def mean_of(total: Tensor, count: int, dtype: torch.dtype) -> Tensor:
+    """The stage's mean gradient from the sum over its `count` microbatches: divided in the
+    sums' dtype, then rounded to the parameters' `dtype`."""
+    return (total / count).to(dtype)
+
+
 def combine_contributions(
     contributions: Sequence[GradContribution],
     *,
@@ -86,11 +147,6 @@ def combine_contributions(
         raise ContributionError("no contribution to combine; every live replica must send one")
     ordered = sorted(contributions, key=lambda c: c.node_id)
     first = ordered[0]
-    node_ids = [c.node_id for c in ordered]
-    if len(set(node_ids)) != len(node_ids):
-        twice = next(n for n in node_ids if node_ids.count(n) > 1)
-        raise ContributionError(f"node {twice} sent two contributions; keep one per node")
-    owner: dict[int, str] = {}
     names: list[str] | None = None
     for contribution in ordered:
         if (contribution.stage, contribution.iteration) != (first.stage, first.iteration):
@@ -99,21 +155,10 @@ def combine_contributions(
                 f"iteration {contribution.iteration}, not stage {first.stage} iteration "
                 f"{first.iteration}; combine one stage and iteration at a time"
             )
-        if len(set(contribution.microbatch_ids)) != contribution.count:
-            raise ContributionError(
-                f"contribution of {contribution.node_id} lists a microbatch twice"
-            )
         if contribution.count and not contribution.grad_sums:
             raise ContributionError(
                 f"contribution of {contribution.node_id} counts microbatches but has no gradient"
             )
-        for mb in contribution.microbatch_ids:
-            if mb in owner:
-                raise ContributionError(
-                    f"microbatch {mb} of iteration {first.iteration} was accumulated by both "
-                    f"{owner[mb]} and {contribution.node_id}; it must be counted once"
-                )
-            owner[mb] = contribution.node_id
         if contribution.count:
             these = sorted(contribution.grad_sums)
             if names is None:
@@ -122,35 +167,43 @@ def combine_contributions(
                 raise ContributionError(
                     f"contribution of {contribution.node_id} has other parameters than the others"
                 )
-    if expected_ids is not None:
-        expected = set(expected_ids)
-        missing = expected - owner.keys()
-        if missing:
-            raise ContributionError(
-                f"microbatches {_ids(missing)} of iteration {first.iteration} finished but no "
-                f"replica of stage {first.stage} accumulated them; replay them before committing"
-            )
-        extra = owner.keys() - expected
-        if extra:
-            raise ContributionError(
-                f"microbatches {_ids(extra)} were accumulated by stage {first.stage} but are not "
-                f"finished in iteration {first.iteration}"
-            )
-    ids = tuple(sorted(owner))
+    ids = check_cover(
+        first.stage, first.iteration, [(c.node_id, c.microbatch_ids) for c in ordered],
+        expected_ids,
+    )
     if not ids:
         return AggregatedGradient(first.stage, first.iteration, (), {})
     assert names is not None
-    grads: dict[str, Tensor] = {}
-    for name in names:
-        total: Tensor | None = None
-        for contribution in ordered:
-            if not contribution.count:
-                continue
-            part = contribution.grad_sums[name]
-            total = part.clone() if total is None else total.add_(part)
-        assert total is not None
-        grads[name] = (total / len(ids)).to(dtype)
+    counted = [c for c in ordered if c.count]
+    grads = {
+        name: mean_of(sum_in_order([c.grad_sums[name] for c in counted]), len(ids), dtype)
+        for name in names
+    }
     return AggregatedGradient(first.stage, first.iteration, ids, grads)
+
+
+def combine_summed(
+    stage: int,
+    iteration: int,
+    parts: Sequence[tuple[str, tuple[int, ...]]],
+    sums: Mapping[str, Tensor],
+    *,
+    expected_ids: Iterable[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> AggregatedGradient:
+    """`combine_contributions` where the replicas' sums were already added (`sum_in_order`,
+    slice by slice, by the reduce-scatter of docs/design.md 3.7): `parts` are the replicas'
+    (node id, microbatch ids), `sums` their total by parameter name (empty when none counted
+    a microbatch). The same checks, the same division, the same bits."""
+    if not parts:
+        raise ContributionError("no contribution to combine; every live replica must send one")
+    ids = check_cover(stage, iteration, parts, expected_ids)
+    if not ids:
+        return AggregatedGradient(stage, iteration, (), {})
+    if not sums:
+        raise ContributionError(f"stage {stage} counts microbatches but has no gradient")
+    grads = {name: mean_of(sums[name], len(ids), dtype) for name in sorted(sums)}
+    return AggregatedGradient(stage, iteration, ids, grads)
 
 
 def mean_loss(losses: Mapping[int, float]) -> float:

@@ -660,7 +660,15 @@ class FailReply(_message.Message):
     def __init__(self) -> None: ...
 
 class ContributionHeader(_message.Message):
-    __slots__ = ("sender", "job_id", "iteration", "stage", "microbatches", "dtype", "numel", "round", "attempt")
+    __slots__ = ("sender", "job_id", "iteration", "stage", "microbatches", "dtype", "numel", "round", "attempt", "kind", "offset", "slice_lo", "slice_hi", "basis")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        WHOLE: _ClassVar[ContributionHeader.Kind]
+        PARTIAL: _ClassVar[ContributionHeader.Kind]
+        REDUCED: _ClassVar[ContributionHeader.Kind]
+    WHOLE: ContributionHeader.Kind
+    PARTIAL: ContributionHeader.Kind
+    REDUCED: ContributionHeader.Kind
     SENDER_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -670,6 +678,11 @@ class ContributionHeader(_message.Message):
     NUMEL_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SLICE_LO_FIELD_NUMBER: _ClassVar[int]
+    SLICE_HI_FIELD_NUMBER: _ClassVar[int]
+    BASIS_FIELD_NUMBER: _ClassVar[int]
     sender: str
     job_id: str
     iteration: int
@@ -679,7 +692,12 @@ class ContributionHeader(_message.Message):
     numel: int
     round: int
     attempt: int
-    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ..., microbatches: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., numel: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    kind: ContributionHeader.Kind
+    offset: int
+    slice_lo: int
+    slice_hi: int
+    basis: str
+    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ..., microbatches: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., numel: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., kind: _Optional[_Union[ContributionHeader.Kind, str]] = ..., offset: _Optional[int] = ..., slice_lo: _Optional[int] = ..., slice_hi: _Optional[int] = ..., basis: _Optional[str] = ...) -> None: ...
 
 class ContributionChunk(_message.Message):
     __slots__ = ("seq", "header", "payload")
@@ -692,7 +710,9 @@ class ContributionChunk(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., header: _Optional[_Union[ContributionHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class ContributionAck(_message.Message):
-    __slots__ = ("received_bytes",)
+    __slots__ = ("received_bytes", "complete")
     RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
     received_bytes: int
-    def __init__(self, received_bytes: _Optional[int] = ...) -> None: ...
+    complete: bool
+    def __init__(self, received_bytes: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...

@@ -1,7 +1,8 @@
 """Training across a swarm of real `gwtf node` processes (issue 5): the central correctness test.
 
-One swarm of 6 nodes in 3 stages (2 data holders, 2 nodes in each other stage, uneven speeds so
-the flows have choices) trains a tiny-gpt job submitted with the Python client and a tiny-llama
+One swarm of 7 nodes in 3 stages (2 data holders, 3 nodes in stage 1 and 2 in stage 2, uneven
+speeds so the flows have choices; three replicas make the commit's reduce-scatter and all-gather
+cut uneven slices) trains a tiny-gpt job submitted with the Python client and a tiny-llama
 job submitted with `gwtf submit`; each must end with exactly the loss curve and the parameters of
 `train_reference`, the same job trained in this process with no pipeline.
 
@@ -46,6 +47,7 @@ NODES = [
     ("h1", 0, 0.08),
     ("a0", 1, 0.06),
     ("a1", 1, 0.09),
+    ("a2", 1, 0.07),
     ("z0", 2, 0.05),
     ("z1", 2, 0.07),
 ]
@@ -314,7 +316,7 @@ def test_a_job_for_a_swarm_with_an_empty_stage_is_refused(swarm: LocalSwarm) -> 
     assert refused.value.exit_code == 1
     assert "stage 2 of this swarm has no live node" in str(refused.value)
     assert swarm.status("h0") is not None  # and it keeps serving
-    assert {p.id for p in swarm.live()} == {"h0", "h1", "a0", "a1"}
+    assert {p.id for p in swarm.live()} == {"h0", "h1", "a0", "a1", "a2"}
 
 
 def test_a_cluster_from_gwtf_launch_trains_too(tmp_path: Path, one_thread: None) -> None:

@@ -1,9 +1,14 @@
 """Gradient sums on the wire between stage replicas (gwtf.node.gradsync)."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from gwtf.node.gradsync import (
+    PARTIAL,
+    REDUCED,
+    WHOLE,
     ContributionAssembler,
     ContributionError,
     ContributionHeader,
@@ -96,3 +101,26 @@ def test_a_screening_stage_takes_non_finite_sums_in_for_its_screen_to_name() -> 
         assembler.add(chunk)
     got_header, got = assembler.finish(allow_non_finite=True)
     assert got_header == header() and torch.equal(got, flat)
+
+
+def test_a_slice_travels_with_its_kind_range_and_basis() -> None:
+    flat = flatten(sums(), sorted(SHAPES), torch.float64)
+    for kind, offset in ((PARTIAL, 9), (REDUCED, 6)):
+        sent = dataclasses.replace(
+            header(numel=8), kind=kind, offset=offset, slice_lo=6, slice_hi=17,
+            basis="ab" * 16 if kind == REDUCED else "",
+        )
+        assembler = ContributionAssembler(lambda h: h.numel)
+        for chunk in encode(sent, flat[offset : offset + 8], chunk_bytes=24):
+            assembler.add(job_pb2.ContributionChunk.FromString(chunk.SerializeToString()))
+        got_header, got = assembler.finish()
+        assert got_header == sent
+        assert torch.equal(got, flat[offset : offset + 8])
+    assert header().kind == WHOLE
+
+
+def test_a_contribution_of_an_unknown_kind_is_refused() -> None:
+    pb = job_pb2.ContributionHeader(sender="peer", job_id="job-1", dtype="float64", kind=7)
+    assembler = ContributionAssembler(lambda h: 0)
+    with pytest.raises(ContributionError, match="kind 7 is not known"):
+        assembler.add(job_pb2.ContributionChunk(seq=0, header=pb))

@@ -1,4 +1,5 @@
-"""`two_phase_commit_s`: the node's commit over the simulated links (docs/design.md 3.7, 5)."""
+"""`two_phase_commit_s`: the node's commit over the simulated links (docs/design.md 3.7, 5), and
+what a rerun of it moves (`gwtf.sim.exchange`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import pytest
 
 from gwtf.flow.topology import LinkSpec
+from gwtf.sim.exchange import ExchangeLedger
 from gwtf.sim.network import Network, two_phase_commit_s
 from gwtf.sim.scenario import NodeInfo
 
@@ -15,7 +17,7 @@ def node(node_id: str, stage: int, location: str, uplink: float = math.inf) -> N
     return NodeInfo(node_id, stage, location, "gpu", 1.0, uplink_gbps=uplink)
 
 
-def test_five_one_way_legs_each_as_slow_as_its_slowest_message() -> None:
+def test_six_one_way_legs_each_as_slow_as_its_slowest_message() -> None:
     # A (coordinator) -- B: 100 ms RTT; A -- C: 40 ms; B -- C: 60 ms; 8 Gbit/s everywhere.
     links = {
         frozenset(("A", "B")): LinkSpec(100.0, 8.0),
@@ -26,14 +28,66 @@ def test_five_one_way_legs_each_as_slow_as_its_slowest_message() -> None:
     h0, h1 = node("h0", 0, "A"), node("h1", 0, "B")
     r0, r1 = node("r0", 1, "C"), node("r1", 1, "B")
     commit = two_phase_commit_s(net, h0, [h0, h1], [[h0, h1], [r0, r1]], [1e9, 1e9], 0.0)
-    # report from h1 (0.05) + order to B (0.05) + the slowest exchange (h0 <-> h1: 0.05 + 1 s
-    # of bytes) + prepared from B (0.05) + step order to B (0.05)
-    assert commit == pytest.approx(0.05 * 4 + 0.05 + 1.0)
+    # report from h1 (0.05) + order to B (0.05) + the slowest exchange (h0 <-> h1: a
+    # reduce-scatter and an all-gather, each 0.05 + half the sum, 0.5 s of bytes) + prepared
+    # from B (0.05) + step order to B (0.05)
+    assert commit == pytest.approx(0.05 * 4 + 2 * (0.05 + 0.5))
 
 
-def test_a_shared_uplink_sends_the_sums_one_after_the_other() -> None:
+def test_a_shared_uplink_sends_the_slices_one_after_the_other() -> None:
     net = Network({}, LinkSpec(0.0, 8.0))
     stage = [node(f"n{i}", 0, "A", uplink=8.0) for i in range(3)]
-    assert two_phase_commit_s(net, stage[0], stage, [stage], [1e9], 0.0) == pytest.approx(2.0)
+    # Two legs; in each a replica sends a third of the sum to each of two peers in turn.
+    assert two_phase_commit_s(net, stage[0], stage, [stage], [1e9], 0.0) == pytest.approx(4 / 3)
     free = [node(f"n{i}", 0, "A") for i in range(3)]
-    assert two_phase_commit_s(net, free[0], free, [free], [1e9], 0.0) == pytest.approx(1.0)
+    assert two_phase_commit_s(net, free[0], free, [free], [1e9], 0.0) == pytest.approx(2 / 3)
+    # A shared downlink takes what the peers send in turn too.
+    down = [NodeInfo(f"n{i}", 0, "A", "gpu", 1.0, downlink_gbps=4.0) for i in range(3)]
+    assert two_phase_commit_s(net, down[0], down, [down], [1e9], 0.0) == pytest.approx(
+        2 * 2 / 3 * 2)
+
+
+def test_six_home_replicas_send_a_third_of_what_all_to_all_sent() -> None:
+    # home_links: 600 MB sums, 20 Mbit/s uplinks, 6 replicas: (r - 1) S = 1200 s all to all.
+    net = Network({}, LinkSpec(0.0, 10.0))
+    stage = [node(f"n{i}", 0, "A", uplink=0.02) for i in range(6)]
+    commit = two_phase_commit_s(net, stage[0], stage, [stage], [600e6], 0.0)
+    assert commit == pytest.approx(2 * 5 / 6 * 600e6 * 8 / 0.02e9)  # 400 s
+
+
+def test_a_rerun_moves_only_what_the_earlier_attempt_did_not_deliver() -> None:
+    net = Network({}, LinkSpec(0.0, 8.0))  # 1 GB/s
+    s0 = [node(f"a{i}", 0, "A", uplink=8.0) for i in range(3)]
+    s1 = [node(f"b{i}", 1, "A", uplink=8.0) for i in range(3)]
+    ids = {n.id: frozenset({i}) for i, n in enumerate(s0 + s1)}
+    ledger = ExchangeLedger()
+    first = ledger.moves(0.0, (0, 0.0), net, [s0, s1], ids, [300, 300], 1e6, 0.0)
+    # A first attempt: a 100-value slice (100 MB) from every replica to every other, both legs.
+    assert set(first[0][0].values()) == {100e6} and set(first[1][1].values()) == {100e6}
+    # b2 died after both stages finished their exchanges (0.4 s); a1 replayed its work.
+    after = [n for n in s1 if n.id != "b2"]
+    ids["b1"] = frozenset({4, 5})
+    again = ledger.moves(10.0, (0, 0.0), net, [s0, after], ids, [300, 300], 1e6, 0.0)
+    # Stage 0 lost nobody and changed nothing: headers only.
+    assert set(again[0][0].values()) == {0.0} and set(again[0][1].values()) == {0.0}
+    scatter, gather = again[1]
+    # b0's slice grew from [0, 100) to [0, 150): b1 (new ids) sends it all, and b0 was sent
+    # [100, 150) of nothing before; b1's slice is [150, 300): b0 had sent it [100, 200).
+    assert scatter[("b1", "b0")] == 150e6
+    assert scatter[("b0", "b1")] == 100e6
+    assert gather == {("b0", "b1"): 150e6, ("b1", "b0"): 150e6}  # a new basis: all again
+    # Another iteration starts afresh.
+    fresh = ledger.moves(20.0, (1, 20.0), net, [s0, after], ids, [300, 300], 1e6, 0.0)
+    assert fresh[0][0][("a0", "a1")] == 100e6
+
+
+def test_a_send_still_on_the_wire_when_the_rerun_starts_is_sent_again() -> None:
+    net = Network({}, LinkSpec(0.0, 8.0))
+    stage = [node(f"n{i}", 0, "A", uplink=8.0) for i in range(2)]
+    ids = {"n0": frozenset({0}), "n1": frozenset({1})}
+    ledger = ExchangeLedger()
+    ledger.moves(0.0, (0, 0.0), net, [stage], ids, [200], 1e7, 0.0)  # 1 s per slice
+    again = ledger.moves(0.5, (0, 0.0), net, [stage], ids, [200], 1e7, 0.0)
+    assert again[0][0][("n0", "n1")] == 1e9  # had not landed
+    last = ledger.moves(3.0, (0, 0.0), net, [stage], ids, [200], 1e7, 0.0)
+    assert last[0][0][("n0", "n1")] == 0.0 and last[0][1][("n0", "n1")] == 0.0
