@@ -1,6 +1,7 @@
-"""The shape of the package (docs/design.md, the table of packages): no import cycle anywhere in gwtf/, counting
-imports inside functions and under TYPE_CHECKING; no class over 600 lines; the pure layers
-(flow, job, recovery) free of I/O and of torch; the simulator apart from the node.
+"""The shape of the package (docs/design.md, the table of packages): no import cycle anywhere
+in gwtf/, counting imports inside functions and under TYPE_CHECKING; no class over 600 lines;
+the pure layers (flow, job, recovery) free of I/O and of torch; the simulator apart from the
+node.
 
 The import graph is read from the source with `ast`, not from `sys.modules`, so that a lazy
 import or one hidden behind TYPE_CHECKING counts like any other.
