@@ -27,7 +27,8 @@ help:
 	@echo "make proto   regenerate gwtf/v1/*_pb2*.py(i) from protos/"
 	@echo "make lint    ruff on gwtf tests benchmarks; mypy (strict) on the typed packages"
 	@echo "make test    setup, lint, then the whole pytest suite but the soak test"
-	@echo "make soak    setup, then the soak test (a local cluster trains under churn, ~3 min)"
+	@echo "make soak    setup, then the soak tests: a local cluster trains under 30 minutes of churn"
+	@echo "             (~40 min in all; GWTF_SOAK_S=300 make soak churns for 5)"
 	@echo "make bench   setup, then python -m benchmarks"
 	@echo "make demo    setup, then gwtf demo"
 	@echo "make clean   remove caches and build outputs (keeps $(VENV)); distclean also removes it"
@@ -60,9 +61,12 @@ PYTEST_WORKERS ?= 2
 test: setup lint
 	$(PY) -m pytest -m "not soak" -n $(PYTEST_WORKERS) --dist loadfile
 
-# Minutes of churn on a local cluster: too long for every `make test` on two cores.
+# Half an hour of churn on a local cluster (GWTF_SOAK_S seconds of it): too long for every
+# `make test`. -s: the soak prints the job's progress as it goes, and its figures at the end.
+GWTF_SOAK_S ?= 1800
+
 soak: setup
-	$(PY) -m pytest -m soak
+	GWTF_SOAK_S=$(GWTF_SOAK_S) $(PY) -m pytest -m soak -s
 
 bench: setup
 	$(PY) -m benchmarks
