@@ -41,10 +41,10 @@ from cluster import REPO, LocalSwarm, wait_for
 from gwtf.client import GwtfClient, JobResult
 from gwtf.train import PRESETS, JobConfig, train_reference
 
-# In `make soak`, not `make test`: the race at the heal that stalled re-entry is fixed (design
-# 4.5), but the first fresh-clone run after the fix failed otherwise: at the end, the weights of
-# h1 (stage 0, on the cut-off side) were asked for and h1 answered that it held no weights of
-# stage 0 of the job. Until that is understood this case would fail `make test` at random.
+# In `make soak`, not `make test`: after the heal the cut side's nodes re-enter the job, and in
+# 2 of 4 runs (2026-11-25) a verdict of their death from the cut reached them right after they
+# entered; they came back as new incarnations and the round waited 10-20 s for the watchdog's
+# restart (`heal_stalls`). The job still completed equal to the reference, without split brain.
 pytestmark = [pytest.mark.chaos, pytest.mark.soak]
 
 MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
@@ -172,13 +172,26 @@ def test_a_partition_heals_without_split_brain(swarm: tuple[LocalSwarm, Path]) -
     # job before it ends: measured, the cut side re-entered 1.7 s after an 8 s cut healed, and
     # an iteration takes 0.4-0.9 s here; the 2 iterations before the cut and about 4 during an
     # 8 s one leave 10 after it (and 2 an iteration for each further second of cut).
-    iterations = 16 + 3 * max(0, round(PARTITION_S) - 8)
+    # A fresh-clone run on a loaded machine once ended the job 10.8 s after the heal with h1, of
+    # the cut side, not yet back in it, so that it held no weights of the job: the test now waits
+    # for the cut side's re-entry (it must happen before the job ends) and the job is longer.
+    iterations = 32 + 3 * max(0, round(PARTITION_S) - 8)
     job = dataclasses.replace(PRESETS["tiny-gpt"], name="partition", iterations=iterations)
     client = GwtfClient(nodes.procs["h0"].address)
     began = time.monotonic()
     job_id = client.submit(job)
     wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S, "2 iterations")
     healed = cut(schedule, PARTITION_S)
+    east = sum(1 for *_, location in NODES if location in EAST)
+
+    def back_or_over() -> JobResult | None:
+        progress = client.progress(job_id)
+        return progress if progress.joins >= east or progress.over else None
+
+    back = wait_for(back_or_over, WAIT_S, "the cut side to re-enter the job")
+    assert back.joins >= east, (
+        f"the job ended {time.time() - healed:.1f} s after the heal with {back.joins} of the "
+        f"{east} nodes of the cut side back in it")
     result = client.wait(job_id, timeout_s=WAIT_S)
     print(f"job over {time.monotonic() - began:.1f} s after submission, "
           f"{time.time() - healed:.1f} s after the heal")
