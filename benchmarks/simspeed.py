@@ -35,7 +35,6 @@ import sys, time
 from dataclasses import replace
 from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import load_scenario
-events = wall = 0.0
 for spec in sys.argv[2:]:
     name, policy, duration = spec.split(":")
     sc = replace(load_scenario(f"{sys.argv[1]}/simulations/{name}.toml", seed=0), replay_bound=16)
@@ -43,20 +42,25 @@ for spec in sys.argv[2:]:
         sc = replace(sc, duration_s=float(duration))
     t0 = time.perf_counter()
     result = simulation(sc, policy).run()
-    wall += time.perf_counter() - t0
-    events += result.events
-print(events, wall)
+    print(result.events, time.perf_counter() - t0)
 """
 
 
-def _measure(tree: Path, runs: tuple[tuple[str, str, float], ...]) -> tuple[float, float]:
-    """(events, wall seconds) of `runs` simulated by the gwtf package of `tree`."""
+def _measure(tree: Path, runs: tuple[tuple[str, str, float], ...]) -> list[tuple[float, float]]:
+    """(events, wall seconds) of each of `runs`, simulated by the gwtf package of `tree`."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     specs = [f"{name}:{policy}:{duration}" for name, policy, duration in runs]
     done = subprocess.run([sys.executable, "-c", CHILD, str(tree), *specs], cwd=tree, env=env,
                           capture_output=True, text=True, check=True, timeout=1800)
-    events, wall = done.stdout.split()
-    return float(events), float(wall)
+    return [(float(e), float(w)) for e, w in (line.split() for line in done.stdout.splitlines())]
+
+
+def _run_row(spec: tuple[str, str, float], base: list[float], this: list[float]) -> str:
+    name, policy, duration = spec
+    length = f", {duration / 3600:g} h" if duration else ""
+    ratio = (this[0] / this[1]) / (base[0] / base[1])
+    return (f"| {name} {policy}{length} | {base[0]:.0f} / {this[0]:.0f} | {base[1]:.1f} / "
+            f"{this[1]:.1f} | {ratio:.3f} | {'yes' if base[0] == this[0] else 'no'} |")
 
 
 def run(quick: bool = False) -> str:
@@ -68,6 +72,7 @@ def run(quick: bool = False) -> str:
                          text=True, check=True).stdout.strip()
     rows = []
     totals = {"base": [0.0, 0.0], "this": [0.0, 0.0]}
+    per_run = {label: [[0.0, 0.0] for _ in runs] for label in totals}
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True,
                                  check=True).stdout
@@ -75,7 +80,12 @@ def run(quick: bool = False) -> str:
         trees = {"base": Path(tmp), "this": ROOT}
         for k in range(1, rounds + 1):
             for label in ("base", "this"):
-                events, wall = _measure(trees[label], runs)
+                measured = _measure(trees[label], runs)
+                for acc, (e, w) in zip(per_run[label], measured, strict=True):
+                    acc[0] += e
+                    acc[1] += w
+                events = sum(e for e, _ in measured)
+                wall = sum(w for _, w in measured)
                 totals[label][0] += events
                 totals[label][1] += wall
                 rows.append(f"| {k} | {label} | {events:.0f} | {wall:.1f} | "
@@ -96,7 +106,15 @@ def run(quick: bool = False) -> str:
         *rows,
         "",
         f"All rounds: base {rate['base']:,.0f} events/s, this tree {rate['this']:,.0f} events/s: "
-        f"**{rate['this'] / rate['base']:.3f}x** the base's.",
+        f"**{rate['this'] / rate['base']:.3f}x** the base's; wall time for the same simulated "
+        f"runs {totals['this'][1] / totals['base'][1]:.3f}x the base's.",
+        "",
+        "Per run, all rounds (a policy whose events differ between the trees simulates other "
+        "work: compare its wall time, not its events/s):",
+        "",
+        "| run | events base / this | wall s base / this | events/s this / base | same events |",
+        "|---|---|---|---|---|",
+        *(_run_row(spec, per_run["base"][i], per_run["this"][i]) for i, spec in enumerate(runs)),
     ])
     write_section("simspeed", body)
     return body
