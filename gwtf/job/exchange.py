@@ -14,15 +14,21 @@ A leg costs, per sender `a`, the slowest one-way latency to its peers plus the l
 sends and its receives: its sends go in parallel over pair links, or one after the other through
 a shared uplink when `a` has one (`uplink`), and its receives through a shared downlink
 likewise; a leg ends with its slowest sender (the simulator's `leg_s` charges the same). So
-`WHOLE` wins whenever the latency it saves exceeds the bytes it adds: always at `r <= 2` (the
-same bytes, one leg fewer), and for small sums on long links (a 400 KB sum on inter-region
-links, 34-72 ms one way), while `SLICES` wins for large sums on slow links (600 MB on
-20 Mbit/s home uplinks: 400 s against 1,000 s).
+`WHOLE` is cheaper on a first attempt whenever the latency it saves exceeds the bytes it adds:
+always at `r <= 2` (the same bytes, one leg fewer), and for small sums on long links (a 400 KB
+sum on inter-region links, 34-72 ms one way), while `SLICES` is for large sums on slow links
+(600 MB on 20 Mbit/s home uplinks: 400 s against 1,000 s).
 
-`choose` takes the cheaper one, `SLICES` on a tie of the estimates. Where a link between two
-replicas is unknown (a node without a link matrix) and `r > 2`, it takes `SLICES`, whose bytes
-never exceed `WHOLE`'s. Every replica of a stage must choose the same (a replica refuses a
-stream of the other kind), so the inputs are what they all know alike: the sum's size, the
+A rerun changes the sums: after a death the reduce-scatter and all-gather move only what the
+earlier attempts did not deliver (a stage without a death sends headers only, `2 L`), while an
+all-to-all attempt keeps nothing and sends every sum again (`L + X`: `L` the leg's headers
+alone, `X` what its bytes add). So `choose` takes `WHOLE` only where it is *latency-bound*,
+`X <= L` (and cheaper on a first attempt, which that implies for `r >= 2`): then no attempt of
+it costs more than the `2 L` every attempt by slices pays. At `r = 2` on home uplinks (600 MB,
+`X` of minutes) that keeps `SLICES`, whose reruns are cheap. `SLICES` on a tie, and wherever a
+link between two replicas is unknown (a node without a link matrix): it never moves more
+bytes. Every replica of a stage must choose the same (each waits
+for the kind it chose), so the inputs are what they all know alike: the sum's size, the
 attempt's members (from the commit order) and the link matrix's link between their locations,
 the same matrix and locations the local routing of 2.12 already relies on. Robust aggregations
 always take `WHOLE` (their screen needs whole vectors).
@@ -70,12 +76,14 @@ def choose(
     docstring)."""
     if sum_bytes < 0:
         raise ValueError(f"a sum of {sum_bytes} bytes")
-    if robust or len(members) <= 2:
+    if robust or len(members) <= 1:
         return WHOLE
     order = sorted(members)
     whole = exchange_s(WHOLE, sum_bytes, order, link, uplink_gbps, downlink_gbps)
     slices = exchange_s(SLICES, sum_bytes, order, link, uplink_gbps, downlink_gbps)
-    return WHOLE if whole < slices else SLICES
+    latency = exchange_s(WHOLE, 0.0, order, link, uplink_gbps, downlink_gbps)
+    latency_bound = whole <= 2 * latency
+    return WHOLE if whole < slices and latency_bound else SLICES
 
 
 def _leg_s(

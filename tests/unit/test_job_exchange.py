@@ -26,11 +26,26 @@ def unknown(a: str, b: str) -> Link | None:
     return None
 
 
-@given(st.integers(1, 2), st.floats(0, 1e12), st.booleans())
-def test_one_or_two_replicas_always_go_all_to_all(r: int, nbytes: float, known: bool) -> None:
-    # The same bytes as a reduce-scatter and all-gather, one leg fewer, whatever the links.
-    members = [f"n{i}" for i in range(r)]
-    assert choose(nbytes, members, everywhere(0.05, 0.02) if known else unknown) == WHOLE
+@given(st.floats(0, 1e12), st.booleans())
+def test_one_replica_moves_nothing_either_way(nbytes: float, known: bool) -> None:
+    assert choose(nbytes, ["n0"], everywhere(0.05, 0.02) if known else unknown) == WHOLE
+    assert exchange_s(SLICES, nbytes, ["n0"], unknown) == exchange_s(WHOLE, nbytes, ["n0"],
+                                                                      unknown) == 0.0
+
+
+@given(st.floats(1.0, 1e10), st.floats(0.001, 0.2), st.floats(0.01, 100.0))
+def test_two_replicas_go_all_to_all_exactly_when_latency_bound(
+    nbytes: float, one_way_s: float, gbps: float
+) -> None:
+    # The same bytes as a reduce-scatter and all-gather, one leg fewer; but a rerun resends
+    # whole sums where slices send headers, so only while the bytes take no longer than the leg.
+    link = everywhere(one_way_s, gbps)
+    whole = exchange_s(WHOLE, nbytes, ["a", "b"], link)
+    slices = exchange_s(SLICES, nbytes, ["a", "b"], link)
+    assert whole < slices
+    bound = nbytes * 8 / (gbps * 1e9) <= one_way_s
+    assert choose(nbytes, ["a", "b"], link) == (WHOLE if bound else SLICES)
+    assert choose(nbytes, ["a", "b"], unknown) == SLICES
 
 
 def test_a_robust_aggregation_always_goes_all_to_all() -> None:
@@ -66,15 +81,23 @@ def test_a_large_sum_through_home_uplinks_goes_by_slices() -> None:
     assert whole == pytest.approx(0.02 + 5 * 600e6 * 8 / 20e6)
     assert slices == pytest.approx(2 * (0.02 + 5 * 100e6 * 8 / 20e6))
     assert choose(600e6, members, link, uplink) == SLICES
+    # Two of them as well: the first attempt would gain a leg, every rerun lose minutes.
+    assert choose(600e6, members[:2], link, uplink) == SLICES
 
 
-def test_the_cross_over_is_where_the_saved_leg_equals_the_added_bytes() -> None:
+def test_the_cross_over_is_where_the_bytes_take_as_long_as_the_latency() -> None:
     # Pair links, r = 4, 50 ms one way, 1 Gbit/s: all to all costs L + S / B, slices
-    # 2 (L + S / (4 B)); equal at S (1 - 2 / 4) / B = L, S = 12.5 MB.
+    # 2 (L + S / (4 B)), equal at S = 12.5 MB; but past S / B = L (6.25 MB) a rerun of the all
+    # to all, which resends every sum, would cost more than one by slices, which sends headers.
     members = ["a", "b", "c", "d"]
     link = everywhere(0.05, 1.0)
-    assert choose(12.4e6, members, link) == WHOLE
-    assert choose(12.6e6, members, link) == SLICES
+    assert exchange_s(WHOLE, 12.4e6, members, link) < exchange_s(SLICES, 12.4e6, members, link)
+    assert choose(6.2e6, members, link) == WHOLE
+    assert choose(6.3e6, members, link) == SLICES
+    # Through 0.1 Gbit/s uplinks the three sends of a whole sum queue: 3 S / U <= L.
+    uplink = {m: 0.1 for m in members}
+    assert choose(0.2e6, members, link, uplink) == WHOLE
+    assert choose(0.21e6, members, link, uplink) == SLICES
 
 
 def test_an_unknown_link_with_three_replicas_goes_by_slices() -> None:
