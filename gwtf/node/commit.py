@@ -2,14 +2,16 @@
 (docs/design.md 3.7, 4.3 and 4.7).
 
 Phase one (`order_commit`): the node and the other members of its stage named in the order add
-up their gradient sums by reduce-scatter and all-gather (gwtf.node.exchange, gwtf.node.slices),
-each member then holding the stage's whole sum, and it reports `prepared`. With a robust
-aggregation the members send each other their whole sums instead (gwtf.node.gradsync, all to
-all): the node screens them and names the out-of-bounds peers. Phase two (`step`): once every
-member is prepared, the node divides the sum exactly as `combine_contributions` would (or
-combines by the job's robust rule), steps AdamW, and reports its stage checksum. A member that
-dies in phase one voids the attempt and the coordinator orders another, which moves only what
-this one did not deliver.
+up their gradient sums, each member then holding the stage's whole sum, and it reports
+`prepared`. The exchange is the one gwtf.job.exchange chooses from the sum's size, the members
+and the link matrix, alike at every member: all to all (each sends its whole sum to every peer,
+gwtf.node.gradsync; one leg, for sums small enough that latency dominates), or reduce-scatter
+and all-gather (gwtf.node.exchange, gwtf.node.slices; two legs, fewer bytes). With a robust
+aggregation always all to all: the node screens the sums and names the out-of-bounds peers.
+Phase two (`step`): once every member is prepared, the node divides the sum exactly as
+`combine_contributions` would (or combines by the job's robust rule), steps AdamW, and reports
+its stage checksum. A member that dies in phase one voids the attempt and the coordinator
+orders another; a reduce-scatter and all-gather then moves only what this one did not deliver.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import grpc
 import torch
 from torch import Tensor
 
+from gwtf.job.exchange import WHOLE as ALL_TO_ALL
+from gwtf.job.exchange import Link, choose
 from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport, StepOrder
 from gwtf.job.snapshots import snapshot_sender
 from gwtf.node.errors import Refusal
@@ -68,9 +72,9 @@ class CommitParticipant:
         self._grad_dtype = torch.float64 if ctx.job.grad_accum == "float64" else torch.float32
         self._sums: dict[tuple[int, int, int], dict[str, GradContribution]] = {}
         """(iteration, round, attempt) -> the stage peers' whole gradient sums for that attempt
-        (robust aggregations: the all-to-all exchange)."""
+        (the all-to-all exchange)."""
         self._exchange = SliceExchange(ctx, runtime, self._shapes, self._grad_dtype)
-        """The reduce-scatter and all-gather (every other aggregation)."""
+        """The reduce-scatter and all-gather."""
         self.last_step: LastStep | None = None
 
     def forget(self, before: int) -> None:
@@ -113,14 +117,13 @@ class CommitParticipant:
             )
         if any(not 0 <= mb < ctx.job.microbatches for mb in header.microbatches):
             raise ContributionError("the contribution names microbatches outside the job's")
-        # Whole vectors for a robust rule (its screen needs them), slices for every other.
-        whole = ctx.job.aggregation.robust
-        if (header.kind == WHOLE) != whole:
+        # Whole vectors for a robust rule (its screen needs them); either kind for every other
+        # (gwtf.job.exchange chooses per attempt).
+        if ctx.job.aggregation.robust and header.kind != WHOLE:
             raise ContributionError(
-                f"job {ctx.job_id} exchanges {'whole vectors' if whole else 'slices'}, "
-                f"not a {header.kind} contribution"
+                f"job {ctx.job_id} exchanges whole vectors, not a {header.kind} contribution"
             )
-        if whole:
+        if header.kind == WHOLE:
             return self._numel
         lo, hi, start, end = header.slice_lo, header.slice_hi, header.offset, header.offset
         end += header.numel
@@ -213,11 +216,18 @@ class CommitParticipant:
         rule = ctx.job.aggregation
         outliers: tuple[str, ...] = ()
         held: list[GradContribution] | Summed | None
-        if rule.robust:
-            # The screen (4.7) and the robust rules need every replica's whole vector.
+        members = sorted(p for p, s in order.members.items() if s == ctx.stage)
+        if self.exchange_kind(members, flat.numel() * flat.element_size()) == ALL_TO_ALL:
             held = await self._exchange_whole(order, it, mine, header, flat, deadline)
             if held is None:
                 return
+        else:
+            held = await self._exchange.run(order, it, header, flat, deadline)
+            if held is None:
+                return
+        if rule.robust:
+            # The screen (4.7) and the robust rules need every replica's whole vector.
+            assert isinstance(held, list)
             screened = held
             try:
                 outliers = tuple(await self._runtime.compute(
@@ -230,10 +240,6 @@ class CommitParticipant:
                     "(gradient norm above %g times the median, or not finite)", ctx.job_id,
                     it.number, order.attempt, ctx.stage, ", ".join(outliers), rule.norm_factor,
                 )
-        else:
-            held = await self._exchange.run(order, it, header, flat, deadline)
-            if held is None:
-                return
         it.prepared = (order, held)
         compute_s, replayed_s = self._runtime.compute_delta()
         ctx.metrics.observe("gwtf_job_commit_seconds", ctx.job_id, time.monotonic() - began,
@@ -251,6 +257,19 @@ class CommitParticipant:
             replayed_s=replayed_s,
             outliers=frozenset(outliers),
         ))
+
+    def exchange_kind(self, members: list[str], sum_bytes: int) -> str:
+        """The exchange the stage's `members` of an attempt use (gwtf.job.exchange), from what
+        each of them knows alike: the sum's size, the members and the link matrix."""
+        host = self._ctx.host
+        infos = {m: host.member(m) for m in members}
+
+        def link(a: str, b: str) -> Link | None:
+            ia, ib = infos[a], infos[b]
+            spec = host.link(ia, ib) if ia is not None and ib is not None else None
+            return None if spec is None else (spec.rtt_ms / 2000, spec.bandwidth_gbps)
+
+        return choose(sum_bytes, members, link, robust=self._ctx.job.aggregation.robust)
 
     async def _exchange_whole(
         self, order: CommitOrder, it: Iteration, mine: GradContribution,

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
+from gwtf.flow.topology import LinkSpec
 from gwtf.node.config import NodeConfig
 from gwtf.node.faults import Fault
 from gwtf.node.membership import MemberInfo
@@ -54,6 +55,10 @@ class JobsHost(Protocol):
     def stubs_at(self, address: str) -> Stubs: ...
 
     def wan_delay(self, member: MemberInfo, nbytes: int) -> float: ...
+
+    def link(self, a: MemberInfo, b: MemberInfo) -> LinkSpec | None:
+        """The link matrix's link between two members (None: unknown)."""
+        ...
 
     def settled(self) -> bool: ...
 

@@ -53,6 +53,7 @@ from typing import Any
 
 import grpc
 
+from gwtf.flow.topology import LinkSpec
 from gwtf.job.iterations import CommittedReport, IterationOutcome, PreparedReport
 from gwtf.job.nexthop import next_hop_weights
 from gwtf.job.roster import live_holders
@@ -632,6 +633,9 @@ class _WorkerHost:
 
     def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
         return self._host.wan_delay(member, nbytes)
+
+    def link(self, a: MemberInfo, b: MemberInfo) -> LinkSpec | None:
+        return self._host.link(a, b)
 
     def next_hop_weights(self, capacities: Mapping[str, float]) -> tuple[dict[str, int], str]:
         return next_hop_weights(self._host.routes(), capacities, settled=self._host.settled())

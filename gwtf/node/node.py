@@ -42,6 +42,7 @@ from typing import Any
 
 from grpc import aio
 
+from gwtf.flow.topology import LinkSpec
 from gwtf.node.config import NodeConfig, SwarmSettings
 from gwtf.node.control import MembershipControl
 from gwtf.node.driver import FlowDriver
@@ -300,6 +301,9 @@ class Node:
 
     def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
         return self._peers.wan_delay(member, nbytes)
+
+    def link(self, a: MemberInfo, b: MemberInfo) -> LinkSpec | None:
+        return self._peers.link(a, b)
 
     def settled(self) -> bool:
         return self._flows.settled()

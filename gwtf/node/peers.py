@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable
 
+from gwtf.flow.topology import LinkSpec
 from gwtf.node.config import NodeConfig
 from gwtf.node.membership import MemberInfo
 from gwtf.node.settings import NodeSettings
@@ -90,6 +91,13 @@ class Peers:
         if self.wan is None:
             return 0.0
         return self.wan.delay(member.id, member.location, nbytes)
+
+    def link(self, a: MemberInfo, b: MemberInfo) -> LinkSpec | None:
+        """The link matrix's link between two members' locations (None: no emulated WAN, or
+        a location the matrix does not name): what every node of the swarm reads alike."""
+        if self.wan is None or not a.location or not b.location:
+            return None
+        return self.wan.link(a.location, b.location)
 
     def linked(self, member: MemberInfo) -> bool:
         """The link matrix has a link to `member`'s location (always, without emulation)."""

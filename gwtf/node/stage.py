@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import grpc
 from torch import Tensor
 
+from gwtf.flow.topology import LinkSpec
 from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport
 from gwtf.job.microbatches import MicrobatchTable, StageRole
 from gwtf.job.snapshots import SnapshotPolicy
@@ -116,6 +117,10 @@ class WorkerHost(Protocol):
 
     def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
         """Seconds the emulated WAN holds `nbytes` to `member` (0 without emulation)."""
+        ...
+
+    def link(self, a: MemberInfo, b: MemberInfo) -> LinkSpec | None:
+        """The link matrix's link between two members (None: no matrix, or not in it)."""
         ...
 
     def next_hop_weights(self, capacities: Mapping[str, float]) -> tuple[dict[str, int], str]:

@@ -171,6 +171,13 @@ class WanEmulator:
             return self._intra
         return self._links.get(frozenset((self.location, location)))
 
+    def link(self, loc_a: str, loc_b: str) -> LinkSpec | None:
+        """The matrix's link between two locations (intra-location when they are the same),
+        None if the matrix has none."""
+        if loc_a == loc_b:
+            return self._intra
+        return self._links.get(frozenset((loc_a, loc_b)))
+
     def delay(self, peer: str, location: str, nbytes: int) -> float:
         """Seconds to hold a message of `nbytes` to `peer` at `location`, from now; 0 when the
         peer's location is unknown (a client with no location, such as `gwtf status`)."""

@@ -43,8 +43,9 @@ own copy of the data; the ones that never left it are dropped.
 
 Commit of iteration `k`, in two phases ordered by the coordinator once every microbatch is
 finished or dropped and every replay done: the node and the other members of its stage named in
-the order add up their gradient sums by reduce-scatter and all-gather (`gwtf.node.exchange`; all
-to all with a robust aggregation) and report `prepared`; when every member is prepared and the
+the order add up their gradient sums, all to all where the exchange is latency-bound or the
+aggregation robust, by reduce-scatter and all-gather otherwise (`gwtf.job.exchange` chooses,
+`gwtf.node.commit`), and report `prepared`; when every member is prepared and the
 contributions cover each finished microbatch exactly once (`gwtf.recovery.check_commit`), the
 coordinator orders the step: the node divides the sum as `gwtf.train.combine_contributions` does
 (`combine_summed`, which checks the coverage again), steps AdamW, and reports its stage checksum.

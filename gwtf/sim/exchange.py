@@ -17,7 +17,7 @@ reduced slice that summed the dead member has a basis no later attempt has.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gwtf.job.slicing import Range, bounds, gaps, size
@@ -60,11 +60,13 @@ class ExchangeLedger:
         numel: Sequence[int],
         value_bytes: float,
         before_s: float,
+        whole: Collection[int] = (),
     ) -> list[tuple[Moves, Moves]]:
         """Per stage, the bytes the attempt that starts `now` (of `iteration`: its index and
         start, a restarted round is another) moves in its reduce-scatter and
         its all-gather (which begin `before_s` later, after the reports and the order); the
-        attempt's sends are recorded for the next one."""
+        attempt's sends are recorded for the next one. The stages in `whole` exchange all to
+        all (gwtf.job.exchange), which keeps nothing across attempts: nothing for them here."""
         if iteration != self._iteration:
             self._iteration = iteration
             self._partial, self._reduced = {}, set()
@@ -80,6 +82,9 @@ class ExchangeLedger:
         self._pending = []
         out: list[tuple[Moves, Moves]] = []
         for s, stage in enumerate(stages):
+            if s in whole:
+                out.append(({}, {}))
+                continue
             order = sorted(stage, key=lambda n: n.id)
             ranges = {n.id: bounds(numel[s], len(order), i) for i, n in enumerate(order)}
             basis: Basis = frozenset((n.id, ids.get(n.id, frozenset())) for n in order)

@@ -18,12 +18,16 @@ Latency is the pair link's one-way delay (RTT / 2) in both models.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from gwtf.flow.topology import LinkSpec
+from gwtf.job.exchange import Link, choose
 from gwtf.sim.scenario import NodeInfo
 
-__all__ = ["Moves", "Network", "fresh_moves", "leg_s", "order_s", "two_phase_commit_s"]
+__all__ = [
+    "Moves", "Network", "exchange_of", "fresh_moves", "leg_s", "order_s", "two_phase_commit_s",
+    "whole_moves",
+]
 
 
 class Network:
@@ -87,6 +91,25 @@ def fresh_moves(stage: Sequence[NodeInfo], nbytes: float) -> tuple[Moves, Moves]
     return one, dict(one)
 
 
+def exchange_of(network: Network, stage: Sequence[NodeInfo], sum_bytes: float) -> str:
+    """The exchange a stage's replicas choose (gwtf.job.exchange), from the pair links and
+    their access links, as the node does from the link matrix."""
+    infos = {n.id: n for n in stage}
+
+    def link(a: str, b: str) -> Link | None:
+        spec = network.link(infos[a], infos[b]) or network.intra
+        return spec.rtt_ms / 2000, spec.bandwidth_gbps
+
+    return choose(sum_bytes, sorted(infos), link,
+                  {n.id: n.uplink_gbps for n in stage}, {n.id: n.downlink_gbps for n in stage})
+
+
+def whole_moves(stage: Sequence[NodeInfo], nbytes: float) -> Moves:
+    """The all-to-all exchange (gwtf.job.exchange `WHOLE`): every replica sends its whole sum
+    of `nbytes` to every other one, in one leg."""
+    return {(a.id, b.id): nbytes for a in stage for b in stage if a.id != b.id}
+
+
 def leg_s(network: Network, stage: Sequence[NodeInfo], moves: Moves) -> float:
     """One leg of a stage's exchange: every replica sends its `moves` to the others at once; in
     parallel on pair links; under the access model one after the other through its shared
@@ -115,6 +138,7 @@ def two_phase_commit_s(
     sum_bytes: Sequence[float],
     message_bytes: float,
     moves: Sequence[tuple[Moves, Moves]] | None = None,
+    whole: Collection[int] = (),
 ) -> float:
     """Seconds from the last microbatch finishing at a holder to every holder injecting again,
     by the node's commit (docs/design.md 3.7): the holders' reports reach the `coordinator`;
@@ -123,10 +147,15 @@ def two_phase_commit_s(
     `prepared` reports reach the coordinator; its step order reaches every member. Each leg as
     long as its slowest message, on idle links. `moves`: per stage, what the reduce-scatter and
     the all-gather send (a rerun's, `gwtf.sim.exchange`); by default a first attempt's.
+    `whole`: the stages that exchange all to all instead (gwtf.job.exchange), one leg of
+    `whole_moves`, sent whole again by every attempt.
     """
     members = [m for stage in stages for m in stage]
     sums = 0.0
     for s, stage in enumerate(stages):
+        if s in whole:
+            sums = max(sums, leg_s(network, stage, whole_moves(stage, sum_bytes[s])))
+            continue
         scatter, gather = moves[s] if moves is not None else fresh_moves(stage, sum_bytes[s])
         sums = max(sums, leg_s(network, stage, scatter) + leg_s(network, stage, gather))
     before = order_s(network, coordinator, holders, members, message_bytes)

@@ -16,6 +16,7 @@ stage now waits for (a gradient, or a recovery's inputs) as soon as its source h
 
 from __future__ import annotations
 
+from gwtf.job.exchange import WHOLE
 from gwtf.recovery import Rule, check_commit, plan_crash
 from gwtf.sim.costs import allreduce_s
 from gwtf.sim.engine import Kind
@@ -35,7 +36,7 @@ from gwtf.sim.entities import (
     SimulationError,
 )
 from gwtf.sim.exchange import ExchangeLedger
-from gwtf.sim.network import order_s, two_phase_commit_s
+from gwtf.sim.network import exchange_of, order_s, two_phase_commit_s
 from gwtf.sim.simulator import Simulation
 
 __all__ = ["RestartRecovery", "RuleRecovery", "SwarmRecovery"]
@@ -59,10 +60,12 @@ class RuleRecovery:
 
     def commit_s(self) -> float:
         """Seconds the commit takes: the node's two-phase commit (docs/design.md 3.7; reports,
-        order, sums exchanged within each stage by reduce-scatter and all-gather, prepared,
-        step), measured in section `fidelity` of benchmarks/RESULTS.md as the cost the real
-        swarm pays; a ring all-reduce (two legs) under-charged it. A rerun after a death moves
-        only what the earlier attempts did not deliver (`gwtf.sim.exchange`)."""
+        order, sums exchanged within each stage all to all or by reduce-scatter and all-gather
+        as gwtf.job.exchange chooses, prepared, step), measured in section `fidelity` of
+        benchmarks/RESULTS.md as the cost the real swarm pays; a ring all-reduce (two legs)
+        under-charged it. A rerun of a reduce-scatter and all-gather after a death moves only
+        what the earlier attempts did not deliver (`gwtf.sim.exchange`); an all-to-all one
+        moves every sum again."""
         sim = self.sim
         members = [sim.policy.aggregation_members(s) for s in range(self.S)]
         if not members[0]:
@@ -72,17 +75,18 @@ class RuleRecovery:
         coordinator = min((n.info for n in members[0]), key=lambda i: i.id)
         stages = [[n.info for n in m] for m in members]
         everyone = [i for stage in stages for i in stage]
+        sums = [p * sc.grad_bytes_per_param for p in sc.params_per_stage]
+        whole = {s for s, stage in enumerate(stages)
+                 if exchange_of(sim.network, stage, sums[s]) == WHOLE}
         moves = self.exchanges.moves(
             sim.engine.now, (it.index, it.start_s) if it is not None else (-1, 0.0), sim.network,
             stages,
             {n.id: frozenset(n.ledger.contributions()) for m in members for n in m},
             [int(p) for p in sc.params_per_stage], sc.grad_bytes_per_param,
-            order_s(sim.network, coordinator, stages[0], everyone, sc.message_bytes),
+            order_s(sim.network, coordinator, stages[0], everyone, sc.message_bytes), whole,
         )
         return two_phase_commit_s(
-            sim.network, coordinator, stages[0], stages,
-            [p * sc.grad_bytes_per_param for p in sc.params_per_stage], sc.message_bytes,
-            moves,
+            sim.network, coordinator, stages[0], stages, sums, sc.message_bytes, moves, whole,
         )
 
     def allreduce_commit_s(self) -> float:

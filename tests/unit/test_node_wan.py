@@ -33,6 +33,18 @@ def test_same_location_is_the_intra_link_and_unknown_is_free() -> None:
     assert wan.link_to("Mars") is None and wan.knows("Tokyo") and not wan.knows("Mars")
 
 
+def test_any_two_locations_read_the_same_link_from_either_end() -> None:
+    # The commit's choice of exchange (gwtf.job.exchange) reads the link between two other
+    # members: every node holding the matrix reads the same one.
+    oregon, tokyo = WanEmulator("Oregon", LINKS, Clock()), WanEmulator("Tokyo", LINKS, Clock())
+    for wan in (oregon, tokyo):
+        assert wan.link("Tokyo", "Oregon") == wan.link("Oregon", "Tokyo") == LINKS[
+            frozenset(("Oregon", "Tokyo"))]
+        assert wan.link("Tokyo", "Tokyo") == wan.link("Oregon", "Oregon") == oregon.link_to(
+            "Oregon")
+        assert wan.link("Tokyo", "Mars") is None
+
+
 def test_messages_to_one_peer_queue_behind_each_other() -> None:
     clock = Clock()
     wan = WanEmulator("Oregon", LINKS, clock)

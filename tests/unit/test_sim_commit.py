@@ -91,3 +91,38 @@ def test_a_send_still_on_the_wire_when_the_rerun_starts_is_sent_again() -> None:
     assert again[0][0][("n0", "n1")] == 1e9  # had not landed
     last = ledger.moves(3.0, (0, 0.0), net, [stage], ids, [200], 1e7, 0.0)
     assert last[0][0][("n0", "n1")] == 0.0 and last[0][1][("n0", "n1")] == 0.0
+
+
+def test_an_all_to_all_stage_pays_one_leg_of_whole_sums() -> None:
+    # The first test's swarm with both stages all to all (gwtf.job.exchange): one leg of the
+    # whole 1 GB sum (1 s at 8 Gbit/s) where the two legs of half sums took 2 (0.05 + 0.5).
+    links = {
+        frozenset(("A", "B")): LinkSpec(100.0, 8.0),
+        frozenset(("A", "C")): LinkSpec(40.0, 8.0),
+        frozenset(("B", "C")): LinkSpec(60.0, 8.0),
+    }
+    net = Network(links, LinkSpec(1.0, 8.0))
+    h0, h1 = node("h0", 0, "A"), node("h1", 0, "B")
+    r0, r1 = node("r0", 1, "C"), node("r1", 1, "B")
+    stages = [[h0, h1], [r0, r1]]
+    commit = two_phase_commit_s(net, h0, [h0, h1], stages, [1e9, 1e9], 0.0, whole={0, 1})
+    assert commit == pytest.approx(0.05 * 4 + 0.05 + 1.0)
+    # One stage each way: the slower of the two sets the exchange.
+    mixed = two_phase_commit_s(net, h0, [h0, h1], stages, [1e9, 1e9], 0.0, whole={1})
+    assert mixed == pytest.approx(0.05 * 4 + 2 * (0.05 + 0.5))
+
+
+def test_an_all_to_all_stage_keeps_nothing_for_a_rerun() -> None:
+    # The node keeps no whole vector across attempts: the ledger has nothing for such a stage,
+    # and the reduce-scatter stages beside it keep theirs.
+    net = Network({}, LinkSpec(0.0, 8.0))
+    s0 = [node(f"a{i}", 0, "A", uplink=8.0) for i in range(2)]
+    s1 = [node(f"b{i}", 1, "A", uplink=8.0) for i in range(3)]
+    ids = {n.id: frozenset({i}) for i, n in enumerate(s0 + s1)}
+    ledger = ExchangeLedger()
+    first = ledger.moves(0.0, (0, 0.0), net, [s0, s1], ids, [300, 300], 1e6, 0.0, whole={0})
+    assert first[0] == ({}, {})
+    assert set(first[1][0].values()) == {100e6}
+    again = ledger.moves(10.0, (0, 0.0), net, [s0, s1], ids, [300, 300], 1e6, 0.0, whole={0})
+    assert again[0] == ({}, {})
+    assert set(again[1][0].values()) == {0.0}
