@@ -5,8 +5,8 @@
 `oracle` policy (the optimum recomputed at once at every change, so routing converges in no time
 and only the objective differs) run three times in the same process: with `balance = None` (the
 least-cost maximum flow), with `Headroom()` (every node of a stage within 2% of its even share,
-then least cost) and with `QUEUE_WEIGHT` (the nodes' modelled queueing delay in the cost, the
-objective of jobs). Writes the `balance` section of benchmarks/RESULTS.md. `--quick`: seed 0,
+then least cost, the objective of jobs) and with `QUEUE_WEIGHT` (the nodes' modelled queueing
+delay in the cost). Writes the `balance` section of benchmarks/RESULTS.md. `--quick`: seed 0,
 the first half hour. `GWTF_BALANCE_SCENARIOS=a,b`: those scenarios only (a run that stays
 short), their rows printed and the section left as it is.
 """
@@ -91,8 +91,8 @@ def run(quick: bool = False) -> str:
         + ". The simulator's `oracle` policy (the optimum recomputed at every change) with three "
         "objectives among the maximum flows (docs/design.md 2.2): least cost; headroom (every "
         f"node of a stage loaded within {BALANCE_HEADROOM:.0%} of its even share, then least "
-        "cost); queue (least cost with each node's modelled M/D/1 queueing delay, the objective "
-        "of jobs). Progress = microbatches in every stage's step per simulated second, plus "
+        "cost, the objective of jobs); queue (least cost with each node's modelled M/D/1 "
+        "queueing delay). Progress = microbatches in every stage's step per simulated second, plus "
         "those of the open iteration.",
         "",
         "| scenario | seed | least cost (mb/s) | iterations | headroom (mb/s) | iterations | "

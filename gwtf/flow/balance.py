@@ -7,10 +7,10 @@ to their capacity and leaves others nearly idle. A pipeline is not indifferent: 
 compute is busy nearly all the time has a queue, and the microbatches that wait in it hold
 memory slots upstream and starve the narrowest stage behind them.
 
-**Queueing cost (the objective of jobs).** The cost counts what a unit of flow costs in
-seconds per microbatch; `sum(f_a d_a)` is then the number of microbatches in flight (Little's
-law). A node's queue adds its mean number of waiting microbatches `L_q`, in the same unit, as a
-convex function of its load. The queue is the compute's: a node of compute time `s` carrying
+**Queueing cost (`QUEUE_WEIGHT`; measured, not the default).** The cost counts what a unit of flow
+costs in seconds per microbatch; `sum(f_a d_a)` is then the number of microbatches in flight
+(Little's law). A node's queue adds its mean number of waiting microbatches `L_q`, in the same unit,
+as a convex function of its load. The queue is the compute's: a node of compute time `s` carrying
 `x` microbatches/s is busy `rho = x s` of the time, and with a fixed service time and arrivals
 merged from many senders it is an M/D/1 queue (Pollaczek-Khinchine):
 
@@ -24,12 +24,13 @@ piece, up to `rho = 1` where `L_q` has no bound, costs the marginal at its middl
 capacity is bound by something other than its compute (memory slots over a long round trip,
 its access link) is less busy than its capacity says and queues little: the busy fraction is
 `x s`, not `x / capacity`. The flow value is never traded: the solvers find the maximum flow
-first and only then the least cost, queueing included, among maximum flows; a piece costs
-nothing to the flow value, only to the cost.
+first and only then the least cost, queueing included, among maximum flows (the local
+solver's hub relaxation may still trim a few units, as for any cost; `gwtf.flow.localsolve`).
+Why it is not the default: docs/design.md 2.2.
 
-**Headroom (the previous rule, kept for comparison).** Among maximum flows, every node of a
-stage loaded within `headroom` of its stage's even share `F (1 + h) / C_s` of its capacity,
-then least cost: two solves, the second on capacities scaled by `min(1, F (1 + h) / C_s)`,
+**Headroom (`Headroom`: `JOB_OBJECTIVE`, the objective of jobs).** Among maximum flows, every
+node of a stage loaded within `headroom` of its stage's even share, `F (1 + h) / C_s` of its
+capacity, then least cost: two solves, the second on capacities scaled by `min(1, F (1 + h) / C_s)`,
 the headroom widened four times over up to `HEADROOM_STEPS` times when the caps cannot carry
 `F`, else the plain answer (`solve_balanced`).
 
@@ -53,6 +54,7 @@ from gwtf.flow.topology import CAP_SCALE, COST_SCALE, NodeSpec
 __all__ = [
     "BALANCE_HEADROOM",
     "HEADROOM_STEPS",
+    "JOB_OBJECTIVE",
     "QUEUE_BREAKS",
     "QUEUE_WEIGHT",
     "Balance",
@@ -67,7 +69,7 @@ __all__ = [
 
 QUEUE_WEIGHT = 1.0
 """The weight of the modelled queueing delay against the link cost: 1, as the queue model
-says (the objective of jobs)."""
+says."""
 
 QUEUE_BREAKS = (0.25, 0.5, 0.75, 0.875, 0.9375)
 """Busy fractions where a node's queueing cost changes slope (`1 - rho` halving near 1)."""
@@ -83,7 +85,7 @@ R = TypeVar("R")
 
 @dataclass(frozen=True, slots=True)
 class Headroom:
-    """The headroom rule (module doc), as a `Balance`: kept to compare objectives."""
+    """The headroom rule (module doc), as a `Balance`."""
 
     share: float = BALANCE_HEADROOM
 
@@ -91,6 +93,12 @@ class Headroom:
 Balance = float | Headroom | None
 """A routing objective: a float is the queueing cost's weight (`QUEUE_WEIGHT`), `Headroom` the
 even-share rule, None the least cost alone."""
+
+
+JOB_OBJECTIVE: Balance = Headroom(BALANCE_HEADROOM)
+"""The objective jobs route by (the node's local solves, the simulator's oracle): the headroom
+rule, whose mean gain over least cost on the simulator's scenarios is the larger (1.026
+against 1.014 for the queueing cost; docs/design.md 2.2, benchmarks/RESULTS.md `balance`)."""
 
 
 def _lq(rho: float) -> float:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gwtf.flow.balance import QUEUE_WEIGHT, Balance
+from gwtf.flow.balance import JOB_OBJECTIVE, Balance
 from gwtf.flow.gossip import repair
 from gwtf.flow.localsolve import HUB_SLACK, LinkTerms, link_terms, solve_members
 from gwtf.flow.topology import LinkSpec, Members, NodeSpec
@@ -45,7 +45,7 @@ Solver = Callable[[Members], Mapping[tuple[str, str], int]]
 
 
 def solver(
-    hub_slack: float | None = HUB_SLACK, balance: Balance = QUEUE_WEIGHT
+    hub_slack: float | None = HUB_SLACK, balance: Balance = JOB_OBJECTIVE
 ) -> Solver:
     """`solve_members` with `hub_slack` and `balance`, as a `Solver`."""
 
@@ -80,7 +80,7 @@ class LocalRoute:
         quiet_s: float,
         clock: Callable[[], float],
         hub_slack: float | None = HUB_SLACK,
-        balance: Balance = QUEUE_WEIGHT,
+        balance: Balance = JOB_OBJECTIVE,
         solve: Solver | None = None,
     ) -> None:
         """`balance`: the routing objective (docs/design.md 2.2, `gwtf.flow.balance`); None

@@ -478,10 +478,9 @@ def solve_members(
     members: Members, *, hub_slack: float | None = HUB_SLACK, balance: Balance = None
 ) -> Solved:
     """The maximum flow of least cost of the swarm `members` describes, by node pair (units);
-    with `balance` a weight (`gwtf.flow.balance.QUEUE_WEIGHT`, the objective of jobs,
-    docs/design.md 2.2), the cost counts each node's modelled queueing delay too; a
-    `Headroom`: of least cost among the maximum flows that load each stage's nodes evenly
-    within it.
+    with `balance` a `Headroom` (`gwtf.flow.balance.JOB_OBJECTIVE`, docs/design.md 2.2), of
+    least cost among the maximum flows that load each stage's nodes evenly within it; a weight
+    (`QUEUE_WEIGHT`), the cost counts each node's modelled queueing delay too.
 
     Deterministic: the answer depends only on the records, not on their order. When a hub's
     relaxation does not split back (a node pair's capacity binds), the cell pairs concerned are

@@ -78,10 +78,10 @@ def build_oracle_network(topology: Topology, queue: float | None = None) -> nx.D
 
 def solve_oracle(topology: Topology, *, balance: Balance = None) -> FlowResult:
     """The maximum flow of least cost, solved centrally (messages = rounds = 0). With `balance`
-    a weight (`QUEUE_WEIGHT`: the routing objective of jobs, docs/design.md 2.2), the cost
-    counts each node's modelled queueing delay too; a `Headroom`: of least cost among the
-    maximum flows that load each stage's nodes evenly within it; None: of least cost among all
-    maximum flows. The flow value is the maximum flow's in every case."""
+    a `Headroom` (`JOB_OBJECTIVE`, docs/design.md 2.2): of least cost among the maximum flows
+    that load each stage's nodes evenly within it; a weight (`QUEUE_WEIGHT`): the cost counts
+    each node's modelled queueing delay too; None: of least cost among all maximum flows.
+    The flow value is the maximum flow's in every case."""
     if isinstance(balance, Headroom):
         return solve_balanced(
             topology.nodes,

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gwtf.flow.balance import QUEUE_WEIGHT, Balance
+from gwtf.flow.balance import JOB_OBJECTIVE, Balance
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
 from gwtf.flow.topology import NodeSpec
@@ -220,7 +220,7 @@ class _FlowPolicy(Policy):
 
 class OraclePolicy(_FlowPolicy):
     name = "oracle"
-    balance: Balance = QUEUE_WEIGHT
+    balance: Balance = JOB_OBJECTIVE
     """The routing objective (docs/design.md 2.2); None: least cost alone
     (`benchmarks/balance.py` compares the objectives)."""
 

@@ -1,7 +1,7 @@
 """Routing objectives between the maximum flow and the least cost (gwtf/flow/balance.py,
-docs/design.md 2.2): the queueing cost (the objective of jobs: each node's modelled M/D/1 wait
+docs/design.md 2.2): the queueing cost (each node's modelled M/D/1 wait
 in the cost, as convex pieces of its capacity) and the headroom rule (every node of a stage
-within the headroom of its stage's even share, then least cost), kept for comparison.
+within the headroom of its stage's even share, then least cost), the objective of jobs.
 """
 
 from __future__ import annotations
