@@ -6,9 +6,11 @@
 and only the objective differs) run three times in the same process: with `balance = None` (the
 least-cost maximum flow), with `Headroom()` (every node of a stage within 2% of its even share,
 then least cost, the objective of jobs) and with `QUEUE_WEIGHT` (the nodes' modelled queueing
-delay in the cost). Writes the `balance` section of benchmarks/RESULTS.md. `--quick`: seed 0,
-the first half hour. `GWTF_BALANCE_SCENARIOS=a,b`: those scenarios only (a run that stays
-short), their rows printed and the section left as it is.
+delay in the cost) and with `Headroom(BALANCE_HEADROOM, COMPUTE_BOUND)` (the headroom rule on
+compute-bound nodes only). Writes the `balance` section of benchmarks/RESULTS.md. `--quick`: seed 0,
+the first half hour. `GWTF_BALANCE_SCENARIOS=a,b` (and `GWTF_BALANCE_SEEDS=0,2`): those
+scenarios (seeds) only, so that a run stays short; their rows are printed and the section is
+left as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.report import machine, write_section
-from gwtf.flow.balance import BALANCE_HEADROOM, QUEUE_WEIGHT, Balance, Headroom
+from gwtf.flow.balance import BALANCE_HEADROOM, COMPUTE_BOUND, QUEUE_WEIGHT, Balance, Headroom
 from gwtf.sim.policies import OraclePolicy, simulation
 from gwtf.sim.scenario import load_scenario
 
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ARMS: tuple[tuple[str, Balance], ...] = (
     ("least cost", None), ("headroom", Headroom(BALANCE_HEADROOM)), ("queue", QUEUE_WEIGHT),
+    ("compute-bound headroom", Headroom(BALANCE_HEADROOM, COMPUTE_BOUND)),
 )
 
 
@@ -54,7 +57,9 @@ def _span(name: str, ratios: list[float]) -> str:
 
 
 def run(quick: bool = False) -> str:
-    seeds = (0,) if quick else (0, 1, 2)
+    seeds: tuple[int, ...] = (0,) if quick else (0, 1, 2)
+    if os.environ.get("GWTF_BALANCE_SEEDS"):
+        seeds = tuple(int(x) for x in os.environ["GWTF_BALANCE_SEEDS"].split(","))
     only = [s for s in os.environ.get("GWTF_BALANCE_SCENARIOS", "").split(",") if s]
     paths = sorted((ROOT / "simulations").glob("*.toml"))
     if only:
@@ -67,21 +72,28 @@ def run(quick: bool = False) -> str:
     vs_plain: list[float] = []
     vs_even: list[float] = []
     even_plain: list[float] = []
+    cb_plain: list[float] = []
+    cb_even: list[float] = []
     for path in paths:
         for seed in seeds:
             got = [_progress(path, seed, balance, quick) for _, balance in ARMS]
-            (plain, plain_its), (even, even_its), (queue, queue_its) = got
+            (plain, plain_its), (even, even_its), (queue, queue_its), (cb, cb_its) = got
             vs_plain.append(_ratio(queue, plain))
             vs_even.append(_ratio(queue, even))
             even_plain.append(_ratio(even, plain))
+            cb_plain.append(_ratio(cb, plain))
+            cb_even.append(_ratio(cb, even))
             rows.append(f"| {path.stem} | {seed} | {plain:.3f} | {plain_its} | {even:.3f} | "
-                        f"{even_its} | {queue:.3f} | {queue_its} | {even_plain[-1]:.3f} | "
-                        f"{vs_plain[-1]:.3f} | {vs_even[-1]:.3f} |")
+                        f"{even_its} | {queue:.3f} | {queue_its} | {cb:.3f} | {cb_its} | "
+                        f"{even_plain[-1]:.3f} | {vs_plain[-1]:.3f} | {vs_even[-1]:.3f} | "
+                        f"{cb_plain[-1]:.3f} | {cb_even[-1]:.3f} |")
             print(rows[-1], file=sys.stderr, flush=True)
     summary = [_span("Headroom / least cost", even_plain), "",
                _span("Queue / least cost", vs_plain), "",
-               _span("Queue / headroom", vs_even)]
-    if only:
+               _span("Queue / headroom", vs_even), "",
+               _span("Compute-bound headroom / least cost", cb_plain), "",
+               _span("Compute-bound headroom / headroom", cb_even)]
+    if only or os.environ.get("GWTF_BALANCE_SEEDS"):
         return "\n".join([*rows, "", *summary])
     body = "\n".join([
         "## Routing objectives compared (`python -m benchmarks balance`)",
@@ -92,13 +104,16 @@ def run(quick: bool = False) -> str:
         "objectives among the maximum flows (docs/design.md 2.2): least cost; headroom (every "
         f"node of a stage loaded within {BALANCE_HEADROOM:.0%} of its even share, then least "
         "cost, the objective of jobs); queue (least cost with each node's modelled M/D/1 "
-        "queueing delay). Progress = microbatches in every stage's step per simulated second, plus "
+        "queueing delay); compute-bound headroom (the headroom rule on the nodes whose "
+        f"compute is busy at least {COMPUTE_BOUND:.0%} of the time at their capacity only). "
+        "Progress = microbatches in every stage's step per simulated second, plus "
         "those of the open iteration.",
         "",
         "| scenario | seed | least cost (mb/s) | iterations | headroom (mb/s) | iterations | "
-        "queue (mb/s) | iterations | headroom / least cost | queue / least cost | "
-        "queue / headroom |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "queue (mb/s) | iterations | compute-bound (mb/s) | iterations | "
+        "headroom / least cost | queue / least cost | queue / headroom | "
+        "compute-bound / least cost | compute-bound / headroom |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         *summary,

@@ -32,7 +32,8 @@ Why it is not the default: docs/design.md 2.2.
 node of a stage loaded within `headroom` of its stage's even share, `F (1 + h) / C_s` of its
 capacity, then least cost: two solves, the second on capacities scaled by `min(1, F (1 + h) / C_s)`,
 the headroom widened four times over up to `HEADROOM_STEPS` times when the caps cannot carry
-`F`, else the plain answer (`solve_balanced`).
+`F`, else the plain answer (`solve_balanced`). `Headroom(share, COMPUTE_BOUND)` caps only the
+nodes whose compute would be busy at least `COMPUTE_BOUND` of the time at the even share.
 
 Pure and deterministic: the pieces depend only on a node's compute time, its capacity and the
 number of equal nodes it stands for, computed by the same float operations everywhere, so
@@ -53,6 +54,7 @@ from gwtf.flow.topology import CAP_SCALE, COST_SCALE, NodeSpec
 
 __all__ = [
     "BALANCE_HEADROOM",
+    "COMPUTE_BOUND",
     "HEADROOM_STEPS",
     "JOB_OBJECTIVE",
     "QUEUE_BREAKS",
@@ -62,6 +64,7 @@ __all__ = [
     "add_node_arcs",
     "balanced_nodes",
     "carried",
+    "compute_busy",
     "queue_cost_units",
     "queue_pieces",
     "solve_balanced",
@@ -77,6 +80,13 @@ QUEUE_BREAKS = (0.25, 0.5, 0.75, 0.875, 0.9375)
 BALANCE_HEADROOM = 0.02
 """The headroom rule's share above a stage's even share (see the module doc)."""
 
+COMPUTE_BOUND = 0.1
+"""The compute-bound headroom rule caps only nodes whose compute would be busy at least this
+fraction of the time at their stage's even share: below it a node has no queue worth a longer
+path (M/D/1: 0.006 microbatches waiting at 10% busy). Nodes whose capacity is bound by memory
+slots over a long round trip, or by their access link, or that sit in a stage far wider than
+the flow, are left to the least cost."""
+
 HEADROOM_STEPS = 3
 """How many times the headroom is quadrupled when the capped problem cannot carry the flow."""
 
@@ -88,6 +98,9 @@ class Headroom:
     """The headroom rule (module doc), as a `Balance`."""
 
     share: float = BALANCE_HEADROOM
+    busy: float = 0.0
+    """Only nodes whose compute would be busy at least this fraction of the time at their
+    stage's even share are capped (`COMPUTE_BOUND`); 0: every node."""
 
 
 Balance = float | Headroom | None
@@ -97,8 +110,9 @@ even-share rule, None the least cost alone."""
 
 JOB_OBJECTIVE: Balance = Headroom(BALANCE_HEADROOM)
 """The objective jobs route by (the node's local solves, the simulator's oracle): the headroom
-rule, whose mean gain over least cost on the simulator's scenarios is the larger (1.026
-against 1.014 for the queueing cost; docs/design.md 2.2, benchmarks/RESULTS.md `balance`)."""
+rule, whose mean gain over least cost on the simulator's scenarios is the largest (1.026,
+against 1.014 for the queueing cost and 1.018 for the compute-bound headroom; docs/design.md
+2.2, benchmarks/RESULTS.md `balance`)."""
 
 
 def _lq(rho: float) -> float:
@@ -189,10 +203,16 @@ def carried(
     return total
 
 
+def compute_busy(node: NodeSpec) -> float:
+    """The fraction of time `node`'s compute is busy when it carries its capacity."""
+    return node.cap_units / CAP_SCALE * node.compute_s
+
+
 def balanced_nodes(
-    nodes: Iterable[NodeSpec], flow_units: int, headroom: float
+    nodes: Iterable[NodeSpec], flow_units: int, headroom: float, busy: float = 0.0
 ) -> tuple[NodeSpec, ...]:
-    """`nodes` with each capacity scaled by its stage's factor `min(1, F (1 + h) / C_s)`."""
+    """`nodes` with each capacity scaled by its stage's factor `min(1, F (1 + h) / C_s)`, but
+    those whose compute would be busy less than `busy` of the time at that share."""
     listed = tuple(nodes)
     total: dict[int, int] = defaultdict(int)
     for node in listed:
@@ -201,7 +221,7 @@ def balanced_nodes(
     for node in listed:
         stage_units = total[node.stage]
         factor = min(1.0, flow_units * (1.0 + headroom) / stage_units) if stage_units else 1.0
-        if factor >= 1.0:
+        if factor >= 1.0 or factor * compute_busy(node) < busy:
             out.append(node)
             continue
         # Rounded up to a whole unit (and half a unit above it, so that `cap_units` floors back
@@ -216,6 +236,7 @@ def solve_balanced(
     solve: Callable[[Sequence[NodeSpec]], R],
     value: Callable[[R], int],
     headroom: float = BALANCE_HEADROOM,
+    busy: float = 0.0,
 ) -> R:
     """The maximum flow of `solve(nodes)`, balanced: `solve` again on the capped nodes, keeping
     the first answer that carries the same flow value (in units), widening the headroom
@@ -226,7 +247,7 @@ def solve_balanced(
         return first
     h = headroom
     for _ in range(HEADROOM_STEPS + 1):
-        capped = balanced_nodes(nodes, flow_units, h)
+        capped = balanced_nodes(nodes, flow_units, h, busy)
         if capped == tuple(nodes):
             return first
         answer = solve(capped)

@@ -497,6 +497,7 @@ def solve_members(
             ),
             lambda solved: sum(u for (_, dst), u in solved.flows.items() if dst in sinks),
             balance.share,
+            balance.busy,
         )
     groups, cells = _groups(members)
     last = max(g.stage for g in groups)

@@ -88,6 +88,7 @@ def solve_oracle(topology: Topology, *, balance: Balance = None) -> FlowResult:
             lambda nodes: _solve(topology.with_capacities({n.id: n.capacity for n in nodes})),
             lambda result: result.flow_value_units,
             balance.share,
+            balance.busy,
         )
     return _solve(topology, balance)
 

@@ -13,6 +13,7 @@ import pytest
 
 from gwtf.flow.balance import (
     BALANCE_HEADROOM,
+    COMPUTE_BOUND,
     QUEUE_WEIGHT,
     Headroom,
     balanced_nodes,
@@ -226,6 +227,36 @@ def test_the_flow_value_is_never_traded_for_balance() -> None:
         local = solve_members(Members.of(topo), balance=balance)
         assert sum(x for (_, d), x in local.flows.items() if d.startswith("b")) == (
             plain.flow_value_units)
+
+
+def test_the_compute_bound_rule_balances_busy_stages_and_leaves_idle_ones_to_least_cost() -> None:
+    """The `fidelity` case again, with a last stage whose compute is tiny against the flow (busy
+    0.2% of the time at an even split): the plain headroom rule caps it to its even share,
+    which sends half the flow over the 70 ms link to reach it; capping only nodes that would be
+    busy at least `COMPUTE_BOUND` keeps the least-cost flow there, and caps a busy stage as
+    the plain rule does."""
+    nodes = [
+        NodeSpec.make("a0", 0, 0.001, "x", 20.0), NodeSpec.make("a1", 0, 0.001, "x", 20.0),
+        NodeSpec.make("b0", 1, 0.001, "x", 40.0), NodeSpec.make("b1", 1, 0.001, "y", 40.0),
+        NodeSpec.make("c0", 2, 1e-4, "x"), NodeSpec.make("c1", 2, 1e-4, "y"),
+    ]
+    topo = Topology.build(
+        2**17, nodes, {frozenset(("x", "y")): LinkSpec(70.0, 1.0)}, intra=LinkSpec(1.0, 10.0)
+    )
+    plain = solve_oracle(topo)
+    even = solve_oracle(topo, balance=Headroom())
+    bound = Headroom(BALANCE_HEADROOM, COMPUTE_BOUND)
+    busy_only = solve_oracle(topo, balance=bound)
+    assert busy_only.flow_value_units == plain.flow_value_units == even.flow_value_units
+    assert oracle_cost_units(topo, busy_only) == oracle_cost_units(topo, plain)
+    assert oracle_cost_units(topo, even) > oracle_cost_units(topo, plain)
+    local = solve_members(Members.of(topo), balance=bound)
+    assert cost_units(topo, {k: x for k, x in local.flows.items() if x > 0}) == (
+        oracle_cost_units(topo, plain))
+    # A busy stage (homogeneous: 80% busy at an even split) is capped as by the plain rule.
+    homogeneous = _homogeneous()
+    assert _through(dict(solve_oracle(homogeneous, balance=bound).flows), homogeneous) == (
+        _through(dict(solve_oracle(homogeneous, balance=Headroom()).flows), homogeneous))
 
 
 def test_balanced_nodes_keep_proportions_and_only_shrink() -> None:
