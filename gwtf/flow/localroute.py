@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gwtf.flow.balance import BALANCE_HEADROOM
+from gwtf.flow.balance import JOB_OBJECTIVE, Balance
 from gwtf.flow.gossip import repair
 from gwtf.flow.localsolve import HUB_SLACK, LinkTerms, link_terms, solve_members
 from gwtf.flow.topology import LinkSpec, Members, NodeSpec
@@ -45,7 +45,7 @@ Solver = Callable[[Members], Mapping[tuple[str, str], int]]
 
 
 def solver(
-    hub_slack: float | None = HUB_SLACK, balance: float | None = BALANCE_HEADROOM
+    hub_slack: float | None = HUB_SLACK, balance: Balance = JOB_OBJECTIVE
 ) -> Solver:
     """`solve_members` with `hub_slack` and `balance`, as a `Solver`."""
 
@@ -80,11 +80,11 @@ class LocalRoute:
         quiet_s: float,
         clock: Callable[[], float],
         hub_slack: float | None = HUB_SLACK,
-        balance: float | None = BALANCE_HEADROOM,
+        balance: Balance = JOB_OBJECTIVE,
         solve: Solver | None = None,
     ) -> None:
-        """`balance`: the headroom of the balanced objective (docs/design.md 2.2,
-        `gwtf.flow.balance`); None solves for the least cost alone. `solve`, when given,
+        """`balance`: the routing objective (docs/design.md 2.2, `gwtf.flow.balance`); None
+        solves for the least cost alone. `solve`, when given,
         replaces `solver(hub_slack, balance)` (the simulator's is the same, cached)."""
         self.node_id = node_id
         self.num_stages = num_stages

@@ -33,12 +33,19 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
-from gwtf.flow.balance import solve_balanced
+from gwtf.flow.balance import (
+    Balance,
+    Headroom,
+    add_node_arcs,
+    carried,
+    queue_pieces,
+    solve_balanced,
+)
 from gwtf.flow.solution import FLOW_EPSILON, FlowResult
 from gwtf.flow.topology import (
     CAP_SCALE,
@@ -162,9 +169,22 @@ def _blocked_between(
     return sum(1 for s, t in members.blocked if cell_of.get(s) == c and cell_of.get(t) == d)
 
 
-# Vertices of the group network: group g is 2g (in) and 2g+1 (out); hubs follow.
+# Vertices of the group network: group g is 2g (in) and 2g+1 (out); hubs follow; a group's
+# queueing-cost pieces after the first pass through ("q", g, k).
 _SOURCE = -1
 _SINK = -2
+
+
+def _pieces(g: _Group, queue: float | None) -> tuple[tuple[int, int], ...]:
+    """The group's internal arc(s): its members' capacity, split into queueing-cost pieces
+    when `queue` is a weight (a group's convex cost is its members' at an even split)."""
+    if queue is None:
+        return ((len(g.members) * g.cap_units, 0),)
+    return queue_pieces(g.compute_s, g.cap_units, len(g.members), queue)
+
+
+def _via(gi: int) -> Callable[[int], tuple[str, int, int]]:
+    return lambda k: ("q", gi, k)
 
 
 @dataclass
@@ -182,6 +202,7 @@ def _network(
     cells: list[_Cell],
     hub_slack: float | None,
     direct_only: set[tuple[int, int]],
+    queue: float | None = None,
 ) -> _Network:
     terms = _Terms(members)
     graph = nx.DiGraph()
@@ -190,7 +211,7 @@ def _network(
     for gi, g in enumerate(groups):
         if g.stage == 0:
             graph.add_edge(_SOURCE, 2 * gi, weight=0)
-        graph.add_edge(2 * gi, 2 * gi + 1, capacity=len(g.members) * g.cap_units, weight=0)
+        add_node_arcs(graph, 2 * gi, 2 * gi + 1, _pieces(g, queue), _via(gi))
         if g.stage == last:
             graph.add_edge(2 * gi + 1, _SINK, weight=0)
     hub_base = 2 * len(groups)
@@ -454,18 +475,19 @@ pairs joined directly instead (each round only adds direct arcs, so it can only 
 
 
 def solve_members(
-    members: Members, *, hub_slack: float | None = HUB_SLACK, balance: float | None = None
+    members: Members, *, hub_slack: float | None = HUB_SLACK, balance: Balance = None
 ) -> Solved:
     """The maximum flow of least cost of the swarm `members` describes, by node pair (units);
-    with `balance` (a headroom, `gwtf.flow.balance`), of least cost among the maximum flows
-    that load each stage's nodes evenly within it (docs/design.md 2.2).
+    with `balance` a `Headroom` (`gwtf.flow.balance.JOB_OBJECTIVE`, docs/design.md 2.2), of
+    least cost among the maximum flows that load each stage's nodes evenly within it; a weight
+    (`QUEUE_WEIGHT`), the cost counts each node's modelled queueing delay too.
 
     Deterministic: the answer depends only on the records, not on their order. When a hub's
     relaxation does not split back (a node pair's capacity binds), the cell pairs concerned are
     joined directly and the network solved again, up to REFINE_ROUNDS times; what still does not
     fit is trimmed, so the flow is always feasible.
     """
-    if balance is not None:
+    if isinstance(balance, Headroom):
         final = max(n.stage for n in members.nodes)
         sinks = {n.id for n in members.nodes if n.stage == final}
         return solve_balanced(
@@ -474,20 +496,22 @@ def solve_members(
                 replace(members, nodes=tuple(nodes)), hub_slack=hub_slack
             ),
             lambda solved: sum(u for (_, dst), u in solved.flows.items() if dst in sinks),
-            balance,
+            balance.share,
+            balance.busy,
         )
     groups, cells = _groups(members)
     last = max(g.stage for g in groups)
     terms = _Terms(members)
     direct_only: set[tuple[int, int]] = set()
     for attempt in range(REFINE_ROUNDS + 1):
-        net = _network(members, groups, cells, hub_slack, direct_only)
+        net = _network(members, groups, cells, hub_slack, direct_only, balance)
         flow = nx.max_flow_min_cost(
             net.graph, _SOURCE, _SINK, capacity="capacity", weight="weight"
         )
         through: dict[str, int] = {}
         for gi, g in enumerate(groups):
-            through.update(_even(int(flow[2 * gi][2 * gi + 1]), sorted(g.members)))
+            units = carried(flow, 2 * gi, 2 * gi + 1, _pieces(g, balance), _via(gi))
+            through.update(_even(units, sorted(g.members)))
         amount, failed = _group_split(net, groups, cells, flow)
         flows, failed_nodes = _node_split(members, groups, amount, through, terms)
         hubbed = set(net.hubs)

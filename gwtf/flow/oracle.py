@@ -7,7 +7,8 @@ The network is built from the integer-scaled values of the topology, so the orac
 decentralized solver optimize exactly the same numbers:
 
     source -> h:in            every stage-0 node h, unbounded, cost 0
-    v:in -> v:out             every node v, capacity v.cap_units, cost 0
+    v:in -> v:out             every node v, capacity v.cap_units, cost 0 (with a queueing
+                              cost: its pieces, gwtf.flow.balance.queue_pieces)
     u:out -> v:in             every arc u->v, capacity cap_units, weight cost_units
     t:out -> sink             every stage S-1 node t, unbounded, cost 0
 
@@ -17,13 +18,19 @@ sum(flow * weight): the lexicographic objective of docs/design.md 2.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import networkx as nx
 
-from gwtf.flow.balance import solve_balanced
+from gwtf.flow.balance import (
+    Balance,
+    Headroom,
+    add_node_arcs,
+    queue_pieces,
+    solve_balanced,
+)
 from gwtf.flow.solution import FlowResult, cost_units, make_result
-from gwtf.flow.topology import Topology
+from gwtf.flow.topology import NodeSpec, Topology
 
 __all__ = ["build_oracle_network", "oracle_cost_units", "solve_oracle"]
 
@@ -35,8 +42,20 @@ _IN = 0
 _OUT = 1
 
 
-def build_oracle_network(topology: Topology) -> nx.DiGraph:
-    """The split-node flow network of `topology`, with SOURCE and SINK (see the module doc)."""
+def _pieces(node: NodeSpec, queue: float | None) -> tuple[tuple[int, int], ...]:
+    if queue is None:
+        return ((node.cap_units, 0),)
+    return queue_pieces(node.compute_s, node.cap_units, 1, queue)
+
+
+def _via(node_id: str) -> Callable[[int], Hashable]:
+    return lambda k: (node_id, _OUT + k)
+
+
+def build_oracle_network(topology: Topology, queue: float | None = None) -> nx.DiGraph:
+    """The split-node flow network of `topology`, with SOURCE and SINK (see the module doc);
+    with `queue` (a weight), each node's halves joined by its queueing-cost pieces
+    (`gwtf.flow.balance.queue_pieces`)."""
     graph = nx.DiGraph()
     last = topology.num_stages - 1
     # Insertion order is fixed (nodes by (stage, id), arcs by (stage, src, dst)), and networkx's
@@ -47,7 +66,7 @@ def build_oracle_network(topology: Topology) -> nx.DiGraph:
         node_out: Hashable = (node.id, _OUT)
         if node.stage == 0:
             graph.add_edge(SOURCE, node_in, weight=0)  # no 'capacity' attribute: unbounded
-        graph.add_edge(node_in, node_out, capacity=node.cap_units, weight=0)
+        add_node_arcs(graph, node_in, node_out, _pieces(node, queue), _via(node.id))
     for arc in topology.arcs:
         graph.add_edge(
             (arc.src, _OUT), (arc.dst, _IN), capacity=arc.cap_units, weight=arc.cost_units
@@ -57,23 +76,25 @@ def build_oracle_network(topology: Topology) -> nx.DiGraph:
     return graph
 
 
-def solve_oracle(topology: Topology, *, balance: float | None = None) -> FlowResult:
+def solve_oracle(topology: Topology, *, balance: Balance = None) -> FlowResult:
     """The maximum flow of least cost, solved centrally (messages = rounds = 0). With `balance`
-    (a headroom, `gwtf.flow.balance`): of least cost among the maximum flows that load each
-    stage's nodes evenly within that headroom, the routing objective of jobs (docs/design.md
-    2.2); without: of least cost among all maximum flows."""
-    if balance is None:
-        return _solve(topology)
-    return solve_balanced(
-        topology.nodes,
-        lambda nodes: _solve(topology.with_capacities({n.id: n.capacity for n in nodes})),
-        lambda result: result.flow_value_units,
-        balance,
-    )
+    a `Headroom` (`JOB_OBJECTIVE`, docs/design.md 2.2): of least cost among the maximum flows
+    that load each stage's nodes evenly within it; a weight (`QUEUE_WEIGHT`): the cost counts
+    each node's modelled queueing delay too; None: of least cost among all maximum flows.
+    The flow value is the maximum flow's in every case."""
+    if isinstance(balance, Headroom):
+        return solve_balanced(
+            topology.nodes,
+            lambda nodes: _solve(topology.with_capacities({n.id: n.capacity for n in nodes})),
+            lambda result: result.flow_value_units,
+            balance.share,
+            balance.busy,
+        )
+    return _solve(topology, balance)
 
 
-def _solve(topology: Topology) -> FlowResult:
-    graph = build_oracle_network(topology)
+def _solve(topology: Topology, queue: float | None = None) -> FlowResult:
+    graph = build_oracle_network(topology, queue)
     flow_dict = nx.max_flow_min_cost(graph, SOURCE, SINK, capacity="capacity", weight="weight")
     flows: dict[tuple[str, str], int] = {}
     for arc in topology.arcs:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gwtf.flow.balance import BALANCE_HEADROOM
+from gwtf.flow.balance import JOB_OBJECTIVE, Balance
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
 from gwtf.flow.topology import NodeSpec
@@ -220,9 +220,9 @@ class _FlowPolicy(Policy):
 
 class OraclePolicy(_FlowPolicy):
     name = "oracle"
-    balance: float | None = BALANCE_HEADROOM
-    """The routing objective's headroom (docs/design.md 2.2); None: least cost alone
-    (`benchmarks/balance.py` compares the two)."""
+    balance: Balance = JOB_OBJECTIVE
+    """The routing objective (docs/design.md 2.2); None: least cost alone
+    (`benchmarks/balance.py` compares the objectives)."""
 
     def __init__(self, sim: Simulation) -> None:
         super().__init__(sim)
