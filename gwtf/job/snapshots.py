@@ -102,15 +102,23 @@ def own_kept(
 
 def restore_point(
     policy: SnapshotPolicy, current: int, kept: Collection[int],
-    held: Collection[int] | None = None,
+    held: Collection[int] | None = None, *, rebuilt: bool = False,
 ) -> int | None:
     """The iteration a wiped stage is restored at, given the iterations of the snapshots its
     keeper holds (fully landed ones only): the iteration in progress if one is of it (nothing is
     lost), else the newest one the other stages can roll back to, a periodic boundary they keep
     their own state of (`held`, by default `own_kept(policy, current)`), else None (the job
-    cannot go on)."""
+    cannot go on).
+
+    `rebuilt`: every node can build every stage's state at the job's first iteration from the
+    job's model and seed (a fresh job, not one resumed from a checkpoint). Then the job's start
+    is always a restore point, the last resort: a stage wiped together with the keeper of its
+    snapshots (a spot wave that takes both) sends the whole swarm back to the start rather than
+    failing the job, which would lose as much and stop."""
     if current in kept:
         return current
     if held is None:
         held = own_kept(policy, current)
+    if rebuilt:
+        kept, held = {*kept, policy.start}, {*held, policy.start}
     return max((i for i in kept if i in held and i <= current), default=None)

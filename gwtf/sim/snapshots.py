@@ -21,9 +21,11 @@
   as lost progress); none fails the job with its reason (`Simulation.fail`). A joiner of a
   wiped stage downloads the state from the keeper;
 - the state of the job's first iteration is the job's own: every node builds it from the job's
-  model and seed (the simulated jobs are fresh, never resumed), so it is not sent, and a stage
-  can always be restored at it while the other stages still keep theirs (`own_kept`). The node
-  sends it all the same, as its joiners cannot rebuild a stage yet (docs/design.md 4.6).
+  model and seed (the simulated jobs are fresh, never resumed), so it is not sent, and it is
+  always a restore point (`restore_point(rebuilt=True)`): a stage wiped together with the
+  keeper of its snapshots sends the whole swarm back to the job's start, reported as a
+  rollback, rather than failing the job. The node sends it all the same, as its joiners cannot
+  rebuild a stage yet, and fails such a job (docs/design.md 4.6).
 
 Only `RuleRecovery` (the policies that recover by the rules) keeps snapshots; the baselines'
 joiners of an empty stage load a checkpoint stored near them, as before.
@@ -158,8 +160,9 @@ class StageSnapshots:
         sim = self.sim
         it = sim.iteration
         current = it.index if it is not None else sim.committed
-        kept = self.kept[stage] | {self.policy.start}  # the job's initial state (module doc)
-        point = restore_point(self.policy, current, kept, self.held(current))
+        # The jobs simulated are fresh: every node can rebuild the initial state (module doc).
+        point = restore_point(self.policy, current, self.kept[stage], self.held(current),
+                              rebuilt=True)
         if point == current:
             return
         if point is not None:

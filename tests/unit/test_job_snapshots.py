@@ -39,6 +39,14 @@ def test_a_wiped_stage_is_restored_at_the_iteration_in_progress_or_its_periodic_
     assert restore_point(policy, 6, {4, 5}) == 4  # the other stages keep 4: roll back there
     assert restore_point(policy, 6, {5}) is None  # nobody else keeps 5
     assert restore_point(policy, 6, set()) is None
+    # A fresh job's start is rebuilt by every node from the job's model and seed: the last
+    # resort, and never before a snapshot the others can still roll back to.
+    assert restore_point(policy, 6, {5}, rebuilt=True) == 0
+    assert restore_point(policy, 6, set(), rebuilt=True) == 0
+    assert restore_point(policy, 6, {4, 5}, rebuilt=True) == 4
+    assert restore_point(policy, 6, {6}, rebuilt=True) == 6
+    resumed = SnapshotPolicy(every=4, thin=2, start=2)
+    assert restore_point(resumed, 6, set(), rebuilt=True) == 2
 
 
 def test_nothing_is_replaced_before_a_snapshot_has_landed() -> None:
