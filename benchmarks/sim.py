@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks.report import machine, write_section
 from gwtf.sim.policies import simulation
-from gwtf.sim.report import TABLE_HEADER, markdown_table, write_outputs
+from gwtf.sim.report import TABLE_HEADER, markdown_table, rollback_cell, write_outputs
 from gwtf.sim.scenario import POLICIES, Scenario, load_scenario
 from gwtf.sim.simulator import SimResult
 
@@ -85,14 +85,21 @@ def ratio_rows(name: str, seed: int, results: list[SimResult]) -> list[str]:
     gaps = ", ".join(f"{r.policy} {longest_gap(r):.0f}" for r in results)
     return [
         f"| {name} | {seed} | {vs('swarm')} | {vs('swarm-rebalance')} | {vs('gwtf-fixed')} | "
-        f"{vs('oracle')} | {ttt_ratio} | {100 * gwtf.wasted_compute_fraction:.2f}% | {gaps} |"
+        f"{vs('oracle')} | {ttt_ratio} | {100 * gwtf.wasted_compute_fraction:.2f}% | "
+        f"{rollback_cell(gwtf)} | {gaps} |"
     ]
+
+
+def failures(name: str, seed: int, results: list[SimResult]) -> list[str]:
+    """One line per policy whose job failed (a wiped stage no snapshot restored), with why."""
+    return [f"- {name}, seed {seed}, {r.policy}: {r.failed}" for r in results if r.failed]
 
 
 RATIO_HEADER = [
     "| scenario | seed | gwtf / swarm | / swarm-rebalance | / gwtf-fixed | / oracle | "
-    "time to train, gwtf / swarm | gwtf wasted | longest time without a commit (s) |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "time to train, gwtf / swarm | gwtf wasted | gwtf rollbacks (iterations undone) | "
+    "longest time without a commit (s) |",
+    "|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
@@ -110,6 +117,7 @@ def run(quick: bool = False, policies: list[str] | None = None) -> str:
     rows: list[str] = []
     ratios: list[str] = []
     speed: list[str] = []
+    failed: list[str] = []
     for name in names:
         seed0 = results[(name, 0)]
         write_outputs(OUT / name, _load(name, duration, 0), 0, seed0)
@@ -121,6 +129,7 @@ def run(quick: bool = False, policies: list[str] | None = None) -> str:
             )
         for seed in seeds:
             ratios += ratio_rows(name, seed, results[(name, seed)])
+            failed += failures(name, seed, results[(name, seed)])
     lines = [
         "## Simulator: policies compared (`python -m benchmarks sim`, `simulations/run_all`)",
         "",
@@ -137,7 +146,9 @@ def run(quick: bool = False, policies: list[str] | None = None) -> str:
         "ended first); "
         "wasted = compute thrown away or redone / all compute; lost = microbatches whose "
         "gradient at some stage never reached the optimizer, uncounted (SWARM: a dead peer's "
-        "accumulated gradients, a dead trainer's microbatches).",
+        "accumulated gradients, a dead trainer's microbatches); rollbacks = a wiped stage "
+        "restored from an older snapshot, the swarm's iterations since undone and trained "
+        "again (the exact policies only; docs/design.md 4.6).",
         "",
         *TABLE_HEADER,
         *rows,
@@ -148,6 +159,10 @@ def run(quick: bool = False, policies: list[str] | None = None) -> str:
         "",
         *RATIO_HEADER,
         *ratios,
+        "",
+        "Jobs that failed (a stage wiped with no snapshot to restore it from, docs/design.md "
+        "4.6): " + ("none." if not failed else ""),
+        *failed,
         "",
         "Simulator speed (seed 0):",
         "",

@@ -12,7 +12,11 @@ live members and the deaths it detects, and asks it for its out-rates.
   still switch within about `quiet_s` of each other.
 - *Repair.* A next hop that dies is repaired at once, before any solve (`gossip.repair`): what
   this node sent it is re-split over its other next-stage peers by their residual capacity in
-  the solution it holds. Local: it needs only that solution.
+  the solution it holds. Local: it needs only that solution. A member that is gone (it died or
+  left, or its record in the view is now of another stage: it moved) is struck from the
+  solution held as well, next hop or not, so that a later repair never re-splits a share onto
+  it: repairs of two deaths one after the other would otherwise hand the second's share back to
+  the first, or to a node that now holds another stage.
 - *Consistency.* A node uses only its own out-arcs of its own solution. Two nodes whose views
   differ for a moment (a death or a join that reached one first) may route by two solutions
   that do not fit; the data plane's memory slots hold back a sender whose next hop is full
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from gwtf.flow.balance import JOB_OBJECTIVE, Balance
-from gwtf.flow.gossip import repair
+from gwtf.flow.gossip import repair, without_node
 from gwtf.flow.localsolve import HUB_SLACK, LinkTerms, link_terms, solve_members
 from gwtf.flow.topology import LinkSpec, Members, NodeSpec
 
@@ -120,6 +124,11 @@ class LocalRoute:
         if view == self._view:
             return False
         self._view = view
+        if self._members is not None:
+            now = {(n.id, n.stage) for n in view}
+            for gone in sorted(n.id for n in self._members.nodes
+                               if n.id != self.node_id and (n.id, n.stage) not in now):
+                self.lost(gone)
         self._changed_at = self._clock()
         self.view_changes += 1
         return True
@@ -196,14 +205,23 @@ class LocalRoute:
         self.has_solution = True
 
     def lost(self, peer: str) -> bool:
-        """`peer` died or left: if it was a next hop, re-split its share at once (module doc);
-        True if the routes changed."""
-        if peer not in self._mine or self._members is None:
+        """`peer` died or left: if it was a next hop, re-split its share at once (module doc),
+        and strike it from the solution held; True if the routes changed."""
+        members = self._members
+        if members is None or peer == self.node_id \
+                or not any(n.id == peer for n in members.nodes):
             return False
-        self._mine = dict(sorted(repair(self._members, self._plan, self.node_id, peer).items()))
-        self._plan = {**self._plan, self.node_id: dict(self._mine)}
-        self.repairs += 1
-        return True
+        repaired = peer in self._mine
+        if repaired:
+            self._mine = dict(sorted(repair(members, self._plan, self.node_id, peer).items()))
+            self.repairs += 1
+        # Struck whether or not it was a next hop: its capacity must not draw a later repair.
+        self._members = without_node(members, peer)
+        self._plan = {
+            src: {dst: x for dst, x in plan.items() if dst != peer}
+            for src, plan in {**self._plan, self.node_id: self._mine}.items() if src != peer
+        }
+        return repaired
 
     def member_gone(self, peer: str, records: Iterable[NodeSpec]) -> bool:
         """`peer` died or left and `records` are the live members without it: a next hop is

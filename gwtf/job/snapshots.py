@@ -10,6 +10,12 @@ loses nothing. When it does lose an iteration's state (every replica of a stage 
 thin dies at once), the keeper's snapshot is older than the iteration in progress: the swarm
 rolls back to the stage's periodic snapshot, which every other node can restore from its own
 memory (`restore_point`).
+
+A snapshot counts once it has fully landed. A keeper keeps what it holds of a stage until a newer
+snapshot has fully landed (`keeper_keeps`), and every node keeps its own state of the previous
+periodic boundary until every stage's snapshot of the newer one has landed (`own_kept`): a stage
+wiped while its newest snapshot is still on its way is restored from the one before, which the
+other stages can still roll back to, instead of failing the job.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-__all__ = ["SnapshotPolicy", "restore_point", "snapshot_sender"]
+__all__ = ["SnapshotPolicy", "keeper_keeps", "own_kept", "restore_point", "snapshot_sender"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,12 @@ class SnapshotPolicy:
     def last_periodic(self, iteration: int) -> int:
         """The latest periodic boundary at or before `iteration`."""
         return max(self.start, iteration - iteration % self.every)
+
+    def previous_periodic(self, boundary: int) -> int | None:
+        """The periodic boundary before the periodic `boundary` (None before the job's first)."""
+        if boundary <= self.start:
+            return None
+        return self.last_periodic(boundary - 1)
 
     def is_thin(self, live_replicas: int) -> bool:
         return live_replicas <= self.thin
@@ -60,14 +72,53 @@ def snapshot_sender(
     return (live[0] if live else ""), len(live)
 
 
+def keeper_keeps(
+    policy: SnapshotPolicy, kept: Collection[int], landed: int
+) -> frozenset[int]:
+    """The iterations of a stage's snapshots a keeper holds once the snapshot of `landed` has
+    fully landed, given those it held (`kept`): the newest and the newest periodic one. Nothing
+    is replaced before a snapshot has landed: one still on its way, or cut off by the sender's
+    death, leaves the previous ones in place."""
+    held = {*kept, landed}
+    newest = max(held)
+    periodic = [i for i in held if policy.periodic(i)]
+    return frozenset({newest, *([max(periodic)] if periodic else [])})
+
+
+def own_kept(
+    policy: SnapshotPolicy, iteration: int, *, landed: bool | None = None
+) -> frozenset[int]:
+    """The periodic boundaries whose own state every node at `iteration` keeps in memory: the
+    latest at or before it, and the one before that until every stage's snapshot of the latest
+    has fully landed at its keeper (`landed`). By default the latest has landed once an
+    iteration after it started: a node reports its step only after its snapshot landed
+    (docs/design.md 4.6), so the step that starts the next iteration comes after every landing."""
+    latest = policy.last_periodic(iteration)
+    if landed is None:
+        landed = iteration > latest
+    previous = policy.previous_periodic(latest)
+    return frozenset({latest} if landed or previous is None else {latest, previous})
+
+
 def restore_point(
-    policy: SnapshotPolicy, current: int, kept: Collection[int]
+    policy: SnapshotPolicy, current: int, kept: Collection[int],
+    held: Collection[int] | None = None, *, rebuilt: bool = False,
 ) -> int | None:
     """The iteration a wiped stage is restored at, given the iterations of the snapshots its
-    keeper holds: the iteration in progress if one is of it (nothing is lost), else the latest
-    periodic boundary if one is of it (every other stage holds its own state of that boundary:
-    the swarm rolls back to it), else None (the job cannot go on)."""
+    keeper holds (fully landed ones only): the iteration in progress if one is of it (nothing is
+    lost), else the newest one the other stages can roll back to, a periodic boundary they keep
+    their own state of (`held`, by default `own_kept(policy, current)`), else None (the job
+    cannot go on).
+
+    `rebuilt`: every node can build every stage's state at the job's first iteration from the
+    job's model and seed (a fresh job, not one resumed from a checkpoint). Then the job's start
+    is always a restore point, the last resort: a stage wiped together with the keeper of its
+    snapshots (a spot wave that takes both) sends the whole swarm back to the start rather than
+    failing the job, which would lose as much and stop."""
     if current in kept:
         return current
-    boundary = policy.last_periodic(current)
-    return boundary if boundary in kept else None
+    if held is None:
+        held = own_kept(policy, current)
+    if rebuilt:
+        kept, held = {*kept, policy.start}, {*held, policy.start}
+    return max((i for i in kept if i in held and i <= current), default=None)

@@ -380,8 +380,7 @@ class CommitParticipant:
             digests=digests,
         )
         ctx.participants.update(order.participants)
-        if state is not None and keep:
-            ctx.snapshot = (order.iteration + 1, state)
+        ctx.keep_snapshot(order.iteration + 1, state if keep else None)
         if state is not None and send:
             await ctx.host.keep_backup(ctx.job_id, ctx.stage, order.iteration + 1, state)
             if not ctx.current(it):
@@ -419,7 +418,7 @@ class CommitParticipant:
             return
         if ctx.executor.iteration != number:
             return  # it stepped meanwhile: that step took the snapshot its turn called for
-        ctx.snapshot = (number, state)
+        ctx.keep_snapshot(number, state)
         if send:
             await ctx.host.keep_backup(ctx.job_id, ctx.stage, number, state)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from grpc import aio
 
-from gwtf.job.snapshots import SnapshotPolicy
+from gwtf.job.snapshots import SnapshotPolicy, own_kept
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobprep import JobLauncher
 from gwtf.node.jobstate import CurrentJob, JobBook
@@ -259,10 +259,10 @@ class Joiner:
         top = max(r.iteration for _, r in replies.values())
         record = self.book.records[job.job_id]
         policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin, start=record.resumed_from)
-        # Stage 0's snapshot of the iteration in progress, else its periodic one, which the
+        # Stage 0's snapshot of the iteration in progress, else the newest periodic one the
         # other stages hold too: the swarm then rolls back to it (docs/design.md 4.6).
         state: tuple[int, bytes] | None = None
-        for at in (None, policy.last_periodic(top)):
+        for at in (None, *sorted(own_kept(policy, top), reverse=True)):
             for member in sorted(live, key=lambda m: m.id):
                 try:
                     state = await self.transfer.fetch_from(member.id, job.job_id, 0, at)

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from gwtf.job.iterations import IterationCoordinator, ReportError
-from gwtf.job.snapshots import SnapshotPolicy, restore_point
+from gwtf.job.snapshots import SnapshotPolicy, own_kept, restore_point
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.transport import Stubs
 from gwtf.v1 import job_pb2
@@ -116,9 +116,9 @@ class Entrance:
         if keeper:
             why = (f"the snapshots of it kept at {keeper} are of iterations "
                    f"{sorted(coord.manager.snapshot_iterations(coord.job_id, stage))}, and "
-                   f"neither iteration {coord.plan.injecting} nor the periodic one the other "
-                   f"stages keep ({self.policy.last_periodic(coord.plan.injecting)}) is among "
-                   "them")
+                   f"neither iteration {coord.plan.injecting} nor a periodic one the other "
+                   f"stages keep ({sorted(own_kept(self.policy, coord.plan.injecting))}) is "
+                   "among them")
         else:
             why = "no node keeps a snapshot of it"
         coord.manager.fail(

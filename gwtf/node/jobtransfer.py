@@ -23,7 +23,7 @@ import grpc
 from grpc import aio
 
 from gwtf.job.roster import backup_keeper
-from gwtf.job.snapshots import SnapshotPolicy
+from gwtf.job.snapshots import SnapshotPolicy, keeper_keeps
 from gwtf.node.codec import InvalidMessage, check_name
 from gwtf.node.errors import Refusal
 from gwtf.node.jobhost import JobsHost
@@ -189,13 +189,16 @@ class StateTransfer:
         ) != first.stage:
             raise InvalidMessage(f"{first.sender[:40]!r} is no stage-{first.stage} participant")
         key = (first.job_id, first.stage)
-        newest = self.backups.get(key)
-        if newest is None or first.iteration >= newest[0]:
-            self.backups[key] = (first.iteration, data)
         policy = SnapshotPolicy(active.job.snapshot_every, active.job.snapshot_thin,
                                 start=self.book.records[first.job_id].resumed_from)
-        if policy.periodic(first.iteration) or key not in self.periodic:
-            self.periodic[key] = (first.iteration, data)
+        # Only a snapshot read to its end replaces anything (`keeper_keeps`).
+        held = dict(k for k in (self.backups.get(key), self.periodic.get(key)) if k is not None)
+        held[first.iteration] = data
+        keep = keeper_keeps(policy, held, first.iteration)
+        newest = max(keep)
+        self.backups[key] = (newest, held[newest])
+        periodic = max((i for i in keep if policy.periodic(i)), default=newest)
+        self.periodic[key] = (periodic, held[periodic])
         self.host.log.info("job %s: keeping stage %d's state of iteration %d (from %s)",
                            first.job_id, first.stage, first.iteration, first.sender)
         return job_pb2.BackupAck(received_bytes=len(data))

@@ -213,14 +213,15 @@ class RecoveryHandler:
             if round_ > it.round:
                 self._abandon(it, round_, holders, weights)
             return
-        snapshot = ctx.snapshot
-        if iteration > it.number or snapshot is None or snapshot[0] != iteration:
-            held = f"of iteration {snapshot[0]}" if snapshot is not None else "none"
+        state = ctx.snapshots.get(iteration)
+        if iteration > it.number or state is None:
+            held = f"of iterations {sorted(ctx.snapshots)}" if ctx.snapshots else "none"
             raise Refusal(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{ctx.host.node_id} holds no stage-{ctx.stage} state of iteration {iteration} "
-                f"(it is at {it.number}, its snapshot is {held})",
+                f"(it is at {it.number}, its snapshots are {held})",
             )
+        snapshot = (iteration, state)
         self._restarts = {}
         ctx.host.log.warning(
             "job %s: rollback from iteration %d to %d: stage %d restores its snapshot",

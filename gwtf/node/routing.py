@@ -57,7 +57,14 @@ class LocalRouting:
         self._state.spawn(self._solve_loop(), "solves")
 
     def update_view(self) -> None:
+        hops = self.route.routes()
         if self.route.set_view(self._records()):
+            if self.route.routes() != hops:
+                # A next hop's record is gone or now of another stage (it moved): repaired.
+                self._state.log.info("routes: a next hop left the next stage, its share "
+                                     "re-split at once: next hops %s",
+                                     self.route.routes() or "none")
+                self._probe_next_hops()
             self._view_changed.set()
 
     def member_down(self, member: MemberInfo) -> None:

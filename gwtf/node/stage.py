@@ -25,7 +25,7 @@ from torch import Tensor
 from gwtf.flow.topology import LinkSpec
 from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport
 from gwtf.job.microbatches import MicrobatchTable, StageRole
-from gwtf.job.snapshots import SnapshotPolicy
+from gwtf.job.snapshots import SnapshotPolicy, own_kept
 from gwtf.node.errors import Refusal
 from gwtf.node.faults import Fault
 from gwtf.node.membership import MemberInfo
@@ -222,11 +222,24 @@ class StageContext:
         self.ledger = Ledger(host.node_id, self.stage, executor.iteration)
         self.policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin,
                                      start=executor.iteration)
-        self.snapshot: tuple[int, bytes] | None = None
-        """This stage's own state at the start of its latest periodic boundary (or of the
-        iteration it entered at): what it restores in a rollback (docs/design.md 4.6)."""
+        self.snapshots: dict[int, bytes] = {}
+        """This stage's own states at the start of iterations, what it restores in a rollback
+        (docs/design.md 4.6): of its latest periodic boundary (or of the iteration it entered
+        at), and of the one before until the stage snapshots of the latest have landed
+        (`keep_snapshot`)."""
         self.stopped = False
         self.tasks: set[asyncio.Task[Any]] = set()
+
+    def keep_snapshot(self, iteration: int, state: bytes | None) -> None:
+        """This stage is at the start of `iteration` (stepped or entered), with `state` its own
+        snapshot of it to keep (None: none due). It keeps the boundaries `own_kept` names and
+        anything newer: the previous periodic state stays until the next step, which comes after
+        every stage's snapshot of the new boundary has landed, so that a stage wiped while its
+        snapshot was on its way can still be rolled back to the one before."""
+        if state is not None:
+            self.snapshots[iteration] = state
+        floor = min(own_kept(self.policy, iteration))
+        self.snapshots = {i: s for i, s in self.snapshots.items() if floor <= i <= iteration}
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str, it: Iteration | None = None
               ) -> None:

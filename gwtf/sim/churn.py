@@ -65,6 +65,10 @@ class Churn:
             best = max(peers, key=lambda p: (net.gbps(p.info, node.info), p.id))
             link = sim.link(best, node) or sim.sc.intra
             gbps = net.gbps(best.info, node.info)
+        elif (keeper := sim.recovery.snapshot_source(stage)) is not None:
+            # The stage was wiped: its state comes from the keeper of its snapshots.
+            link = sim.link(keeper, node) or sim.sc.intra
+            gbps = net.gbps(keeper.info, node.info)
         else:
             link = sim.sc.intra
             gbps = min(link.bandwidth_gbps, node.info.downlink_gbps)

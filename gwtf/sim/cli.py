@@ -107,4 +107,9 @@ def run_simulate(args: argparse.Namespace) -> int:
             f"  lost {r.lost_microbatches}  msgs {r.control_messages}"
             f"  ({r.events} events in {r.sim_wall_s:.1f} s)"
         )
+        for at, stage, before, to in r.rollbacks:
+            print(f"    rollback at {at:.0f} s: stage {stage} wiped, iteration {before} "
+                  f"back to {to}")
+        if r.failed:
+            print(f"    the job failed: {r.failed}")
     return 0

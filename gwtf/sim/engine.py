@@ -95,6 +95,10 @@ class Engine:
             for time, kind, handler, payload in new:
                 self.schedule(time, kind, handler, payload)
 
+    def stop(self) -> None:
+        """Drop every scheduled event: `run` returns (the simulated job ended)."""
+        self._heap.clear()
+
     def pending(self) -> int:
         return len(self._heap)
 

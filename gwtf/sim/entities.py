@@ -145,6 +145,17 @@ class SimResult:
     series: list[tuple[float, float, int, int, int]]
     audit: dict[str, int]
     shipping: dict[str, Any] = field(default_factory=dict)
+    rollbacks: list[tuple[float, int, int, int]] = field(default_factory=list)
+    """(time, stage wiped, iteration rolled back from, to), docs/design.md 4.6."""
+    failed: str | None = None
+    """Why the job could not go on (a wiped stage that no snapshot restores), if it could not."""
+    snapshots: dict[str, Any] = field(default_factory=dict)
+    """Stage snapshots sent, landed, cut off on the way, and their bytes (4.6)."""
+
+    @property
+    def rolled_back_iterations(self) -> int:
+        """Iterations committed and then undone by rollbacks: progress lost, trained again."""
+        return sum(before - to for _, _, before, to in self.rollbacks)
 
     @property
     def wasted_compute_fraction(self) -> float:
@@ -186,4 +197,8 @@ class SimResult:
             "restarts": self.restarts,
             "paused_s": round(self.paused_s, 3),
             "shipping": dict(self.shipping),
+            "rollbacks": [list(r) for r in self.rollbacks],
+            "rolled_back_iterations": self.rolled_back_iterations,
+            "snapshots": dict(self.snapshots),
+            "failed": self.failed,
         }

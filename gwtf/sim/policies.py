@@ -147,8 +147,11 @@ class _FlowPolicy(Policy):
     def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None:
         if stage > 0 and stage == source.stage + 1:
             nodes = self.sim.nodes
+            # As the node's sender: only the job's live participants of the next stage (an id
+            # of the routes may now be a node that moved to another stage).
             weights = {p: float(u) for p, u in self.routes(source).items()
-                       if p in nodes and nodes[p].active and not nodes[p].detected}
+                       if p in nodes and nodes[p].active and not nodes[p].detected
+                       and nodes[p].stage == stage}
             choice = smooth_wrr(source.wrr, weights)
             if choice is not None:
                 return nodes[choice]

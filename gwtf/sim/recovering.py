@@ -16,6 +16,8 @@ stage now waits for (a gradient, or a recovery's inputs) as soon as its source h
 
 from __future__ import annotations
 
+from typing import Any
+
 from gwtf.job.exchange import WHOLE
 from gwtf.recovery import Rule, check_commit, plan_crash
 from gwtf.sim.costs import allreduce_s
@@ -38,6 +40,7 @@ from gwtf.sim.entities import (
 from gwtf.sim.exchange import ExchangeLedger
 from gwtf.sim.network import exchange_of, order_s, two_phase_commit_s
 from gwtf.sim.simulator import Simulation
+from gwtf.sim.snapshots import StageSnapshots
 
 __all__ = ["RestartRecovery", "RuleRecovery", "SwarmRecovery"]
 
@@ -47,10 +50,13 @@ class RuleRecovery:
 
     ships = True
     """Partial sums are shipped to stage keepers (4.9, `gwtf.sim.shipping`)."""
+    keeps_snapshots = True
+    """Stages are snapshotted, and a wiped one restored from its keeper (4.6)."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.S = sim.S
+        self.snapshots = StageSnapshots(sim) if self.keeps_snapshots else None
         self.waiting: list[dict[int, MB]] = [{} for _ in range(sim.S)]
         """Per stage, the microbatches whose recovery waits for a node of the stage."""
         self.exchanges = ExchangeLedger()
@@ -126,7 +132,27 @@ class RuleRecovery:
 
     def on_death(self, dead: SimNode) -> None:
         """`dead` was active when its death was noticed."""
+        snapshots = self.snapshots
+        if snapshots is not None:
+            snapshots.died(dead)
         self.recover(dead)
+        if snapshots is not None:
+            if self.sim.active_nodes(dead.stage):
+                snapshots.thinned(dead.stage)
+            else:
+                snapshots.wiped(dead.stage)
+
+    def boundary(self, index: int) -> None:
+        """Iteration `index` starts (snapshots due now are sent)."""
+        if self.snapshots is not None:
+            self.snapshots.boundary(index)
+
+    def snapshot_source(self, stage: int) -> SimNode | None:
+        """The keeper a joiner of the empty `stage` restores it from (None: no snapshots)."""
+        return self.snapshots.source(stage) if self.snapshots is not None else None
+
+    def snapshot_totals(self) -> dict[str, Any]:
+        return self.snapshots.totals() if self.snapshots is not None else {}
 
     def recover(self, dead: SimNode) -> None:
         sim = self.sim
@@ -412,6 +438,7 @@ class SwarmRecovery(RuleRecovery):
     not checked: SWARM trains on to its batch target without what it lost."""
 
     ships = False
+    keeps_snapshots = False
 
     def commit_s(self) -> float:
         return self.allreduce_commit_s()
@@ -468,6 +495,7 @@ class RestartRecovery(RuleRecovery):
     up the all-reduce, which runs again without it."""
 
     ships = False
+    keeps_snapshots = False
 
     def commit_s(self) -> float:
         return self.allreduce_commit_s()

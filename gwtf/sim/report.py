@@ -11,7 +11,7 @@ from typing import Any
 from gwtf.sim.scenario import Scenario
 from gwtf.sim.simulator import SimResult
 
-__all__ = ["markdown_table", "summary_document", "write_outputs"]
+__all__ = ["markdown_table", "rollback_cell", "summary_document", "write_outputs"]
 
 
 def summary_document(scenario: Scenario, seed: int, results: Sequence[SimResult]) -> dict[str, Any]:
@@ -152,16 +152,22 @@ def markdown_table(scenario: Scenario, results: Sequence[SimResult]) -> list[str
             f"{vs_oracle} | "
             f"{vs_swarm} | {vs_rebalance} | {r.iterations_completed} | {ttt_text} | "
             f"{100 * r.wasted_compute_fraction:.2f}% | {r.dropped_microbatches} | "
-            f"{r.lost_microbatches} | {r.control_messages} | {r.events} | "
+            f"{r.lost_microbatches} | {rollback_cell(r)} | {r.control_messages} | {r.events} | "
             f"{r.sim_wall_s:.1f} | {s['events_per_s']} |"
         )
     return rows
 
 
+def rollback_cell(r: SimResult) -> str:
+    """Rollbacks (iterations they undid), and whether the job failed (4.6)."""
+    cell = f"{len(r.rollbacks)} ({r.rolled_back_iterations})" if r.rollbacks else "0"
+    return cell + (" failed" if r.failed else "")
+
+
 TABLE_HEADER = [
     "| scenario | policy | throughput (mb/s) | progress (mb/s) | / oracle | / swarm | "
     "/ swarm-rebalance | iterations | "
-    "time to train (s) | wasted | dropped | lost | control msgs | events | wall (s) | "
-    "events/s |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "time to train (s) | wasted | dropped | lost | rollbacks (iterations undone) | "
+    "control msgs | events | wall (s) | events/s |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
 ]

@@ -24,6 +24,9 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     memory_slots = 16                   # microbatches a node can hold in flight
     replay_bound = "auto"               # ship partial gradient sums when it pays (the default),
                                         # or every N microbatches (0: off); docs/design.md 4.9
+    snapshot_every = 4                  # stage snapshots every K iterations, and after every
+    snapshot_thin = 2                   # step of a stage of at most T replicas (4.6; the node's
+                                        # defaults, gwtf/train/job.py)
 
     [network]
     matrix = "../gwtf/data/geo10_aws.csv"   # src,dst,rtt_ms,bandwidth_gbps (relative to this file)
@@ -176,6 +179,8 @@ class Scenario:
     sources: Mapping[str, str] = field(default_factory=dict)
     replay_bound: int = DEFAULT_REPLAY_BOUND
     """Microbatches between shipments of partial sums (0: off; REPLAY_AUTO: adaptive)."""
+    snapshot_every: int = 4
+    snapshot_thin: int = 2
     routing: str = "local"
     """How the gwtf policies route (docs/design.md 5): "local", by local solves on each node's
     membership view as the node does by default (`gwtf node --routing local`), or "relax", by
@@ -234,7 +239,8 @@ _SECTIONS = {
     "model": ("stages", "params_per_stage", "tokens_per_microbatch", "hidden_size",
               "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param",
               "compute", "utilisation"),
-    "training": ("iterations", "microbatches_per_iteration", "memory_slots", "replay_bound"),
+    "training": ("iterations", "microbatches_per_iteration", "memory_slots", "replay_bound",
+                 "snapshot_every", "snapshot_thin"),
     "network": ("matrix", "intra_rtt_ms", "intra_bandwidth_gbps"),
     "nodes": ("count", "gpus", "locations", "uplink_gbps", "downlink_gbps"),
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
@@ -386,6 +392,9 @@ def parse_scenario(
                             f">= 0, got {training.table['replay_bound']!r}")
     else:
         replay_bound = training.integer("replay_bound", DEFAULT_REPLAY_BOUND)
+
+    snapshot_every = training.integer("snapshot_every", 4, minimum=1)
+    snapshot_thin = training.integer("snapshot_thin", 2)
 
     network = _section(where, doc, "network")
     matrix = network.text("matrix", str(data_path("geo10_aws.csv")))
@@ -610,6 +619,8 @@ def parse_scenario(
         dtfm_search_evaluations=pol.integer("dtfm_search_evaluations", 4000, minimum=1),
         sources=sources,
         replay_bound=replay_bound,
+        snapshot_every=snapshot_every,
+        snapshot_thin=snapshot_thin,
         routing=routing,
         route_quiet_s=route_quiet_s,
     )

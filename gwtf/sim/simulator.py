@@ -144,6 +144,12 @@ class RecoveryHooks(Protocol):
 
     def forget_waits(self) -> None: ...
 
+    def boundary(self, index: int) -> None: ...
+
+    def snapshot_source(self, stage: int) -> SimNode | None: ...
+
+    def snapshot_totals(self) -> dict[str, Any]: ...
+
 
 class ChurnHooks(Protocol):
     """Joins, leaves, crashes and moves (`gwtf.sim.churn.Churn`)."""
@@ -221,6 +227,12 @@ class Simulation:
         ]
         self._caps: dict[tuple[str, int], float] = {}
         self.policy = make_policy(self, policy_name)
+        self._history: list[tuple[int, int, float]] = []
+        """Per committed iteration: microbatches counted as trained, dropped, and the compute
+        not wasted (seconds) at its commit, which a rollback takes back (`rollback`)."""
+        self.rollbacks: list[tuple[float, int, int, int]] = []
+        self.failed: str | None = None
+        self.failed_at: float | None = None
         self.recovery = make_recovery(self)
         self._pump = self.recovery.pump
         self.shipping = make_shipping(self)
@@ -356,6 +368,9 @@ class Simulation:
             series=self.series,
             audit=self.audit,
             shipping=self.shipping.totals(),
+            rollbacks=self.rollbacks,
+            failed=self.failed,
+            snapshots=self.recovery.snapshot_totals(),
         )
 
     @returns_events
@@ -379,6 +394,7 @@ class Simulation:
             node.ledger.reset(index)
             node.iter_compute = 0.0
         self.shipping.reset()
+        self.recovery.boundary(index)
         self.policy.on_iteration_start(it)
         self.check_paused()
         for holder in self.active_nodes(0):
@@ -419,7 +435,9 @@ class Simulation:
         # ledger, so a dead peer's accumulated gradients are gone and their microbatches are
         # `lost`: the real SWARM would train on, to its per-stage batch target, without them,
         # so they do not count as trained (counting them would credit work it threw away).
-        self.committed_mbs += len(it.finished - self.lost)
+        counted = len(it.finished - self.lost)
+        self.committed_mbs += counted
+        self._history.append((counted, len(it.dropped), self.total_compute - self.wasted))
         self.commit_times.append(self.engine.now)
         # Time to train is time to the same counted work for every policy (docs/design.md,
         # simulator reports): `iterations` full global batches in every stage's step. SWARM's
@@ -613,10 +631,15 @@ class Simulation:
 
     def restart(self) -> None:
         """Lose the iteration in progress (dtfm): every microbatch and all its compute."""
+        if self.iteration is None:
+            return
+        self.restarts += 1
+        self._discard_iteration()
+
+    def _discard_iteration(self) -> None:
         it = self.iteration
         if it is None:
             return
-        self.restarts += 1
         for node in self.nodes.values():
             if node.alive:
                 self.wasted += node.iter_compute
@@ -637,6 +660,42 @@ class Simulation:
         self.recovery.forget_waits()
         self.iteration = None
         self.check_paused()
+
+    def rollback(self, to: int, stage: int) -> None:
+        """Stage `stage` was restored from a snapshot of iteration `to`, older than the one in
+        progress: every iteration from `to` on is undone (its compute wasted, its microbatches
+        no longer counted as trained or dropped, its commit no longer in the audit) and trained
+        again (docs/design.md 4.6), as the node's job record forgets them."""
+        before = self.iteration.index if self.iteration is not None else self.committed
+        if self.iteration is not None:
+            self.dropped -= len(self.iteration.dropped)  # of an iteration that never commits
+        self._discard_iteration()
+        undone = self._history[to:]
+        if undone:
+            useful = self._history[to - 1][2] if to > 0 else 0.0
+            self.wasted += undone[-1][2] - useful
+            self.committed_mbs -= sum(counted for counted, _, _ in undone)
+            self.dropped -= sum(dropped for _, dropped, _ in undone)
+            self.audit["conserved_iterations"] -= min(len(undone),
+                                                      self.audit["conserved_iterations"])
+        del self._history[to:]
+        del self.commit_times[to:]
+        self.committed = to
+        if self.committed_mbs < self.sc.iterations * self.sc.microbatches_per_iteration:
+            self.time_to_train = None
+        if to < self.sc.iterations:
+            self.time_to_iterations = None
+        self.rollbacks.append((self.engine.now, stage, before, to))
+        self._start_iteration(to)
+
+    def fail(self, reason: str) -> None:
+        """The job cannot go on (a wiped stage no snapshot restores): the run ends here."""
+        self.failed = reason
+        self.failed_at = self.engine.now
+        self._discard_iteration()
+        self.iteration = None
+        self.check_paused()
+        self.engine.stop()
 
     def resume(self) -> None:
         index = self.committed

@@ -10,7 +10,13 @@ from gwtf.job.iterations import (
     ReportError,
     StepOrder,
 )
-from gwtf.job.snapshots import SnapshotPolicy, restore_point, snapshot_sender
+from gwtf.job.snapshots import (
+    SnapshotPolicy,
+    keeper_keeps,
+    own_kept,
+    restore_point,
+    snapshot_sender,
+)
 
 PARTICIPANTS = {"h0": 0, "a0": 1, "a1": 1, "z0": 2}
 
@@ -33,6 +39,37 @@ def test_a_wiped_stage_is_restored_at_the_iteration_in_progress_or_its_periodic_
     assert restore_point(policy, 6, {4, 5}) == 4  # the other stages keep 4: roll back there
     assert restore_point(policy, 6, {5}) is None  # nobody else keeps 5
     assert restore_point(policy, 6, set()) is None
+    # A fresh job's start is rebuilt by every node from the job's model and seed: the last
+    # resort, and never before a snapshot the others can still roll back to.
+    assert restore_point(policy, 6, {5}, rebuilt=True) == 0
+    assert restore_point(policy, 6, set(), rebuilt=True) == 0
+    assert restore_point(policy, 6, {4, 5}, rebuilt=True) == 4
+    assert restore_point(policy, 6, {6}, rebuilt=True) == 6
+    resumed = SnapshotPolicy(every=4, thin=2, start=2)
+    assert restore_point(resumed, 6, set(), rebuilt=True) == 2
+
+
+def test_nothing_is_replaced_before_a_snapshot_has_landed() -> None:
+    policy = SnapshotPolicy(every=4, thin=2)
+    # A keeper holds the newest and the newest periodic one, once a new one has landed.
+    assert keeper_keeps(policy, set(), 0) == {0}
+    assert keeper_keeps(policy, {0}, 1) == {0, 1}
+    assert keeper_keeps(policy, {0, 3}, 4) == {4}
+    assert keeper_keeps(policy, {4}, 5) == {4, 5}
+    assert policy.previous_periodic(8) == 4 and policy.previous_periodic(0) is None
+    # Every node keeps its own state of the previous periodic boundary until every stage's
+    # snapshot of the newer one has landed (by default: until the iteration after it).
+    assert own_kept(policy, 8) == {4, 8}
+    assert own_kept(policy, 9) == {8}
+    assert own_kept(policy, 9, landed=False) == {4, 8}
+    assert own_kept(policy, 8, landed=True) == {8}
+    assert own_kept(policy, 0) == {0}
+    # A stage wiped in iteration 8 with its snapshot of 8 still on the way: its keeper holds 4
+    # (and 7 while it was thin), the others still keep 4: back to 4, not a failed job.
+    assert restore_point(policy, 8, {4, 7}) == 4
+    assert restore_point(policy, 9, {4, 7}) is None  # the others dropped 4 when 8 landed
+    assert restore_point(policy, 9, {4, 7}, held=own_kept(policy, 9, landed=False)) == 4
+    assert restore_point(policy, 8, {8}) == 8
 
 
 def run_iteration(c: IterationCoordinator) -> None:

@@ -183,3 +183,54 @@ def test_the_message_delay_is_the_mean_one_way_delay_of_the_view() -> None:
     far = links[frozenset(("Oregon", "London"))].rtt_ms / 2000
     near = DEFAULT_INTRA.rtt_ms / 2000
     assert abs(route.message_delay_s() - (near + 2 * far) / 3) < 1e-12
+
+
+def test_a_member_gone_is_never_routed_to_by_a_later_repair() -> None:
+    """Two next hops die one after the other (or one leaves and comes back holding another
+    stage): the second repair re-splits over the residual capacities of the solution held, and
+    the first must not be in it any more, or its share comes back to a dead node, or to one that
+    holds another stage now."""
+    topo = swarm(seed=3)
+    clock = Clock()
+    checked = 0
+    for node in topo.nodes:
+        route = solved(topo, node.id, clock)
+        hops = sorted(route.routes())
+        if len(hops) < 3:
+            continue
+        first, second = hops[0], hops[1]
+        live = [n for n in topo.nodes if n.id != first]
+        route.member_gone(first, live)
+        assert first not in route.routes()
+        live = [n for n in live if n.id != second]
+        route.member_gone(second, live)
+        assert not {first, second} & set(route.routes()), (node.id, route.routes())
+        checked += 1
+        # The first comes back as a new life at another stage: still not a next hop, and a
+        # repair after it names only next-stage members of the view.
+        moved = next(n for n in topo.nodes if n.id == first)
+        other = (moved.stage + 1) % topo.num_stages
+        back = [*live, type(moved)(moved.id, other, moved.compute_s, moved.location,
+                                   moved.capacity)]
+        route.set_view(back)
+        third = sorted(route.routes())[0]
+        route.member_gone(third, [n for n in back if n.id != third])
+        stage_of = {n.id: n.stage for n in back}
+        assert all(stage_of[p] == node.stage + 1 for p in route.routes()), route.routes()
+    assert checked >= 2
+
+
+def test_a_next_hop_that_moves_to_another_stage_is_repaired_at_the_view_change() -> None:
+    """A member's new record at another stage (a placement move, a new incarnation) reaches a
+    node before, or instead of, the news that its old life is gone: the routes drop it then."""
+    topo = swarm(seed=3)
+    clock = Clock()
+    node = next(n for n in topo.nodes if n.stage == 1 and len(solved(topo, n.id, Clock())
+                                                              .routes()) >= 2)
+    route = solved(topo, node.id, clock)
+    hop = sorted(route.routes())[0]
+    moved = next(n for n in topo.nodes if n.id == hop)
+    view = [n for n in topo.nodes if n.id != hop]
+    view.append(type(moved)(moved.id, 0, moved.compute_s, moved.location, moved.capacity))
+    assert route.set_view(view)
+    assert hop not in route.routes() and route.routes() and route.repairs == 1

@@ -1,0 +1,131 @@
+"""Stage snapshots in the simulator (docs/design.md 4.6): a wiped stage is restored from its
+keeper, rolled back to the snapshot's iteration when it is older than the one in progress (the
+newest one that fully landed, when the newest was still on its way), and back to the job's start,
+which every node rebuilds, when no snapshot can restore it.
+
+The swarm of `tests.unit.test_sim_shipping`: three stages of two nodes, an iteration about every
+18 s, a stage's state 600 MB, landing at its keeper 0.5 s after it is sent."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from gwtf.sim.policies import simulation
+from gwtf.sim.scenario import Scenario
+from gwtf.sim.simulator import SimResult
+from tests.unit.test_sim_shipping import scenario as shipping_scenario
+
+
+def scenario(tmp_path: Path, rows: str, *, every: int = 4, thin: int = 2) -> Scenario:
+    sc = shipping_scenario(tmp_path, rows, duration=400)
+    return replace(sc, snapshot_every=every, snapshot_thin=thin)
+
+
+def run(sc: Scenario, policy: str = "gwtf-fixed") -> SimResult:
+    return simulation(sc, policy).run()
+
+
+def wipe(at: float, join: float) -> str:
+    """Both stage-1 nodes crash at `at`; a new stage-1 node joins at `join`."""
+    return f"{at},crash,s1a\n{at},crash,s1b\n{join},join,s1x,1,Ohio\n"
+
+
+def exact(result: SimResult) -> None:
+    assert result.audit["conserved_iterations"] >= result.iterations_completed
+    assert result.lost_microbatches == 0
+
+
+def test_snapshots_are_sent_over_the_links_and_land(tmp_path: Path) -> None:
+    result = run(scenario(tmp_path, "", every=2, thin=0))
+    snaps = result.snapshots
+    # Three stages at every second boundary after the first (the job's initial state is
+    # rebuilt from its model and seed: never sent).
+    assert snaps["sent"] == 3 * (result.iterations_completed // 2) > 0
+    assert snaps["landed"] == snaps["sent"] and snaps["cut"] == 0
+    assert snaps["bytes"] == snaps["sent"] * 3e8 * 2.0
+    assert result.rollbacks == [] and result.failed is None
+
+
+def test_a_thin_stage_wiped_is_restored_without_a_rollback(tmp_path: Path) -> None:
+    for policy in ("gwtf", "gwtf-fixed", "oracle"):
+        result = run(scenario(tmp_path, wipe(30, 40)), policy)
+        assert result.failed is None and result.rollbacks == [], policy
+        assert result.iterations_completed >= 4, policy
+        assert result.audit["conserved_iterations"] == result.iterations_completed, policy
+
+
+def starts(tmp_path: Path, every: int) -> list[float]:
+    """When each iteration starts in the run without churn (the wipes below are timed by it)."""
+    return [0.0, *run(scenario(tmp_path, "", every=every, thin=0)).commit_times]
+
+
+def test_a_wiped_stage_rolls_the_swarm_back_and_the_job_completes(tmp_path: Path) -> None:
+    baseline = run(scenario(tmp_path, "", every=2, thin=0))
+    t = [0.0, *baseline.commit_times]
+    # Halfway through iteration 3: the stage's newest snapshot is of iteration 2.
+    result = run(scenario(tmp_path, wipe((t[3] + t[4]) / 2, t[4] + 5), every=2, thin=0))
+    assert result.failed is None
+    assert [r[1:] for r in result.rollbacks] == [(1, 3, 2)]
+    assert result.rolled_back_iterations == 1
+    summary = result.summary()
+    assert summary["rollbacks"] == [list(result.rollbacks[0])]
+    assert summary["rolled_back_iterations"] == 1
+    # The job completes (its 4 iterations), later than without the wipe, and trains on.
+    assert baseline.time_to_train_s is not None and result.time_to_train_s is not None
+    assert result.time_to_train_s > baseline.time_to_train_s
+    assert 4 < result.iterations_completed < baseline.iterations_completed
+    assert len(result.commit_times) == result.iterations_completed
+    exact(result)
+
+
+def test_a_stage_wiped_while_its_snapshot_is_on_the_way_uses_the_previous_one(
+    tmp_path: Path,
+) -> None:
+    t = starts(tmp_path, every=2)
+    # Iteration 4 starts at t[4]; its snapshots land 0.5 s later. The stage dies 0.1 s in,
+    # its snapshot of 4 on the way (cut off): the keeper still holds 2, and every other node
+    # still keeps its own state of 2, so the swarm goes back there.
+    result = run(scenario(tmp_path, wipe(t[4] + 0.1, t[5]), every=2, thin=0))
+    assert result.failed is None
+    assert [r[1:] for r in result.rollbacks] == [(1, 4, 2)]
+    assert result.snapshots["cut"] >= 1
+    assert result.time_to_train_s is not None
+    exact(result)
+    # Once the snapshot of 4 has landed, the same wipe undoes nothing.
+    later = run(scenario(tmp_path, wipe(t[4] + 1.0, t[5]), every=2, thin=0))
+    assert later.failed is None and later.rollbacks == []
+    exact(later)
+
+
+def test_a_wipe_that_takes_the_stages_snapshots_goes_back_to_the_jobs_start(
+    tmp_path: Path,
+) -> None:
+    t = starts(tmp_path, every=2)
+    # The keeper of stage 1's snapshots (the smallest id of another stage: s0a) dies in
+    # iteration 4 once the snapshots of 4 have landed, taking stage 1's along; once that is
+    # noticed, stage 1 sends its state of 4 to a new keeper, and dies with it on the way (a
+    # slower link: 4 s), before any other snapshot is due. Every other node keeps only its state
+    # of 4 by then, and no node holds stage 1's: only the job's initial state, which every node
+    # rebuilds from the job's model and seed, is left, and the whole swarm goes back to it
+    # rather than fail (the node, whose joiners cannot rebuild a stage, fails such a job).
+    rows = f"{t[4] + 2},crash,s0a\n" + wipe(t[4] + 8, t[5] + 10)
+    result = run(scenario(tmp_path, rows, every=2, thin=0))
+    assert result.failed is None
+    assert [r[1:] for r in result.rollbacks] == [(1, 4, 0)]
+    assert result.rolled_back_iterations == 4
+    assert result.snapshots["cut"] >= 1
+    assert result.iterations_completed > 4 and result.time_to_train_s is not None
+    exact(result)
+
+
+def test_a_stage_wiped_in_the_first_iteration_is_rebuilt_from_the_job(tmp_path: Path) -> None:
+    # Before its first snapshot lands: the job's initial state is its model and seed.
+    result = run(scenario(tmp_path, wipe(0.3, 10), every=2, thin=0))
+    assert result.failed is None and result.rollbacks == []
+    assert result.time_to_train_s is not None
+
+
+def test_swarm_keeps_no_snapshots_and_never_rolls_back(tmp_path: Path) -> None:
+    result = run(scenario(tmp_path, wipe(65, 80), every=2, thin=0), "swarm")
+    assert result.rollbacks == [] and result.failed is None and result.snapshots == {}
