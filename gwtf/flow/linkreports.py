@@ -7,8 +7,8 @@ members it cannot reach (blocked arcs). Values travel as integer *levels* on a l
 of `STEPS_PER_OCTAVE` steps per factor of 2 (19% apart): a level is exact on the wire, so every
 node reads the same numbers, and probe noise inside one step changes nothing.
 
-A node reports a site only when the link it measured there differs materially from the link
-the routing would take without the report (`material`: the arc's cost by more than
+A node reports a site's RTT, and its bandwidth, each only when it differs materially from the
+link the routing would take without the report (`material`: the arc's cost by more than
 `cost_rel`, or its capacity by more than the factor `1 + cap_rel` where the capacity can bind),
 so on a swarm whose links are what the matrix says, records carry no report at all. A report
 changes only when the measurement moves materially from the reported value, so records change
@@ -16,7 +16,7 @@ rarely.
 
 `site_links` turns the live records into the links of the solve: per pair of distinct sites,
 the median (the lower one of an even count, so the result is a level again) of every report
-about the pair from either end, RTT and bandwidth apart; where no one reported, the base
+about the pair from either end, RTT and bandwidth apart; where no one reported one, the base
 matrix's link, or `default` (the intra-location link on a swarm with no matrix, where every
 site pair is joined). Links inside one site are never re-rated: the solver has one intra link.
 `blocked_arcs` turns the blocked lists into arcs between live members.
@@ -92,25 +92,27 @@ def unlevel(lvl: int) -> float:
 @dataclass(frozen=True, slots=True, order=True)
 class LinkReport:
     """The link from the reporter's site to `site`: RTT level (ms) and bandwidth level
-    (Gbit/s; None: not measured, the base link's bandwidth is kept)."""
+    (Gbit/s); None where the measurement is not reported (it did not differ materially), and
+    the base link's value is kept."""
 
     site: str
-    rtt_level: int
+    rtt_level: int | None
     bandwidth_level: int | None = None
 
     @property
-    def rtt_ms(self) -> float:
-        return unlevel(self.rtt_level)
+    def rtt_ms(self) -> float | None:
+        return None if self.rtt_level is None else unlevel(self.rtt_level)
 
     @property
     def bandwidth_gbps(self) -> float | None:
         return None if self.bandwidth_level is None else unlevel(self.bandwidth_level)
 
 
-def report(site: str, rtt_ms: float, bandwidth_gbps: float | None) -> LinkReport:
+def report(site: str, rtt_ms: float | None, bandwidth_gbps: float | None) -> LinkReport:
     """A report of a measured link, on the grid."""
+    rtt = None if rtt_ms is None else level(rtt_ms, RTT_LEVELS)
     bw = None if bandwidth_gbps is None else level(bandwidth_gbps, BANDWIDTH_LEVELS)
-    return LinkReport(site, level(rtt_ms, RTT_LEVELS), bw)
+    return LinkReport(site, rtt, bw)
 
 
 def check_record(
@@ -133,7 +135,9 @@ def check_record(
         if r.site in seen:
             raise LinkReportError(f"member {owner!r} reports site {r.site!r} twice")
         seen.add(r.site)
-        if not RTT_LEVELS[0] <= r.rtt_level <= RTT_LEVELS[1]:
+        if r.rtt_level is None and r.bandwidth_level is None:
+            raise LinkReportError(f"member {owner!r} reports nothing about {r.site!r}")
+        if r.rtt_level is not None and not RTT_LEVELS[0] <= r.rtt_level <= RTT_LEVELS[1]:
             raise LinkReportError(
                 f"member {owner!r} reports an RTT level {r.rtt_level} to {r.site!r}, outside "
                 f"{RTT_LEVELS[0]}..{RTT_LEVELS[1]}"
@@ -247,17 +251,18 @@ def site_links(
             if r.site == rec.site or r.site not in sites:
                 continue
             pair = frozenset((rec.site, r.site))
-            rtts.setdefault(pair, []).append(r.rtt_level)
+            if r.rtt_level is not None:
+                rtts.setdefault(pair, []).append(r.rtt_level)
             if r.bandwidth_level is not None:
                 bws.setdefault(pair, []).append(r.bandwidth_level)
     measured: dict[frozenset[str], LinkSpec] = {}
-    for pair, levels in rtts.items():
+    for pair in sorted({*rtts, *bws}, key=sorted):
         fallback = base.get(pair) or default
         if fallback is None:
             continue  # the sites are not joined: a report does not create a link
-        bw = bws.get(pair)
+        rtt, bw = rtts.get(pair), bws.get(pair)
         measured[pair] = LinkSpec(
-            unlevel(statistics.median_low(levels)),
+            unlevel(statistics.median_low(rtt)) if rtt else fallback.rtt_ms,
             unlevel(statistics.median_low(bw)) if bw else fallback.bandwidth_gbps,
         )
     return SiteLinks(measured, base, default)

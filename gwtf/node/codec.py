@@ -106,7 +106,7 @@ def _links_from_pb(pb: node_pb2.Member) -> tuple[tuple[LinkReport, ...], tuple[s
     links = tuple(
         LinkReport(
             check_name(f"member {pb.id!r} link site", r.site),
-            r.rtt_level,
+            r.rtt_level if r.HasField("rtt_level") else None,
             r.bandwidth_level if r.HasField("bandwidth_level") else None,
         )
         for r in pb.links

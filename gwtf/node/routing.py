@@ -170,26 +170,35 @@ class LocalRouting:
                 continue
             if estimate.rtt_ms is not None:
                 rtts.append(estimate.rtt_ms)
-            if estimate.bandwidth_gbps is not None:
-                bws.append(estimate.bandwidth_gbps)
-        if not rtts:
-            return
-        new = report(there, statistics.median_low(rtts), statistics.median_low(bws) if bws
-                     else None)  # fmt: skip
-        link = LinkSpec(new.rtt_ms, new.bandwidth_gbps or base.bandwidth_gbps)
+            bw = estimate.bandwidth_gbps
+            if bw is not None and estimate.samples[1] >= self._state.config.bandwidth_window:
+                # A full window only: a first measurement's few pairs on a busy machine read
+                # a loopback at a fifth of its speed as often as not.
+                bws.append(bw)
         cfg = self._state.config
-        if material(
-            base,
-            link,
-            tail=(me.compute_s, me.capacity),
-            head=(member.compute_s, member.capacity),
-            activation_bytes=self._state.swarm.activation_bytes,
-            cost_rel=cfg.cost_hysteresis,
-            cap_rel=cfg.cap_hysteresis,
-        ):
-            self._reports[there] = new
-        else:
+
+        def differs(link: LinkSpec) -> bool:
+            return material(
+                base,
+                link,
+                tail=(me.compute_s, me.capacity),
+                head=(member.compute_s, member.capacity),
+                activation_bytes=self._state.swarm.activation_bytes,
+                cost_rel=cfg.cost_hysteresis,
+                cap_rel=cfg.cap_hysteresis,
+            )
+
+        rtt = report(there, statistics.median_low(rtts), None).rtt_ms if rtts else None
+        bw = report(there, None, statistics.median_low(bws)).bandwidth_gbps if bws else None
+        new = report(
+            there,
+            rtt if rtt is not None and differs(LinkSpec(rtt, base.bandwidth_gbps)) else None,
+            bw if bw is not None and differs(LinkSpec(base.rtt_ms, bw)) else None,
+        )
+        if new.rtt_level is None and new.bandwidth_level is None:
             self._reports.pop(there, None)
+        else:
+            self._reports[there] = new
         self._publish()
 
     def reachable(self, member: MemberInfo, ok: bool) -> None:
@@ -212,7 +221,7 @@ class LocalRouting:
             self._state.log.info(
                 "links: record revision %d reports %s, blocks %s",
                 members.me.revision,
-                ", ".join(f"{r.site} {r.rtt_ms:.1f} ms" for r in links) or "nothing",
+                ", ".join(_described(r) for r in links) or "nothing",
                 ", ".join(sorted(self._blocked)) or "nothing",
             )
             self.update_view()
@@ -261,3 +270,9 @@ class LocalRouting:
     def announced(self, peer: str) -> ArcParamsSpec | None:
         arc = next((a for a in self.arcs() if a.peer == peer), None)
         return self.params(arc) if arc is not None else None
+
+
+def _described(r: LinkReport) -> str:
+    rtt = "-" if r.rtt_ms is None else f"{r.rtt_ms:.1f} ms"
+    bw = "-" if r.bandwidth_gbps is None else f"{r.bandwidth_gbps:.2f} Gbit/s"
+    return f"{r.site} {rtt} {bw}"
