@@ -241,8 +241,8 @@ class Membership:
         return None if entry is None else self._clock() - entry.progress_at
 
     def view_hash(self) -> int:
-        """A 64-bit digest of the live incarnations (this node included): two members with the
-        same hash see the same swarm."""
+        """A 64-bit digest of the live incarnations and their record revisions (this node
+        included): two members with the same hash see the same swarm, measured links too."""
         self._refresh()
         return self._view
 
