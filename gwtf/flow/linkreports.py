@@ -46,6 +46,7 @@ __all__ = [
     "report",
     "site_links",
     "site_of",
+    "solve_sites",
     "unlevel",
 ]
 
@@ -71,6 +72,23 @@ def site_of(node_id: str, location: str) -> str:
     """A node's site: its location, or, with none, the node itself (`@` and its id), so that
     what its probes measure can re-rate its links alone."""
     return location or f"@{node_id}"
+
+
+def solve_sites(
+    members: Iterable[tuple[str, str, tuple[LinkReport, ...]]], shared: str
+) -> dict[str, str]:
+    """Each member's site in the solve, from its (id, location, reports): its location; for a
+    member without one, its own site (`site_of`) when it reports a link or a report names it,
+    else the site `shared` by all the others. Every site pair no one measured is the same
+    default link, so the unmeasured nodes lose nothing by sharing one site, and the solve's cells
+    stay few: a site per node made its hub arcs grow as N^2."""
+    members = list(members)
+    named = {r.site for _, _, reports in members for r in reports}
+    return {
+        node_id: location
+        or (site_of(node_id, "") if reports or site_of(node_id, "") in named else shared)
+        for node_id, location, reports in members
+    }
 
 
 class LinkReportError(ValueError):

@@ -2,9 +2,11 @@
 
 - the view: the records of the live members (this node's included), from the member table of
   gwtf.node.membership, each at its site (its location; a node without one is a site of its
-  own), with the links the records' reports give (`gwtf.flow.linkreports.site_links`: the
-  median of the reports per site pair, over the location matrix, and over the intra-location
-  link between any two sites when the swarm has no matrix) and the arcs they block;
+  own once a report names it or it reports, and shares one site with the others until then,
+  `linkreports.solve_sites`), with the links the records' reports give
+  (`gwtf.flow.linkreports.site_links`: the median of the reports per site pair, over the
+  location matrix, and over the intra-location link between any two sites when the swarm has
+  no matrix) and the arcs they block;
 - the solve loop: a solve once the view has been quiet for `route_quiet_s`;
 - a dead next hop: repaired at once (`LocalRoute.lost`), before the member table's change is
   solved;
@@ -37,9 +39,11 @@ from gwtf.flow.linkreports import (
     report,
     site_links,
     site_of,
+    solve_sites,
 )
 from gwtf.flow.localroute import LocalRoute, OutArc
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
+from gwtf.node.entry import ONE_SITE
 from gwtf.node.links import ArcParamsSpec, arc_params
 from gwtf.node.membership import MemberInfo
 from gwtf.node.prober import LinkProber
@@ -88,11 +92,11 @@ class LocalRouting:
     def update_view(self) -> None:
         members = self._state.members
         live = (members.me, *members.alive())
-        records = [
-            SiteRecord(m.id, site_of(m.id, m.location), m.links, m.blocked) for m in live
-        ]
+        sites = solve_sites(((m.id, m.location, m.links) for m in live), ONE_SITE)
+        records = [SiteRecord(m.id, sites[m.id], m.links, m.blocked) for m in live]
+        nodes = [NodeSpec(m.id, m.stage, m.compute_s, sites[m.id], m.capacity) for m in live]
         self._links = site_links(records, self._base, self._default)
-        if self.route.set_view(self._records(), self._links, blocked_arcs(records)):
+        if self.route.set_view(nodes, self._links, blocked_arcs(records)):
             self._view_changed.set()
 
     def member_down(self, member: MemberInfo) -> None:
@@ -111,13 +115,6 @@ class LocalRouting:
             self._probe_next_hops()
         self.update_view()
         self._view_changed.set()
-
-    def _records(self) -> list[NodeSpec]:
-        members = self._state.members
-        return [
-            NodeSpec(m.id, m.stage, m.compute_s, site_of(m.id, m.location), m.capacity)
-            for m in (members.me, *members.alive())
-        ]
 
     # ------------------------------------------------------------------ probes and reports
 

@@ -25,6 +25,7 @@ from gwtf.flow.linkreports import (
     report,
     site_links,
     site_of,
+    solve_sites,
     unlevel,
 )
 from gwtf.flow.localroute import LocalRoute
@@ -58,6 +59,15 @@ def test_levels_are_a_log_grid_with_steps_of_a_fourth_octave() -> None:
 def test_a_node_without_a_location_is_its_own_site() -> None:
     assert site_of("h:1", "Tokyo") == "Tokyo"
     assert site_of("h:1", "") == "@h:1"
+
+
+def test_unlocated_nodes_share_one_site_until_a_report_involves_them() -> None:
+    members = [("x", "", (report("@y", 300.0, None),)), ("y", "", ()), ("z", "", ()),
+               ("w", "", ()), ("t", "Tokyo", ())]  # fmt: skip
+    assert solve_sites(members, "one-site") == {
+        "x": "@x", "y": "@y", "z": "one-site", "w": "one-site", "t": "Tokyo"
+    }
+    assert set(solve_sites([(i, "", ()) for i in "xyz"], "one-site").values()) == {"one-site"}
 
 
 # ------------------------------------------------------------------ aggregation
