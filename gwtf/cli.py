@@ -271,6 +271,9 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       help="local routing: a link no member has measured is the --link-matrix "
                       "one (matrix, the default) or the intra-location link (measured: the "
                       "matrix only emulates the WAN, routing learns it by probing)")
+    node.add_argument("--report-bandwidth", action="store_true",
+                      help="local routing: gossip measured bandwidth too, not only RTT and "
+                      "failed links (off: loopback bandwidth probes on a loaded machine wander)")
     node.add_argument("--explore-peers", type=_count, default=2, metavar="K",
                       help="local routing: next-stage members without flow from here probed "
                       "anyway, K at a time, so unused links get measured (default 2)")

@@ -156,6 +156,7 @@ def run_node(args: argparse.Namespace) -> int:
             route_quiet_s=args.route_quiet_s,
             explore_peers=args.explore_peers,
             explore_s=args.explore_s,
+            report_bandwidth=args.report_bandwidth,
         )
     except ValueError as err:
         print(f"gwtf node: {err}", file=sys.stderr)

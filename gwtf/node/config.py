@@ -114,6 +114,10 @@ class NodeConfig:
     explore_s: float = 30.0
     """...and how long each explored window is probed before the next one: every link out of a
     node is measured once every (next-stage members / explore_peers) windows."""
+    report_bandwidth: bool = False
+    """Local routing: put measured bandwidth in the record too, not only RTT and failed links.
+    Off by default: on a loaded machine a loopback's bandwidth probes wander by a factor of
+    several, and every unlocated node that reports becomes a cell of its own in every solve."""
     retry_min_s: float = 0.05
     """First retry delay of a failed flow batch; doubles up to `retry_max_s`."""
     retry_max_s: float = 1.0

@@ -168,7 +168,8 @@ class LocalRouting:
             if estimate.rtt_ms is not None:
                 rtts.append(estimate.rtt_ms)
             bw = estimate.bandwidth_gbps
-            if bw is not None and estimate.samples[1] >= self._state.config.bandwidth_window:
+            full = estimate.samples[1] >= self._state.config.bandwidth_window
+            if bw is not None and self._state.config.report_bandwidth and full:
                 # A full window only: a first measurement's few pairs on a busy machine read
                 # a loopback at a fifth of its speed as often as not.
                 bws.append(bw)
