@@ -23,9 +23,10 @@ Real `gwtf node --no-train` processes on 127.0.0.1 (tests/integration/cluster.py
   between two of the swarm's nodes on the matrix (0.5 ms within a region): times are also given
   in those units.
 - scale: 64 routing-only nodes in 4 stages, local routing, on loopback without emulated delay
-  (every node at one site), started 8 at a time; the time from the last start until every node
-  sees every member (formed), and until the flows settle as above, and the whole swarm's CPU
-  meanwhile.
+  (each node a site of its own, no link matrix), started 8 at a time; the time from the last
+  start until every node sees every member (formed), and until the flows settle as above, the
+  whole swarm's CPU meanwhile, the arcs probed (flow and explored, `--explore-peers`) and the
+  death verdicts in the logs (every one false: nothing is killed).
 """
 
 from __future__ import annotations
@@ -190,10 +191,11 @@ def crash(routing: str) -> dict[str, Any]:
         return {"routing": routing, "cold_start_s": cold_s, "events": rows, "delay_s": delay}
 
 
-def scale(n: int) -> dict[str, Any]:
+def scale(n: int, explore_peers: int = 2) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gwtf-bench-") as tmp:
         plans = plan_nodes(n, 4, locations=[], base_compute_s=0.1, seed=0)
-        swarm = LocalSwarm(Path(tmp), heartbeat_s=0.5, failure_timeout_s=5.0)
+        swarm = LocalSwarm(Path(tmp), heartbeat_s=0.5, failure_timeout_s=5.0,
+                           extra=("--explore-peers", str(explore_peers)))  # fmt: skip
         with swarm:
             t0 = time.monotonic()
             first = swarm.spawn(plans[0].id, 0, plans[0].compute_s, "--stages", "4")
@@ -213,11 +215,15 @@ def scale(n: int) -> dict[str, Any]:
                 view = settle(swarm, 4, timeout_s=300)
             except AssertionError as err:
                 log(f"scale {n}: {err}")
-                return {"nodes": n, "error": str(err)}
+                return {"nodes": n, "explore_peers": explore_peers, "error": str(err)}
             settled_s = time.monotonic() - started
             cpu_s = (_cpu_ticks(pids) - ticks0) / os.sysconf("SC_CLK_TCK")
+            deaths = sum(p.log.read_text().count("declared dead") for p in swarm.live())
             row = {
                 "nodes": n,
+                "explore_peers": explore_peers,
+                "probed_arcs": sum(1 for a in view["arcs"] if a["rtt_probes"] > 0),
+                "false_deaths": deaths,
                 "start_s": started - t0,
                 "formed_s": formed_s,
                 "settled_s": settled_s,
@@ -290,20 +296,22 @@ def report(results: dict[str, Any], command: str) -> str:
         lines.append("")
     if "scale" in results:
         lines += [
-            "### Routing-only swarms, local routing, loopback (one site)",
+            "### Routing-only swarms, local routing, loopback (each node a site of its own)",
             "",
-            "| nodes | processes started (s) | formed after (s) | settled after (s) | "
-            "CPU while forming and settling (s, all processes) | arcs | flow (mb/s) | "
-            "solves per node | slowest solve (ms) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| nodes | explored peers per node | processes started (s) | formed after (s) | "
+            "settled after (s) | CPU while forming and settling (s, all processes) | arcs | "
+            "arcs probed | death verdicts | flow (mb/s) | solves per node | slowest solve (ms) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in results["scale"]:
+            explore = r.get("explore_peers", "-")
             if "error" in r:
-                lines.append(f"| {r['nodes']} | {r['error']} |" + " |" * 7)
+                lines.append(f"| {r['nodes']} | {explore} | {r['error']} |" + " |" * 9)
                 continue
             lines.append(
-                f"| {r['nodes']} | {r['start_s']:.1f} | {r['formed_s']:.1f} | "
+                f"| {r['nodes']} | {explore} | {r['start_s']:.1f} | {r['formed_s']:.1f} | "
                 f"{r['settled_s']:.1f} | {r['cpu_s']:.0f} | {r['arcs']} | "
+                f"{r.get('probed_arcs', '-')} | {r.get('false_deaths', '-')} | "
                 f"{r['flow_value']:.2f} | {r['solves_mean']:.1f} | {r['solve_ms_max']:.0f} |"
             )
         lines.append("")
@@ -311,7 +319,10 @@ def report(results: dict[str, Any], command: str) -> str:
 
 
 def collect(
-    parts: Iterable[str], sizes: list[int], routings: Iterable[str] = ("local", "relax")
+    parts: Iterable[str],
+    sizes: list[int],
+    routings: Iterable[str] = ("local", "relax"),
+    explore: Iterable[int] = (2,),
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     OUT.mkdir(exist_ok=True)
@@ -325,7 +336,11 @@ def collect(
             results["crash"].append(crash(routing))
             keep()
     if "scale" in parts:
-        results["scale"] = [scale(n) for n in sizes]
+        results["scale"] = []
+        for n in sizes:
+            for k in explore:
+                results["scale"].append(scale(n, k))
+                keep()
     results["load"] = os.getloadavg()
     keep()
     return results
@@ -346,6 +361,8 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64])
     parser.add_argument("--routings", nargs="+", choices=("local", "relax"),
                         default=["local", "relax"])
+    parser.add_argument("--explore-peers", type=int, nargs="+", default=[2], metavar="K",
+                        help="scale: run each size with each node's --explore-peers K")
     parser.add_argument("--write", action="store_true", help="put the section in RESULTS.md")
     parser.add_argument("--from-json", metavar="PATH",
                         help="report a run saved in benchmarks/out (its command with --command)")
@@ -356,7 +373,7 @@ def main() -> int:
         results = json.loads(Path(args.from_json).read_text())
         command = args.command or "python -m benchmarks.node_route"
     else:
-        results = collect(args.only, args.sizes, args.routings)
+        results = collect(args.only, args.sizes, args.routings, args.explore_peers)
         command = "python -m benchmarks.node_route " + " ".join(sys.argv[1:])
     text = report(results, command.strip())
     print(text)

@@ -96,6 +96,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -257,6 +267,19 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--route-quiet-s", type=_positive_float, default=1.0, metavar="S",
                       help="local routing: solve once the member view has been unchanged "
                       "for S seconds (default 1)")
+    node.add_argument("--routing-links", choices=("matrix", "measured"), default="matrix",
+                      help="local routing: a link no member has measured is the --link-matrix "
+                      "one (matrix, the default) or the intra-location link (measured: the "
+                      "matrix only emulates the WAN, routing learns it by probing)")
+    node.add_argument("--report-bandwidth", action="store_true",
+                      help="local routing: gossip measured bandwidth too, not only RTT and "
+                      "failed links (off: loopback bandwidth probes on a loaded machine wander)")
+    node.add_argument("--explore-peers", type=_count, default=2, metavar="K",
+                      help="local routing: next-stage members without flow from here probed "
+                      "anyway, K at a time, so unused links get measured (default 2)")
+    node.add_argument("--explore-s", type=_positive_float, default=30.0, metavar="S",
+                      help="local routing: how long each explored set is probed before the "
+                      "next (default 30)")
     swarm = node.add_argument_group("a new swarm (first node only; joiners get the swarm's)")
     swarm.add_argument("--stages", type=_positive_int, metavar="S",
                        help="number of pipeline stages")

@@ -904,6 +904,19 @@ def status_json(reply: Any) -> dict[str, Any]:
             "capacity": m.capacity,
             "compute_s": m.compute_s,
             "epoch": m.epoch,
+            # What it measured where routing would otherwise be wrong (docs/design.md 2.12).
+            "links": [
+                {
+                    "site": r.site,
+                    "rtt_ms": 2 ** (r.rtt_level / 4) if r.HasField("rtt_level") else None,
+                    "bandwidth_gbps": (
+                        2 ** (r.bandwidth_level / 4) if r.HasField("bandwidth_level") else None
+                    ),
+                }
+                for r in m.links
+            ],
+            "blocked": list(m.blocked),
+            "revision": m.revision,
         }
         for m in reply.members
     ]

@@ -4,7 +4,8 @@ Pure and deterministic, clock injected: the node (gwtf.node.flows) feeds it the 
 live members and the deaths it detects, and asks it for its out-rates.
 
 - *View.* The records of the live members (`NodeSpec`: id, stage, location, compute_s,
-  capacity) and the location links. A new view starts a quiet spell; once the view has not
+  capacity), the location links (measured ones over the matrix, `gwtf.flow.linkreports`) and
+  the arcs their tails report blocked. A new view starts a quiet spell; once the view has not
   changed for `quiet_s`, `solve()` solves it (`localsolve.solve_members`: the answer depends
   only on the records, so every node with the same view computes the same flows; balanced,
   `gwtf.flow.balance`, so that no node of a wide stage is loaded to its capacity) and the node
@@ -39,6 +40,7 @@ from types import MappingProxyType
 
 from gwtf.flow.balance import JOB_OBJECTIVE, Balance
 from gwtf.flow.gossip import repair, without_node
+from gwtf.flow.linkreports import SiteLinks
 from gwtf.flow.localsolve import HUB_SLACK, LinkTerms, link_terms, solve_members
 from gwtf.flow.topology import LinkSpec, Members, NodeSpec
 
@@ -99,8 +101,12 @@ class LocalRoute:
         self._links = MappingProxyType(dict(links))
         self._intra = intra
         self._view: tuple[NodeSpec, ...] = ()
+        self._view_links: Mapping[frozenset[str], LinkSpec] = self._links
+        self._blocked: frozenset[tuple[str, str]] = frozenset()
+        self._key: tuple[object, ...] = ((), (), frozenset())
+        """The view, its measured links and its blocked arcs: what a solve depends on."""
         self._changed_at = clock()
-        self._solved: tuple[NodeSpec, ...] | None = None
+        self._solved: tuple[object, ...] | None = None
         self._members: Members | None = None
         """The records of the solution held (what a repair needs)."""
         self._plan: dict[str, dict[str, int]] = {}
@@ -118,12 +124,23 @@ class LocalRoute:
 
     # ------------------------------------------------------------------ view
 
-    def set_view(self, records: Iterable[NodeSpec]) -> bool:
-        """The live members' records (this node's included); True if the view changed."""
+    def set_view(
+        self,
+        records: Iterable[NodeSpec],
+        links: SiteLinks | None = None,
+        blocked: frozenset[tuple[str, str]] = frozenset(),
+    ) -> bool:
+        """The live members' records (this node's included), with the links measured and the
+        arcs blocked in them (`gwtf.flow.linkreports`; None: the links given at creation);
+        True if the view changed."""
         view = tuple(sorted(records, key=lambda n: (n.stage, n.id)))
-        if view == self._view:
+        key = (view, links.key() if links is not None else (), blocked)
+        if key == self._key:
             return False
+        self._key = key
         self._view = view
+        self._view_links = links if links is not None else self._links
+        self._blocked = blocked
         if self._members is not None:
             now = {(n.id, n.stage) for n in view}
             for gone in sorted(n.id for n in self._members.nodes
@@ -135,7 +152,7 @@ class LocalRoute:
 
     def due(self) -> float | None:
         """When the view will have been quiet long enough to solve; None when it is solved."""
-        if self._view == self._solved:
+        if self._key == self._solved:
             return None
         return self._changed_at + self.quiet_s
 
@@ -154,7 +171,7 @@ class LocalRoute:
         for i, a in enumerate(places):
             for b in places[i:]:
                 count = where[a] * (where[a] - 1) / 2 if a == b else where[a] * where[b]
-                link = self._intra if a == b else self._links.get(frozenset((a, b)))
+                link = self._intra if a == b else self._view_links.get(frozenset((a, b)))
                 if link is None or count == 0:
                     continue
                 total += count * link.rtt_ms / 2000
@@ -164,7 +181,7 @@ class LocalRoute:
     @property
     def quiet(self) -> bool:
         """The view held is the one solved."""
-        return self._view == self._solved
+        return self._key == self._solved
 
     def solve(self) -> bool:
         """Solve the view if it is due; True if the routes changed to a new solution."""
@@ -183,12 +200,14 @@ class LocalRoute:
             self._adopt(members, self._solve(members))
         self.last_solve_s = self._clock() - started
         self.waited_s = now - self._changed_at
-        self._solved = view
+        self._solved = self._key
         self.solves += 1
         return True
 
     def _records(self, view: tuple[NodeSpec, ...]) -> Members:
-        return Members(self._activation_bytes, view, self._links, self._intra, frozenset())
+        return Members(
+            self._activation_bytes, view, self._view_links, self._intra, self._blocked
+        )
 
     def _adopt(self, members: Members, flows: Mapping[tuple[str, str], int]) -> None:
         plan: dict[str, dict[str, int]] = {}
@@ -248,9 +267,9 @@ class LocalRoute:
             return []
         arcs = []
         for n in self._view:
-            if n.stage != me.stage + 1:
+            if n.stage != me.stage + 1 or (me.id, n.id) in self._blocked:
                 continue
-            link = self._intra if n.location == me.location else self._links.get(
+            link = self._intra if n.location == me.location else self._view_links.get(
                 frozenset((me.location, n.location))
             )
             terms = link_terms(self._records(()), me.location, n.location)

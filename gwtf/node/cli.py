@@ -154,6 +154,9 @@ def run_node(args: argparse.Namespace) -> int:
             rpc_timeout_s=args.rpc_timeout_s,
             probe_s=args.probe_s,
             route_quiet_s=args.route_quiet_s,
+            explore_peers=args.explore_peers,
+            explore_s=args.explore_s,
+            report_bandwidth=args.report_bandwidth,
         )
     except ValueError as err:
         print(f"gwtf node: {err}", file=sys.stderr)
@@ -167,6 +170,7 @@ def run_node(args: argparse.Namespace) -> int:
         bootstrap=tuple(args.bootstrap or ()),
         location=location,
         links=links,
+        routing_links=args.routing_links,
         wan_schedule=args.wan_schedule,
         compute_s=args.compute_s,
         job=args.job,

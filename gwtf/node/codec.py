@@ -11,6 +11,14 @@ import math
 from collections.abc import Iterable
 
 from gwtf.flow.decentralized import FlowConfig, FlowMessage
+from gwtf.flow.linkreports import (
+    MAX_BLOCKED,
+    MAX_REPORTS,
+    LinkReport,
+    LinkReportError,
+    check_record,
+    site_of,
+)
 from gwtf.node.config import MAX_ID_LENGTH, MAX_STAGES, ROUTINGS, SwarmSettings
 from gwtf.node.driver import ArcAnnounce
 from gwtf.node.membership import MemberInfo, State
@@ -78,7 +86,37 @@ def member_to_pb(info: MemberInfo) -> node_pb2.Member:
         epoch=info.epoch,
         heartbeat=info.heartbeat,
         state=int(info.state),  # type: ignore[arg-type]
+        links=[
+            node_pb2.LinkReport(
+                site=r.site, rtt_level=r.rtt_level, bandwidth_level=r.bandwidth_level
+            )
+            for r in info.links
+        ],
+        blocked=info.blocked,
+        revision=info.revision,
     )
+
+
+def _links_from_pb(pb: node_pb2.Member) -> tuple[tuple[LinkReport, ...], tuple[str, ...]]:
+    if len(pb.links) > MAX_REPORTS or len(pb.blocked) > MAX_BLOCKED:
+        raise InvalidMessage(
+            f"member {pb.id!r} has {len(pb.links)} link reports and {len(pb.blocked)} blocked "
+            f"arcs (at most {MAX_REPORTS} and {MAX_BLOCKED})"
+        )
+    links = tuple(
+        LinkReport(
+            check_name(f"member {pb.id!r} link site", r.site),
+            r.rtt_level if r.HasField("rtt_level") else None,
+            r.bandwidth_level if r.HasField("bandwidth_level") else None,
+        )
+        for r in pb.links
+    )
+    blocked = tuple(check_name(f"member {pb.id!r} blocked head", b) for b in pb.blocked)
+    try:
+        check_record(pb.id, site_of(pb.id, pb.location), links, blocked)
+    except LinkReportError as err:
+        raise InvalidMessage(str(err)) from None
+    return tuple(sorted(links)), tuple(sorted(blocked))
 
 
 def member_from_pb(pb: node_pb2.Member, num_stages: int | None) -> MemberInfo:
@@ -93,6 +131,7 @@ def member_from_pb(pb: node_pb2.Member, num_stages: int | None) -> MemberInfo:
     _positive(f"member {pb.id!r} capacity", pb.capacity)
     if int(pb.state) not in (State.ALIVE, State.DEAD, State.LEFT):
         raise InvalidMessage(f"member {pb.id!r} has no valid state ({pb.state})")
+    links, blocked = _links_from_pb(pb)
     return MemberInfo(
         id=pb.id,
         address=pb.address,
@@ -103,6 +142,9 @@ def member_from_pb(pb: node_pb2.Member, num_stages: int | None) -> MemberInfo:
         epoch=pb.epoch,
         heartbeat=pb.heartbeat,
         state=State(pb.state),
+        links=links,
+        blocked=blocked,
+        revision=pb.revision,
     )
 
 

@@ -89,6 +89,9 @@ class MembershipControl:
         up: list[MemberInfo] = []
         for event in events:
             m = event.member
+            if event.kind == "links":
+                self._flows.links_changed(m)
+                continue
             if event.kind == "alive":
                 up.append(m)
                 stats.joins += 1

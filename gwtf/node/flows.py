@@ -13,8 +13,9 @@ That is the relaxation (`--routing relax`). With local routing (the default, doc
 2.12) none of it runs: the node keeps the records of its live members in a `LocalRoute`,
 solves them once they have been quiet for `route_quiet_s`, repairs a dead next hop at once, and
 routes by its own out-arcs of the result; no flow message is sent (gwtf.node.routing). The
-routing takes its links from the location matrix, the same for every node; the probes run only
-on the arcs that carry this node's flow, and what they measure is in its status.
+routing takes its links from what the members measured and put in their records, and from the
+location matrix where no one did; the probes run on the arcs that carry this node's flow and a
+few explored ones, and what they measure is in its status.
 
 `FlowControl` is the host of the prober and of the coordinator: it knows how to call a member
 and what an arc is. What the membership means for the arcs is decided in gwtf.node.control,
@@ -167,6 +168,11 @@ class FlowControl:
         elif member.stage == me.stage + 1 and me.stage != last:
             self._start_link(member)
 
+    def links_changed(self, member: MemberInfo) -> None:
+        """A member's record has new measured links or blocked arcs (local routing only)."""
+        if self.local is not None:
+            self.local.update_view()
+
     def member_down(self, member: MemberInfo) -> None:
         """A member died or left: no more probes, arcs or queued messages for it."""
         self.prober.stop(member.id)
@@ -219,6 +225,12 @@ class FlowControl:
         owned = self._state.driver.owned.get(peer)
         return owned.params if owned is not None else None
 
+    def reachable(self, member: MemberInfo, ok: bool) -> None:
+        """The probes to live `member` have failed for a failure timeout (`ok` False), or got
+        through again: local routing blocks the arc, or unblocks it."""
+        if self.local is not None:
+            self.local.reachable(member, ok)
+
     def settled(self) -> bool:
         """Not in the middle of a scaling: a re-measured arc waits until the phases are over.
         Re-created mid-scaling, it restarts the scaling (gwtf.node.phases); at the final
@@ -239,11 +251,11 @@ class FlowControl:
     def create_arc(self, member: MemberInfo, estimate: LinkEstimate, reason: str) -> None:
         params = self.params(member, estimate)
         if self.local is not None:
-            # Local routing takes its links from the matrix: the measurement is only reported.
             self._state.log.debug(
                 "link %s->%s %s: rtt %.2f ms, %.3f Gbit/s", self._state.node_id, member.id,
                 reason, params.rtt_ms, params.bandwidth_gbps,
             )  # fmt: skip
+            self.local.measured(member)
             return
         driver = self._state.driver
         driver.own_arc(member.id, member.epoch, params, ring=False)

@@ -52,6 +52,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from gwtf.flow.linkreports import LinkReport
+
 __all__ = ["Gossip", "MemberEvent", "MemberInfo", "Membership", "State"]
 
 WATCH = 6
@@ -89,6 +91,13 @@ class MemberInfo:
     epoch: int
     heartbeat: int = 0
     state: State = State.ALIVE
+    links: tuple[LinkReport, ...] = ()
+    """Links this member measured to other sites, where they differ from what routing would
+    otherwise take (gwtf.flow.linkreports, docs/design.md 2.12)."""
+    blocked: tuple[str, ...] = ()
+    """Next-stage members this member cannot reach although they live: blocked arcs."""
+    revision: int = 0
+    """Bumped by the member whenever its links or blocked arcs change, within an epoch."""
 
     @property
     def alive(self) -> bool:
@@ -97,7 +106,8 @@ class MemberInfo:
 
 @dataclass(frozen=True, slots=True)
 class MemberEvent:
-    """`kind` is "alive" (a new incarnation is known), "dead" or "left"."""
+    """`kind` is "alive" (a new incarnation is known), "links" (a member's measured links or
+    blocked arcs changed), "dead" or "left"."""
 
     kind: str
     member: MemberInfo
@@ -187,6 +197,15 @@ class Membership:
         self.declared_dead = False
         self._spread(self._me.id)
 
+    def set_links(self, links: tuple[LinkReport, ...], blocked: tuple[str, ...]) -> bool:
+        """This node's measured links and blocked arcs; a change is a new revision of its
+        record, spread as news. True if they changed."""
+        if links == self._me.links and blocked == self._me.blocked:
+            return False
+        self._me = replace(self._me, links=links, blocked=blocked, revision=self._me.revision + 1)
+        self._spread(self._me.id)
+        return True
+
     # ------------------------------------------------------------------ queries
 
     def get(self, node_id: str) -> MemberInfo | None:
@@ -222,8 +241,8 @@ class Membership:
         return None if entry is None else self._clock() - entry.progress_at
 
     def view_hash(self) -> int:
-        """A 64-bit digest of the live incarnations (this node included): two members with the
-        same hash see the same swarm."""
+        """A 64-bit digest of the live incarnations and their record revisions (this node
+        included): two members with the same hash see the same swarm, measured links too."""
         self._refresh()
         return self._view
 
@@ -359,8 +378,14 @@ class Membership:
                 entry.departed_at = now
                 kind = "left" if info.state == State.LEFT else "dead"
                 events.append(MemberEvent(kind, entry.info, "reported by gossip"))
-            elif info.heartbeat > old.heartbeat:
-                entry.info = replace(old, heartbeat=info.heartbeat)
+                continue
+            if info.revision > old.revision:
+                entry.info = replace(
+                    entry.info, links=info.links, blocked=info.blocked, revision=info.revision
+                )
+                events.append(MemberEvent("links", entry.info, "re-measured links"))
+            if info.heartbeat > old.heartbeat:
+                entry.info = replace(entry.info, heartbeat=info.heartbeat)
                 entry.progress_at = now
                 entry.pinged_at = None
                 entry.doubted_at = None
@@ -463,10 +488,10 @@ class Membership:
         if self._cached_at == self._version:
             return
         self._cached_at = self._version
-        live = sorted((m.id, m.epoch) for m in (self._me, *self.alive()))
-        text = "\n".join(f"{i} {e}" for i, e in live).encode()
+        live = sorted((m.id, m.epoch, m.revision) for m in (self._me, *self.alive()))
+        text = "\n".join(f"{i} {e} {r}" for i, e, r in live).encode()
         self._view = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
-        others = [i for i, _ in live if i != self._me.id]
+        others = [i for i, _, _ in live if i != self._me.id]
         if len(others) <= self.watch:
             watched = frozenset(others)
         else:

@@ -6,7 +6,9 @@ exists (a few latency echoes, the first discarded because it pays for the connec
 `probe_s`, a bandwidth pair at 2, 4, 8... probe periods and then every `bandwidth_probe_s`. It
 gives the arc new parameters only when they have moved beyond the hysteresis for
 `change_persistence_s`, and only once the swarm is not scaling (a change in the middle of the
-scaling would restart it).
+scaling would restart it). A live head that no echo reaches for a failure timeout is reported
+unreachable (a failed link: local routing blocks the arc), and reachable again at the next echo
+that gets through.
 
 While the swarm scales, its own flow messages load every machine: a bandwidth probe pair then
 measures that load (on a shared 2-core machine, loopback "bandwidth" read 0.27 to 2 Gbit/s), and
@@ -59,6 +61,11 @@ class ProberHost(Protocol):
         """The swarm is not in the middle of a scaling."""
         ...
 
+    def reachable(self, member: MemberInfo, ok: bool) -> None:
+        """`member` lives but every probe to it failed for a failure timeout (`ok` False), or
+        a probe got through again after that (`ok` True)."""
+        ...
+
 
 Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
 
@@ -77,6 +84,9 @@ class LinkProber:
         self.estimates: dict[str, LinkEstimate] = {}
         self.measuring: set[str] = set()
         """Heads whose first measurement is under way (this node is not quiet meanwhile)."""
+        self._failing_since: dict[str, float] = {}
+        self.unreachable: set[str] = set()
+        """Live heads every probe has failed to reach for a failure timeout."""
 
     def start(self, member: MemberInfo) -> None:
         self.stop(member.id)
@@ -89,6 +99,28 @@ class LinkProber:
             task.cancel()
         self.measuring.discard(peer)
         self.estimates.pop(peer, None)
+        self._failing_since.pop(peer, None)
+        self.unreachable.discard(peer)
+
+    def _outcome(self, member: MemberInfo, ok: bool) -> None:
+        """One probe got through or failed. A refused one is the failure detector's business
+        (the member is dead); one that fails while the member lives, for as long as the failure
+        detector would wait, is a failed link."""
+        if ok:
+            self._failing_since.pop(member.id, None)
+            if member.id in self.unreachable:
+                self.unreachable.discard(member.id)
+                self._host.reachable(member, True)
+            return
+        now = self._clock()
+        since = self._failing_since.setdefault(member.id, now)
+        if (
+            now - since >= self._config.failure_timeout_s
+            and member.id not in self.unreachable
+            and self._host.is_alive(member)
+        ):
+            self.unreachable.add(member.id)
+            self._host.reachable(member, False)
 
     def probing(self) -> set[str]:
         """Heads with a measuring task."""
@@ -136,6 +168,7 @@ class LinkProber:
             if echoes < cfg.initial_echoes:
                 rtt = await self._host.echo(member)
                 ok = rtt is not None
+                self._outcome(member, ok)
                 if rtt is not None:
                     echoes += 1
                     if echoes > 1:  # the first one pays for the connection
@@ -162,6 +195,7 @@ class LinkProber:
             if not self._host.is_alive(member):
                 return
             rtt = await self._host.echo(member)
+            self._outcome(member, rtt is not None)
             if rtt is not None:
                 estimate.add_rtt(rtt)
             if self._clock() >= next_transfer and self._host.settled():

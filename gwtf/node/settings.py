@@ -43,6 +43,10 @@ class NodeSettings:
     location: str = ""
     links: Mapping[frozenset[str], LinkSpec] | None = None
     """The link matrix of the emulated WAN (with `location`), None: no emulation."""
+    routing_links: str = "matrix"
+    """What local routing takes a link no member measured to be: "matrix", the link matrix's
+    (the intra-location link without one); "measured", the intra-location link whatever the
+    matrix says (the matrix then only emulates the WAN, and routing learns it by measuring)."""
     wan_schedule: str | None = None
     """A file of the emulated WAN's partitions, re-read when it changes (gwtf.node.peers);
     None: no partition."""

@@ -19,7 +19,7 @@ MEMBER_STATE_DEAD: MemberState
 MEMBER_STATE_LEFT: MemberState
 
 class Member(_message.Message):
-    __slots__ = ("id", "address", "stage", "location", "compute_s", "capacity", "epoch", "heartbeat", "state")
+    __slots__ = ("id", "address", "stage", "location", "compute_s", "capacity", "epoch", "heartbeat", "state", "links", "blocked", "revision")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,9 @@ class Member(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     stage: int
@@ -38,7 +41,20 @@ class Member(_message.Message):
     epoch: int
     heartbeat: int
     state: MemberState
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., stage: _Optional[int] = ..., location: _Optional[str] = ..., compute_s: _Optional[float] = ..., capacity: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[LinkReport]
+    blocked: _containers.RepeatedScalarFieldContainer[str]
+    revision: int
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., stage: _Optional[int] = ..., location: _Optional[str] = ..., compute_s: _Optional[float] = ..., capacity: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., blocked: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class LinkReport(_message.Message):
+    __slots__ = ("site", "rtt_level", "bandwidth_level")
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    RTT_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    rtt_level: int
+    bandwidth_level: int
+    def __init__(self, site: _Optional[str] = ..., rtt_level: _Optional[int] = ..., bandwidth_level: _Optional[int] = ...) -> None: ...
 
 class SwarmConfig(_message.Message):
     __slots__ = ("swarm_id", "num_stages", "activation_bytes", "big_m", "max_cost", "eps_final", "eps_start", "eps_factor", "rescale_after", "quiet_s", "routing")

@@ -27,6 +27,9 @@ class FakeHost:
         self.scaling = False
         self.bandwidth_gbps = 1.0
         self.created: list[tuple[float, str, ArcParamsSpec]] = []
+        self.cut = False
+        """The link fails: every probe times out, while the head stays a live member."""
+        self.reach: list[tuple[float, bool]] = []
 
     def clock(self) -> float:
         return self.now
@@ -34,6 +37,8 @@ class FakeHost:
     async def echo(self, member: MemberInfo, payload: bytes = b"") -> float | None:
         self.now += 0.5
         await asyncio.sleep(0)
+        if self.cut:
+            return None
         bandwidth = self.bandwidth_gbps / 10 if self.scaling else self.bandwidth_gbps
         return 0.001 + len(payload) * 8 / (bandwidth * 1e9)
 
@@ -53,6 +58,9 @@ class FakeHost:
 
     def settled(self) -> bool:
         return not self.scaling
+
+    def reachable(self, member: MemberInfo, ok: bool) -> None:
+        self.reach.append((self.now, ok))
 
 
 async def until(host: FakeHost, done: Callable[[], bool]) -> None:
@@ -116,3 +124,18 @@ def test_a_scaling_restarts_the_persistence_of_a_change() -> None:
 
     host = run(scenario)
     assert host.created[1][0] >= ended[0] + CONFIG.change_persistence_s
+
+
+def test_a_live_head_no_probe_reaches_for_a_failure_timeout_is_unreachable_until_one_does() -> None:
+    async def scenario(host: FakeHost) -> None:
+        host.cut = True
+        cut_at = host.now
+        await until(host, lambda: bool(host.reach))
+        assert host.reach == [(host.reach[0][0], False)]
+        # Not before the failure detector itself would have given up on the member.
+        assert host.reach[0][0] - cut_at >= CONFIG.failure_timeout_s
+        host.cut = False
+        await until(host, lambda: len(host.reach) == 2)
+        assert host.reach[1][1] is True
+
+    run(scenario)

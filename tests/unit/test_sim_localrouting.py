@@ -96,7 +96,7 @@ def test_the_routes_are_the_nodes_own_for_the_same_view(tmp_path: Path) -> None:
         state = SimpleNamespace(
             node_id=node.id,
             swarm=SimpleNamespace(num_stages=sim.S, activation_bytes=sim.sc.activation_bytes),
-            settings=SimpleNamespace(links=dict(sim.sc.links)),
+            settings=SimpleNamespace(links=dict(sim.sc.links), routing_links="matrix"),
             config=NodeConfig(),
             clock=lambda clock=clock: clock.now,
         )
