@@ -58,9 +58,25 @@ class JobCalls:
 
     # ================================================================== this node's worker
 
-    def worker_for(self, job_id: str) -> StageWorker:
+    def _entering(self, job_id: str) -> bool:
+        """Is this node entering the job (gwtf.node.jobjoin): admitted, or about to be, its
+        worker starting as the admission's reply arrives?"""
+        active = self.book.active
+        return bool(
+            active is not None and active.job_id == job_id and active.worker is None
+            and not active.participants
+            and self.book.records[job_id].state == job_pb2.JOB_STATE_RUNNING
+        )
+
+    def worker_for(self, job_id: str, *, entering: bool = True) -> StageWorker:
         """This node's worker of the job; FAILED_PRECONDITION if it has none or the job is
-        over."""
+        over. `entering`: UNAVAILABLE (retried) while this node enters the job, for a stage
+        peer whose gradient sums or microbatches come as the admission's reply is on its way
+        (refused, the peer gave the commit attempt up and the round stalled, docs/design.md
+        4.5)."""
+        if entering and self._entering(job_id):
+            raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                          f"{self.host.node_id} is entering job {job_id[:40]!r}")
         active = self.book.active
         if active is None or active.job_id != job_id or active.worker is None:
             raise Refusal(
@@ -202,11 +218,7 @@ class JobCalls:
     def _participating(self, job_id: str, sender: str) -> tuple[CurrentJob, StageWorker]:
         """This node's worker for a call from the job's coordinator (a new coordinator that
         took over is recognised once this node sees its predecessor dead)."""
-        active = self.book.active
-        if active is not None and active.job_id == job_id and active.worker is None and (
-            not active.participants
-            and self.book.records[job_id].state == job_pb2.JOB_STATE_RUNNING
-        ):
+        if self._entering(job_id):
             # Entering the job (gwtf.node.jobjoin): admitted, its worker starts as the
             # admission's reply arrives. A restart ordered meanwhile (a heal's restarts come
             # with the stale side's entries) is retried rather than lost, which would leave this
@@ -329,7 +341,9 @@ class JobCalls:
         return job_pb2.RestartReply()
 
     def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply:
-        worker = self.worker_for(request.job_id)
+        # An entering node holds nothing of the job yet: FAILED_PRECONDITION, as before it
+        # asked to enter (the quorum and the checks of deaths read it so, gwtf.node.jobheal).
+        worker = self.worker_for(request.job_id, entering=False)
         reply = worker.sync()
         if self.book.active is not None:
             reply.coordinator = self.book.active.coordinator
