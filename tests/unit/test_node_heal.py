@@ -294,3 +294,94 @@ def test_a_take_over_that_ends_after_a_resync_starts_no_coordinator() -> None:
 
     assert asyncio.run(JobCoordinator.take_over(Manager(), active)) is None  # type: ignore
     assert host.tasks == [] and record.coordinator == "h0"
+
+
+def test_a_stage_peer_admitted_before_its_new_incarnation_gets_the_gradient_sums() -> None:
+    """The other half of the heal's stalls (docs/design.md 4.5, 2 runs of 4 of
+    tests/chaos/test_partition.py): h0 admitted a1 and ordered the commit at once, while the
+    west's membership still showed a1's old incarnation dead; a0, a1's stage peer, gave the
+    commit's exchange up (a "dead" member) and reported nothing, and the round waited for the
+    watchdog. The job counts a1 in (admitted: not departed), so its sums go to its address;
+    once the job drops it (a death it confirmed), they do not."""
+    import asyncio
+
+    import torch
+
+    from gwtf.node.exchange import contribute
+    from gwtf.node.gradsync import PARTIAL, ContributionHeader
+    from gwtf.node.stage import StageContext, WorkerConfig
+
+    sent: list[str] = []
+
+    class WestHost(Host):
+        metrics = SimpleNamespace(count=lambda *args: None)
+
+        def known_member(self, node_id: str) -> Any:
+            return SimpleNamespace(id=node_id, alive=node_id in self.alive)
+
+        def wan_delay(self, member: Any, nbytes: int) -> float:
+            return 0.0
+
+        def job_stub(self, member: Any) -> Any:
+            async def contribute_call(request: Any, timeout: float) -> Any:
+                sent.append(member.id)
+                return job_pb2.ContributionAck()
+
+            return SimpleNamespace(Contribute=contribute_call)
+
+    host = WestHost("a0", {"h0", "a0", "z0"})  # a1's new incarnation has not reached a0
+    job = SimpleNamespace(job_id=JOB, microbatches=8, iterations=16, snapshot_every=4,
+                          snapshot_thin=2)
+    executor = SimpleNamespace(stage=1, num_stages=3, iteration=8)
+    ctx = StageContext(host, job, executor, slots=2, config=WorkerConfig(retry_s=0.0),  # type: ignore[arg-type]
+                       fault=None)
+    ctx.participants.update(PARTICIPANTS)
+    ctx.departed.add("a1")  # the cut: the job took it for dead
+    assert ctx.peer("a1") is None and ctx.peer("a9") is None
+
+    header = ContributionHeader(sender="a0", job_id=JOB, iteration=8, stage=1,
+                                microbatches=(0, 1), dtype="float32", numel=4, kind=PARTIAL,
+                                slice_hi=4)  # fmt: skip
+    flat = torch.zeros(4)
+    ctx.it.attempt = 1
+
+    def send() -> Any:
+        return asyncio.run(contribute(ctx, "a1", header, flat, 1e12, ctx.it, 1))
+
+    assert send() is None and sent == []  # dead as far as the job knows: a new attempt follows
+    ctx.departed.discard("a1")  # admitted (gwtf.node.worker.StageWorker.undepart)
+    assert ctx.peer("a1") is not None and host.member("a1") is None
+    assert send() is not None and sent == ["a1"]
+    ctx.departed.add("a1")  # it died after all, and the job confirmed it
+    sent.clear()
+    assert send() is None and sent == []
+
+
+def test_a_node_entering_the_job_has_its_peers_retry_and_holds_nothing_for_sync() -> None:
+    """Between its admission and its worker's start a re-entering node is sent gradient sums
+    and microbatches: UNAVAILABLE, so they are sent again (refused for good, the sender gave
+    the attempt up). Asked where it is (`Sync`), it still holds nothing of the job."""
+    import grpc
+    import pytest
+
+    from gwtf.node.errors import Refusal
+    from gwtf.node.jobcalls import JobCalls
+
+    book = JobBook()
+    book.records[JOB] = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING)
+    book.active = CurrentJob(job=None, job_id=JOB, job_json="{}", worker=None, coordinator="h0")
+    calls = JobCalls(Host("a1", set(PARTICIPANTS)), book, lambda active, outcome: None)  # type: ignore[arg-type]
+    tag = SimpleNamespace(job_id=JOB)
+    with pytest.raises(Refusal) as refused:
+        calls.expect(tag, "activation")
+    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(Refusal) as refused:
+        calls.contribution_expect(tag)
+    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(Refusal) as refused:
+        calls.sync(job_pb2.SyncRequest(sender="h0", job_id=JOB))
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    book.active = None  # no part of the job at all
+    with pytest.raises(Refusal) as refused:
+        calls.expect(tag, "activation")
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
