@@ -33,7 +33,7 @@ from gwtf.node.codec import InvalidMessage, check_name, members_from_pb
 from gwtf.node.errors import Refusal
 from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.jobhost import JobsHost
-from gwtf.node.jobstate import OVER, CurrentJob, JobBook, state_name, stop_worker
+from gwtf.node.jobstate import ENTERING, OVER, CurrentJob, JobBook, state_name, stop_worker
 from gwtf.v1 import job_pb2
 
 if TYPE_CHECKING:
@@ -68,15 +68,14 @@ class JobCalls:
             and self.book.records[job_id].state == job_pb2.JOB_STATE_RUNNING
         )
 
-    def worker_for(self, job_id: str, *, entering: bool = True) -> StageWorker:
+    def worker_for(self, job_id: str) -> StageWorker:
         """This node's worker of the job; FAILED_PRECONDITION if it has none or the job is
-        over. `entering`: UNAVAILABLE (retried) while this node enters the job, for a stage
-        peer whose gradient sums or microbatches come as the admission's reply is on its way
-        (refused, the peer gave the commit attempt up and the round stalled, docs/design.md
-        4.5)."""
-        if entering and self._entering(job_id):
+        over, UNAVAILABLE (retried) while this node enters the job: a stage peer's gradient
+        sums or microbatches may come as the admission's reply is on its way (refused, the
+        peer gave the commit attempt up and the round stalled, docs/design.md 4.5)."""
+        if self._entering(job_id):
             raise Refusal(grpc.StatusCode.UNAVAILABLE,
-                          f"{self.host.node_id} is entering job {job_id[:40]!r}")
+                          f"{self.host.node_id} {ENTERING} {job_id[:40]!r}")
         active = self.book.active
         if active is None or active.job_id != job_id or active.worker is None:
             raise Refusal(
@@ -224,7 +223,7 @@ class JobCalls:
             # with the stale side's entries) is retried rather than lost, which would leave this
             # node in an older round and the iteration stalled (docs/design.md 4.5).
             raise Refusal(grpc.StatusCode.UNAVAILABLE,
-                          f"{self.host.node_id} is entering job {job_id[:40]!r}")
+                          f"{self.host.node_id} {ENTERING} {job_id[:40]!r}")
         worker = self.worker_for(job_id)
         active = self.book.active
         assert active is not None
@@ -341,9 +340,12 @@ class JobCalls:
         return job_pb2.RestartReply()
 
     def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply:
-        # An entering node holds nothing of the job yet: FAILED_PRECONDITION, as before it
-        # asked to enter (the quorum and the checks of deaths read it so, gwtf.node.jobheal).
-        worker = self.worker_for(request.job_id, entering=False)
+        if self._entering(request.job_id):
+            # It holds nothing of the job yet (FAILED_PRECONDITION: the quorum reads it so),
+            # but it is no dead participant (gwtf.node.jobheal.Healer.confirm).
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{self.host.node_id} {ENTERING} {request.job_id[:40]!r}")
+        worker = self.worker_for(request.job_id)
         reply = worker.sync()
         if self.book.active is not None:
             reply.coordinator = self.book.active.coordinator

@@ -361,11 +361,30 @@ def test_a_node_entering_the_job_has_its_peers_retry_and_holds_nothing_for_sync(
     """Between its admission and its worker's start a re-entering node is sent gradient sums
     and microbatches: UNAVAILABLE, so they are sent again (refused for good, the sender gave
     the attempt up). Asked where it is (`Sync`), it still holds nothing of the job."""
+    import asyncio
+
     import grpc
     import pytest
+    from grpc import aio
 
     from gwtf.node.errors import Refusal
     from gwtf.node.jobcalls import JobCalls
+
+    async def confirmed(code: grpc.StatusCode, details: str) -> str:
+        class Asked(Host):
+            def known_member(self, node_id: str) -> Any:
+                return None
+
+            def stubs(self, member: Any) -> Any:
+                async def sync(request: Any, timeout: float) -> Any:
+                    raise aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details)
+
+                return SimpleNamespace(jobs=SimpleNamespace(Sync=sync))
+
+        asked = Asked("h1", set(PARTICIPANTS))
+        asked.config = SimpleNamespace(rpc_timeout_s=3.0)  # type: ignore[attr-defined]
+        healer = Healer(asked, JobBook(), None)  # type: ignore[arg-type]
+        return await healer.confirm(SimpleNamespace(id="a1"), JOB)  # type: ignore[arg-type]
 
     book = JobBook()
     book.records[JOB] = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING)
@@ -381,6 +400,13 @@ def test_a_node_entering_the_job_has_its_peers_retry_and_holds_nothing_for_sync(
     with pytest.raises(Refusal) as refused:
         calls.sync(job_pb2.SyncRequest(sender="h0", job_id=JOB))
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    # A participant that hears a stale verdict of the entering node's old incarnation asks it
+    # (gwtf.node.jobheal): it is no dead member, which would keep its stage peers from it.
+    entering = refused.value
+    assert asyncio.run(confirmed(entering.code, entering.message)) == "alive"
+    assert asyncio.run(confirmed(grpc.StatusCode.FAILED_PRECONDITION,
+                                 "a1 does not take part in job 'job-heal'")) == "gone"
+    assert asyncio.run(confirmed(grpc.StatusCode.DEADLINE_EXCEEDED, "")) == "silent"
     book.active = None  # no part of the job at all
     with pytest.raises(Refusal) as refused:
         calls.expect(tag, "activation")
