@@ -176,10 +176,15 @@ class JobCoordinator:
         self._swept = False
 
     def live_participants(self) -> dict[str, int]:
+        """The participants alive here: live members, and those the job heard from since
+        membership last declared them dead (`answering`). Without the latter, a heal that
+        declared a stage's west replica dead (a stale verdict, found false) as the east's
+        replica entered left the stage with no donor: the swarm rolled back to a snapshot
+        while the replicas it could not see went on, and the job hung."""
         me = self.host.node_id
         return {
             p: s for p, s in self.plan.participants.items()
-            if p == me or self.host.member(p) is not None
+            if p == me or p in self.answering or self.host.member(p) is not None
         }
 
     async def call_to(

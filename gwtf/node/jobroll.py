@@ -262,6 +262,8 @@ class Entrance:
                                    f"{request.iteration} failed: {err}")
             return
         member = host.member(node)
+        if member is None and node in coord.answering:
+            member = host.known_member(node)  # as JobCoordinator.call_to does
         if member is None:
             return
         try:

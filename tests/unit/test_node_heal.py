@@ -172,6 +172,8 @@ def test_a_restart_right_after_the_heal_reaches_the_joiners_membership_shows_dea
     reply = coord.enter(job_pb2.EnterRequest(sender="h1", job_id=JOB, stage=0, has_state=True,
                                              state_iteration=8))  # fmt: skip
     assert reply.admitted and "h1" in plan.participants and host.member("h1") is None
+    # Counted alive (a donor of its stage, a neighbour asked for evidence), as it is called.
+    assert "h1" in coord.live_participants()
     coord._restart("a0 was declared dead by nodes that lost sight of it")
     asyncio.run(_drain(host.tasks))
     assert ("Restart", "h1") in calls.sent, calls.sent
@@ -185,6 +187,7 @@ def test_a_restart_right_after_the_heal_reaches_the_joiners_membership_shows_dea
     asyncio.run(_drain(host.tasks))
     assert sorted(n for m, n in calls.sent if m == "Restart") == ["a0", "h1"]
     coord._down("h1", "crashed")
+    assert "h1" not in coord.live_participants()
     calls.sent.clear()
     coord._restart("h1 died")
     asyncio.run(_drain(host.tasks))
