@@ -299,7 +299,7 @@ class JobCoordinator:
     # ------------------------------------------------------------------ the commit
 
     def _try_commit(self) -> None:
-        if self._stopped:
+        if self._stopped or self.entrance.holds_commit():
             return
         order = self.plan.commit_order()
         if order is None:
@@ -620,7 +620,10 @@ class JobCoordinator:
     def enter(self, request: job_pb2.EnterRequest) -> job_pb2.EnterReply:
         """A joiner asks whom to fetch its stage's state from, or to take part with the state
         it holds (gwtf.node.jobroll)."""
-        return self.entrance.enter(request)
+        reply = self.entrance.enter(request)
+        if request.has_state:
+            self._try_commit()  # its wait may have held the commit
+        return reply
 
     # ------------------------------------------------------------------ taking over
 

@@ -414,3 +414,104 @@ def test_a_node_entering_the_job_has_its_peers_retry_and_holds_nothing_for_sync(
     with pytest.raises(Refusal) as refused:
         calls.expect(tag, "activation")
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_joiner_waits_while_its_stages_replica_is_dead_only_by_a_stale_verdict() -> None:
+    """At a heal z0 was declared dead by the east's stale verdict as z1 entered stage 2: with
+    no live replica, z1 got z0's keeper's snapshot and the swarm rolled back without the
+    replicas the coordinator could not see, which went on: the job hung. Until the death is
+    confirmed (z0 is still a participant) the joiner gets no donor and asks again."""
+    from gwtf.node.jobcoord import JobCoordinator
+
+    calls = Calls()
+    west = {"h0": 0, "a0": 1, "z0": 2}
+    host = CoordHost("h0", {"h0", "a0"}, calls)  # z0's death not confirmed yet
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h0")
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+        def excluded(self, job_id: str) -> list[str]:
+            return []
+
+        def keeper_of(self, job_id: str, stage: int) -> str:
+            return "a0"
+
+        def changed(self, active: Any) -> None:
+            pass
+
+        def completed(self, active: Any, outcome: Any) -> None:
+            pass
+
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h0")
+    plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
+                                holders=("h0",), iteration=6, base=west)  # fmt: skip
+    coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
+    ask = job_pb2.EnterRequest(sender="z1", job_id=JOB, stage=2)
+    reply = coord.enter(ask)
+    assert list(reply.donors) == [] and not reply.rollback
+    coord.came_back("z0")  # confirmed alive: it answers with its part of the job
+    assert list(coord.enter(ask).donors) == ["z0"]
+    coord._down("z0", "crashed")  # confirmed dead: its keeper's snapshot (rule 5)
+    assert list(coord.enter(ask).donors) == ["a0"]
+    for task in host.tasks:
+        task.close()
+
+
+def test_the_commit_waits_once_for_a_joiner_fetching_the_state_of_the_iteration() -> None:
+    """Iterations as short as a state transfer (0.75 s) kept the cut side out: each joiner came
+    back with the state of an iteration whose commit had begun, fetched again, and so on until
+    the job ended without it. The commit now waits for a joiner given its donors, a bounded
+    time and once."""
+    import time
+
+    from gwtf.node.jobcoord import JobCoordinator
+
+    calls = Calls()
+    west = {"h0": 0, "a0": 1, "z0": 2}
+    host = CoordHost("h0", set(west), calls)
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h0")
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+        def excluded(self, job_id: str) -> list[str]:
+            return []
+
+        def changed(self, active: Any) -> None:
+            pass
+
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h0")
+    plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
+                                holders=("h0",), iteration=6, base=west)  # fmt: skip
+    coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
+    ask = job_pb2.EnterRequest(sender="z1", job_id=JOB, stage=2)
+    assert list(coord.enter(ask).donors) == ["z0"]
+    assert coord.entrance.holds_commit()
+    coord._try_commit()  # nothing is finished anyway; held, it does not even ask the plan
+    assert coord.entrance.holds_commit()
+    back = job_pb2.EnterRequest(sender="z1", job_id=JOB, stage=2, has_state=True,
+                                state_iteration=6)
+    assert coord.enter(back).admitted and not coord.entrance.holds_commit()
+    # Another joiner's wait ends by itself; a second ask of its gets no second wait.
+    coord.enter(job_pb2.EnterRequest(sender="a1", job_id=JOB, stage=1))
+    assert coord.entrance.holds_commit()
+    node, (iteration, _) = next(iter(coord.entrance.fetching.items()))
+    coord.entrance.fetching[node] = (iteration, time.monotonic() - 1)
+    assert not coord.entrance.holds_commit()
+    coord.enter(job_pb2.EnterRequest(sender="a1", job_id=JOB, stage=1))
+    assert not coord.entrance.holds_commit()
+    for task in host.tasks:
+        task.close()
