@@ -453,14 +453,21 @@ class JobCoordinator:
         iteration, round_ = plan.injecting, plan.round
         if iteration >= plan.iterations or self._stopped:
             return
+        if dead in plan.participants:
+            # It entered the job again (the stale side of a healed partition, admitted): its
+            # work of this round is its own, not a dead node's (a later sweep of its death
+            # dropped the microbatches it held as a holder of the new round, and it stalled).
+            return
         neighbours = sorted(
             p for p, s in self.live_participants().items() if s in (stage - 1, stage + 1)
         )
         replies = await asyncio.gather(
             *(self._report_from(n, iteration, round_, dead) for n in neighbours)
         )
-        if (plan.injecting, plan.round) != (iteration, round_) or self._stopped:
-            return  # the iteration moved on meanwhile: nothing of it is left to recover
+        if (plan.injecting, plan.round) != (iteration, round_) or self._stopped or (
+            dead in plan.participants
+        ):
+            return  # the iteration moved on meanwhile (or it entered again): nothing to recover
         silent = [n for n, r in zip(neighbours, replies, strict=True)
                   if r is None and n in self.live_participants()]
         if silent:

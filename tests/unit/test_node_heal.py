@@ -515,3 +515,34 @@ def test_the_commit_waits_once_for_a_joiner_fetching_the_state_of_the_iteration(
     assert not coord.entrance.holds_commit()
     for task in host.tasks:
         task.close()
+
+
+def test_a_late_sweep_of_a_death_leaves_the_node_alone_once_it_entered_again() -> None:
+    """h1 died to the west at the cut; 3 s later its death was swept again (`_recover_later`),
+    by then in a round where h1, admitted back, was a holder: its microbatches were dropped as
+    a dead node's, its reports refused, and the commit stalled. An admitted node is a
+    participant again: nothing of it is recovered."""
+    import asyncio
+
+    from gwtf.node.jobcoord import JobCoordinator
+
+    calls = Calls()
+    west = {"h0": 0, "a0": 1, "z0": 2, "h1": 0}
+    host = CoordHost("h0", {"h0", "a0", "z0"}, calls)
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h0")
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h0")
+    plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
+                                holders=("h0", "h1"), iteration=2, base=west)  # fmt: skip
+    coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
+    asyncio.run(coord._recover("h1", 0))
+    assert calls.sent == []  # no neighbour asked, nothing planned
