@@ -293,7 +293,7 @@ class CommitParticipant:
         while not set(peers) <= set(self._sums.get(key, {})):
             if not ctx.current(it) or it.attempt != order.attempt:
                 return None
-            if any(ctx.host.member(p) is None for p in peers):
+            if any(ctx.peer(p) is None for p in peers):
                 return None  # a member died: the coordinator voids the attempt, orders another
             try:
                 await ctx.wait_change(deadline)

@@ -48,7 +48,10 @@ async def contribute(
     for tries in range(ctx.config.send_attempts):
         if tries:
             await asyncio.sleep(ctx.backoff(tries - 1))
-        member = ctx.host.member(peer)
+        member = ctx.peer(peer)
+        if member is None and ctx.current(it) and it.attempt == attempt:
+            ctx.host.log.info("job %s iteration %d attempt %d: %s died or left; the attempt "
+                              "ends here", ctx.job_id, header.iteration, attempt, peer)
         if member is None or not ctx.current(it) or it.attempt != attempt:
             return None
         nbytes = flat.numel() * flat.element_size()
@@ -221,7 +224,7 @@ class SliceExchange:
         while (value := ready()) is None:
             if not ctx.current(it) or it.attempt != attempt:
                 return None
-            if any(ctx.host.member(p) is None for p in peers):
+            if any(ctx.peer(p) is None for p in peers):
                 return None  # a member died: the coordinator voids the attempt, orders another
             try:
                 await ctx.wait_change(deadline)

@@ -33,7 +33,7 @@ from gwtf.node.codec import InvalidMessage, check_name, members_from_pb
 from gwtf.node.errors import Refusal
 from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.jobhost import JobsHost
-from gwtf.node.jobstate import OVER, CurrentJob, JobBook, state_name, stop_worker
+from gwtf.node.jobstate import ENTERING, OVER, CurrentJob, JobBook, state_name, stop_worker
 from gwtf.v1 import job_pb2
 
 if TYPE_CHECKING:
@@ -58,9 +58,24 @@ class JobCalls:
 
     # ================================================================== this node's worker
 
+    def _entering(self, job_id: str) -> bool:
+        """Is this node entering the job (gwtf.node.jobjoin): admitted, or about to be, its
+        worker starting as the admission's reply arrives?"""
+        active = self.book.active
+        return bool(
+            active is not None and active.job_id == job_id and active.worker is None
+            and not active.participants
+            and self.book.records[job_id].state == job_pb2.JOB_STATE_RUNNING
+        )
+
     def worker_for(self, job_id: str) -> StageWorker:
         """This node's worker of the job; FAILED_PRECONDITION if it has none or the job is
-        over."""
+        over, UNAVAILABLE (retried) while this node enters the job: a stage peer's gradient
+        sums or microbatches may come as the admission's reply is on its way (refused, the
+        peer gave the commit attempt up and the round stalled, docs/design.md 4.5)."""
+        if self._entering(job_id):
+            raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                          f"{self.host.node_id} {ENTERING} {job_id[:40]!r}")
         active = self.book.active
         if active is None or active.job_id != job_id or active.worker is None:
             raise Refusal(
@@ -202,17 +217,13 @@ class JobCalls:
     def _participating(self, job_id: str, sender: str) -> tuple[CurrentJob, StageWorker]:
         """This node's worker for a call from the job's coordinator (a new coordinator that
         took over is recognised once this node sees its predecessor dead)."""
-        active = self.book.active
-        if active is not None and active.job_id == job_id and active.worker is None and (
-            not active.participants
-            and self.book.records[job_id].state == job_pb2.JOB_STATE_RUNNING
-        ):
+        if self._entering(job_id):
             # Entering the job (gwtf.node.jobjoin): admitted, its worker starts as the
             # admission's reply arrives. A restart ordered meanwhile (a heal's restarts come
             # with the stale side's entries) is retried rather than lost, which would leave this
             # node in an older round and the iteration stalled (docs/design.md 4.5).
             raise Refusal(grpc.StatusCode.UNAVAILABLE,
-                          f"{self.host.node_id} is entering job {job_id[:40]!r}")
+                          f"{self.host.node_id} {ENTERING} {job_id[:40]!r}")
         worker = self.worker_for(job_id)
         active = self.book.active
         assert active is not None
@@ -329,6 +340,11 @@ class JobCalls:
         return job_pb2.RestartReply()
 
     def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply:
+        if self._entering(request.job_id):
+            # It holds nothing of the job yet (FAILED_PRECONDITION: the quorum reads it so),
+            # but it is no dead participant (gwtf.node.jobheal.Healer.confirm).
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{self.host.node_id} {ENTERING} {request.job_id[:40]!r}")
         worker = self.worker_for(request.job_id)
         reply = worker.sync()
         if self.book.active is not None:

@@ -176,10 +176,15 @@ class JobCoordinator:
         self._swept = False
 
     def live_participants(self) -> dict[str, int]:
+        """The participants alive here: live members, and those the job heard from since
+        membership last declared them dead (`answering`). Without the latter, a heal that
+        declared a stage's west replica dead (a stale verdict, found false) as the east's
+        replica entered left the stage with no donor: the swarm rolled back to a snapshot
+        while the replicas it could not see went on, and the job hung."""
         me = self.host.node_id
         return {
             p: s for p, s in self.plan.participants.items()
-            if p == me or self.host.member(p) is not None
+            if p == me or p in self.answering or self.host.member(p) is not None
         }
 
     async def call_to(
@@ -294,7 +299,7 @@ class JobCoordinator:
     # ------------------------------------------------------------------ the commit
 
     def _try_commit(self) -> None:
-        if self._stopped:
+        if self._stopped or self.entrance.holds_commit():
             return
         order = self.plan.commit_order()
         if order is None:
@@ -448,14 +453,21 @@ class JobCoordinator:
         iteration, round_ = plan.injecting, plan.round
         if iteration >= plan.iterations or self._stopped:
             return
+        if dead in plan.participants:
+            # It entered the job again (the stale side of a healed partition, admitted): its
+            # work of this round is its own, not a dead node's (a later sweep of its death
+            # dropped the microbatches it held as a holder of the new round, and it stalled).
+            return
         neighbours = sorted(
             p for p, s in self.live_participants().items() if s in (stage - 1, stage + 1)
         )
         replies = await asyncio.gather(
             *(self._report_from(n, iteration, round_, dead) for n in neighbours)
         )
-        if (plan.injecting, plan.round) != (iteration, round_) or self._stopped:
-            return  # the iteration moved on meanwhile: nothing of it is left to recover
+        if (plan.injecting, plan.round) != (iteration, round_) or self._stopped or (
+            dead in plan.participants
+        ):
+            return  # the iteration moved on meanwhile (or it entered again): nothing to recover
         silent = [n for n, r in zip(neighbours, replies, strict=True)
                   if r is None and n in self.live_participants()]
         if silent:
@@ -615,7 +627,10 @@ class JobCoordinator:
     def enter(self, request: job_pb2.EnterRequest) -> job_pb2.EnterReply:
         """A joiner asks whom to fetch its stage's state from, or to take part with the state
         it holds (gwtf.node.jobroll)."""
-        return self.entrance.enter(request)
+        reply = self.entrance.enter(request)
+        if request.has_state:
+            self._try_commit()  # its wait may have held the commit
+        return reply
 
     # ------------------------------------------------------------------ taking over
 

@@ -31,7 +31,7 @@ from grpc import aio
 
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobjoin import Joiner
-from gwtf.node.jobstate import CurrentJob, JobBook, stop_worker
+from gwtf.node.jobstate import ENTERING, CurrentJob, JobBook, stop_worker
 from gwtf.node.membership import MemberInfo
 from gwtf.node.transport import is_refused
 from gwtf.v1 import job_pb2
@@ -56,6 +56,12 @@ class Healer:
         try:
             await self.host.stubs(info).jobs.Sync(request, timeout=self.host.config.rpc_timeout_s)
         except aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION and ENTERING in (
+                err.details() or ""
+            ):
+                # It re-enters the job (the stale side of a healed partition), admitted by
+                # now or about to be: a verdict of its old incarnation, not a death.
+                return "alive"
             if is_refused(err) or err.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 return "gone"
             return "silent"

@@ -615,6 +615,9 @@ class _WorkerHost:
     def member(self, node_id: str) -> MemberInfo | None:
         return self._host.member(node_id)
 
+    def known_member(self, node_id: str) -> MemberInfo | None:
+        return self._host.known_member(node_id)
+
     def refused(self, member: MemberInfo) -> None:
         self._host.refused(member)
 

@@ -28,10 +28,12 @@ from gwtf.v1 import job_pb2
 if TYPE_CHECKING:
     from gwtf.node.worker import StageWorker
 
-__all__ = ["OVER", "UNDER_WAY", "CurrentJob", "JobBook", "state_name", "stop_worker"]
+__all__ = ["ENTERING", "OVER", "UNDER_WAY", "CurrentJob", "JobBook", "state_name", "stop_worker"]
 
 UNDER_WAY = (job_pb2.JOB_STATE_PREPARING, job_pb2.JOB_STATE_RUNNING)
 OVER = (job_pb2.JOB_STATE_COMPLETED, job_pb2.JOB_STATE_FAILED)
+ENTERING = "is entering job"
+"""How a node entering a running job (gwtf.node.jobjoin) says so when it refuses a call."""
 
 
 def state_name(state: int) -> str:

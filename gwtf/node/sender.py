@@ -115,7 +115,7 @@ class DataPlaneSender:
                 return
             if outcome == _BUSY:
                 excluded.add(target)  # it did not take it: another node may
-            elif ctx.host.member(target) is None:
+            elif ctx.peer(target) is None:
                 return  # it died with the microbatch: the recovery of its death resends it
             attempt += 1
 
@@ -141,7 +141,7 @@ class DataPlaneSender:
                     return
                 if outcome == _SENT and it.paths[m][ctx.stage - 1] == target:
                     return
-                if outcome != _SENT and ctx.host.member(target) is None and (
+                if outcome != _SENT and ctx.peer(target) is None and (
                     it.paths[m][ctx.stage - 1] == target
                 ):
                     return  # dead: a recovery will redirect this gradient (it is kept)
@@ -169,7 +169,7 @@ class DataPlaneSender:
             await asyncio.sleep(ctx.backoff(attempt - 1))
         if not ctx.current(it):
             return _GIVE_UP
-        member = ctx.host.member(target)
+        member = ctx.peer(target)
         if member is None:
             return _RETRY
         tag = MicrobatchTag(
@@ -246,7 +246,7 @@ class DataPlaneSender:
         )
         attempt = 0
         while ctx.current(it):
-            member = ctx.host.member(downstream)
+            member = ctx.peer(downstream)
             if member is None:
                 return  # it died too: its own recovery takes the microbatch from here
             try:

@@ -107,6 +107,10 @@ class WorkerHost(Protocol):
         """The live member with this id (None: dead, left or unknown)."""
         ...
 
+    def known_member(self, node_id: str) -> MemberInfo | None:
+        """The latest incarnation of `node_id` this node knows, alive or not."""
+        ...
+
     def refused(self, member: MemberInfo) -> None:
         """A call to `member` was refused: evidence for the node's failure detector."""
         ...
@@ -269,6 +273,21 @@ class StageContext:
 
     def current(self, it: Iteration) -> bool:
         return it is self.it and not self.stopped
+
+    def peer(self, node: str) -> MemberInfo | None:
+        """The member to call for `node`, a participant of the job: the live one, or, while the
+        job counts `node` in (it took part and has not departed), the latest incarnation this
+        node knows, at its address, though membership may not show it alive yet: after a heal
+        the job admits the stale side's nodes, and finds the deaths of the other side's false,
+        up to a second before their new incarnations reach this node (docs/design.md 4.5).
+        None: it died or left as far as the job knows (a recovery or a new attempt takes over
+        what was meant for it)."""
+        member = self.host.member(node)
+        if member is not None:
+            return member
+        if node not in self.participants or node in self.departed:
+            return None
+        return self.host.known_member(node)
 
     def hit(self, point: str, iteration: int, microbatch: int | None = None) -> None:
         if self.fault is not None:

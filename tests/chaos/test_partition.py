@@ -17,7 +17,9 @@ data holder, so it gets a coordinator of its own. Then:
 The heal is where a race was (docs/design.md 4.5, "The race at re-entry"): the west's
 coordinator admitted the east's nodes before its membership showed them alive, and skipped its
 restarts to them, so the round stalled 20 s at the heal, and for good in one fresh-clone CI run
-in three; no node may log a watchdog stall, nor fail to enter.
+in three; then the west's stage workers gave up their commit exchange and their gradients to
+those nodes as dead, and the round waited 10-20 s for the watchdog ("The stall after the
+heal"); no node may log a watchdog stall, nor fail to enter.
 
 Run time: 36 s on a shared 2-core machine (7 s to start the nodes; the 8 s cut; 16
 iterations). The issue's 30 s cut, by hand (`GWTF_PARTITION_S=30`, 82 iterations): 84 s.
@@ -41,11 +43,7 @@ from cluster import REPO, LocalSwarm, wait_for
 from gwtf.client import GwtfClient, JobResult
 from gwtf.train import PRESETS, JobConfig, train_reference
 
-# In `make soak`, not `make test`: after the heal the cut side's nodes re-enter the job, and in
-# 2 of 4 runs (2026-11-25) a verdict of their death from the cut reached them right after they
-# entered; they came back as new incarnations and the round waited 10-20 s for the watchdog's
-# restart (`heal_stalls`). The job still completed equal to the reference, without split brain.
-pytestmark = [pytest.mark.chaos, pytest.mark.soak]
+pytestmark = pytest.mark.chaos
 
 MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
 WEST = ("Oregon", "Virginia")

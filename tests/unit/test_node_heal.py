@@ -172,6 +172,8 @@ def test_a_restart_right_after_the_heal_reaches_the_joiners_membership_shows_dea
     reply = coord.enter(job_pb2.EnterRequest(sender="h1", job_id=JOB, stage=0, has_state=True,
                                              state_iteration=8))  # fmt: skip
     assert reply.admitted and "h1" in plan.participants and host.member("h1") is None
+    # Counted alive (a donor of its stage, a neighbour asked for evidence), as it is called.
+    assert "h1" in coord.live_participants()
     coord._restart("a0 was declared dead by nodes that lost sight of it")
     asyncio.run(_drain(host.tasks))
     assert ("Restart", "h1") in calls.sent, calls.sent
@@ -185,6 +187,7 @@ def test_a_restart_right_after_the_heal_reaches_the_joiners_membership_shows_dea
     asyncio.run(_drain(host.tasks))
     assert sorted(n for m, n in calls.sent if m == "Restart") == ["a0", "h1"]
     coord._down("h1", "crashed")
+    assert "h1" not in coord.live_participants()
     calls.sent.clear()
     coord._restart("h1 died")
     asyncio.run(_drain(host.tasks))
@@ -294,3 +297,252 @@ def test_a_take_over_that_ends_after_a_resync_starts_no_coordinator() -> None:
 
     assert asyncio.run(JobCoordinator.take_over(Manager(), active)) is None  # type: ignore
     assert host.tasks == [] and record.coordinator == "h0"
+
+
+def test_a_stage_peer_admitted_before_its_new_incarnation_gets_the_gradient_sums() -> None:
+    """The other half of the heal's stalls (docs/design.md 4.5, 2 runs of 4 of
+    tests/chaos/test_partition.py): h0 admitted a1 and ordered the commit at once, while the
+    west's membership still showed a1's old incarnation dead; a0, a1's stage peer, gave the
+    commit's exchange up (a "dead" member) and reported nothing, and the round waited for the
+    watchdog. The job counts a1 in (admitted: not departed), so its sums go to its address;
+    once the job drops it (a death it confirmed), they do not."""
+    import asyncio
+
+    import torch
+
+    from gwtf.node.exchange import contribute
+    from gwtf.node.gradsync import PARTIAL, ContributionHeader
+    from gwtf.node.stage import StageContext, WorkerConfig
+
+    sent: list[str] = []
+
+    class WestHost(Host):
+        metrics = SimpleNamespace(count=lambda *args: None)
+
+        def known_member(self, node_id: str) -> Any:
+            return SimpleNamespace(id=node_id, alive=node_id in self.alive)
+
+        def wan_delay(self, member: Any, nbytes: int) -> float:
+            return 0.0
+
+        def job_stub(self, member: Any) -> Any:
+            async def contribute_call(request: Any, timeout: float) -> Any:
+                sent.append(member.id)
+                return job_pb2.ContributionAck()
+
+            return SimpleNamespace(Contribute=contribute_call)
+
+    host = WestHost("a0", {"h0", "a0", "z0"})  # a1's new incarnation has not reached a0
+    job = SimpleNamespace(job_id=JOB, microbatches=8, iterations=16, snapshot_every=4,
+                          snapshot_thin=2)
+    executor = SimpleNamespace(stage=1, num_stages=3, iteration=8)
+    ctx = StageContext(host, job, executor, slots=2, config=WorkerConfig(retry_s=0.0),  # type: ignore[arg-type]
+                       fault=None)
+    ctx.participants.update(PARTICIPANTS)
+    ctx.departed.add("a1")  # the cut: the job took it for dead
+    assert ctx.peer("a1") is None and ctx.peer("a9") is None
+
+    header = ContributionHeader(sender="a0", job_id=JOB, iteration=8, stage=1,
+                                microbatches=(0, 1), dtype="float32", numel=4, kind=PARTIAL,
+                                slice_hi=4)  # fmt: skip
+    flat = torch.zeros(4)
+    ctx.it.attempt = 1
+
+    def send() -> Any:
+        return asyncio.run(contribute(ctx, "a1", header, flat, 1e12, ctx.it, 1))
+
+    assert send() is None and sent == []  # dead as far as the job knows: a new attempt follows
+    ctx.departed.discard("a1")  # admitted (gwtf.node.worker.StageWorker.undepart)
+    assert ctx.peer("a1") is not None and host.member("a1") is None
+    assert send() is not None and sent == ["a1"]
+    ctx.departed.add("a1")  # it died after all, and the job confirmed it
+    sent.clear()
+    assert send() is None and sent == []
+
+
+def test_a_node_entering_the_job_has_its_peers_retry_and_holds_nothing_for_sync() -> None:
+    """Between its admission and its worker's start a re-entering node is sent gradient sums
+    and microbatches: UNAVAILABLE, so they are sent again (refused for good, the sender gave
+    the attempt up). Asked where it is (`Sync`), it still holds nothing of the job."""
+    import asyncio
+
+    import grpc
+    import pytest
+    from grpc import aio
+
+    from gwtf.node.errors import Refusal
+    from gwtf.node.jobcalls import JobCalls
+
+    async def confirmed(code: grpc.StatusCode, details: str) -> str:
+        class Asked(Host):
+            def known_member(self, node_id: str) -> Any:
+                return None
+
+            def stubs(self, member: Any) -> Any:
+                async def sync(request: Any, timeout: float) -> Any:
+                    raise aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details)
+
+                return SimpleNamespace(jobs=SimpleNamespace(Sync=sync))
+
+        asked = Asked("h1", set(PARTICIPANTS))
+        asked.config = SimpleNamespace(rpc_timeout_s=3.0)  # type: ignore[attr-defined]
+        healer = Healer(asked, JobBook(), None)  # type: ignore[arg-type]
+        return await healer.confirm(SimpleNamespace(id="a1"), JOB)  # type: ignore[arg-type]
+
+    book = JobBook()
+    book.records[JOB] = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING)
+    book.active = CurrentJob(job=None, job_id=JOB, job_json="{}", worker=None, coordinator="h0")
+    calls = JobCalls(Host("a1", set(PARTICIPANTS)), book, lambda active, outcome: None)  # type: ignore[arg-type]
+    tag = SimpleNamespace(job_id=JOB)
+    with pytest.raises(Refusal) as refused:
+        calls.expect(tag, "activation")
+    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(Refusal) as refused:
+        calls.contribution_expect(tag)
+    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(Refusal) as refused:
+        calls.sync(job_pb2.SyncRequest(sender="h0", job_id=JOB))
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    # A participant that hears a stale verdict of the entering node's old incarnation asks it
+    # (gwtf.node.jobheal): it is no dead member, which would keep its stage peers from it.
+    entering = refused.value
+    assert asyncio.run(confirmed(entering.code, entering.message)) == "alive"
+    assert asyncio.run(confirmed(grpc.StatusCode.FAILED_PRECONDITION,
+                                 "a1 does not take part in job 'job-heal'")) == "gone"
+    assert asyncio.run(confirmed(grpc.StatusCode.DEADLINE_EXCEEDED, "")) == "silent"
+    book.active = None  # no part of the job at all
+    with pytest.raises(Refusal) as refused:
+        calls.expect(tag, "activation")
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_joiner_waits_while_its_stages_replica_is_dead_only_by_a_stale_verdict() -> None:
+    """At a heal z0 was declared dead by the east's stale verdict as z1 entered stage 2: with
+    no live replica, z1 got z0's keeper's snapshot and the swarm rolled back without the
+    replicas the coordinator could not see, which went on: the job hung. Until the death is
+    confirmed (z0 is still a participant) the joiner gets no donor and asks again."""
+    from gwtf.node.jobcoord import JobCoordinator
+
+    calls = Calls()
+    west = {"h0": 0, "a0": 1, "z0": 2}
+    host = CoordHost("h0", {"h0", "a0"}, calls)  # z0's death not confirmed yet
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h0")
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+        def excluded(self, job_id: str) -> list[str]:
+            return []
+
+        def keeper_of(self, job_id: str, stage: int) -> str:
+            return "a0"
+
+        def changed(self, active: Any) -> None:
+            pass
+
+        def completed(self, active: Any, outcome: Any) -> None:
+            pass
+
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h0")
+    plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
+                                holders=("h0",), iteration=6, base=west)  # fmt: skip
+    coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
+    ask = job_pb2.EnterRequest(sender="z1", job_id=JOB, stage=2)
+    reply = coord.enter(ask)
+    assert list(reply.donors) == [] and not reply.rollback
+    coord.came_back("z0")  # confirmed alive: it answers with its part of the job
+    assert list(coord.enter(ask).donors) == ["z0"]
+    coord._down("z0", "crashed")  # confirmed dead: its keeper's snapshot (rule 5)
+    assert list(coord.enter(ask).donors) == ["a0"]
+    for task in host.tasks:
+        task.close()
+
+
+def test_the_commit_waits_once_for_a_joiner_fetching_the_state_of_the_iteration() -> None:
+    """Iterations as short as a state transfer (0.75 s) kept the cut side out: each joiner came
+    back with the state of an iteration whose commit had begun, fetched again, and so on until
+    the job ended without it. The commit now waits for a joiner given its donors, a bounded
+    time and once."""
+    import time
+
+    from gwtf.node.jobcoord import JobCoordinator
+
+    calls = Calls()
+    west = {"h0": 0, "a0": 1, "z0": 2}
+    host = CoordHost("h0", set(west), calls)
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h0")
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+        def excluded(self, job_id: str) -> list[str]:
+            return []
+
+        def changed(self, active: Any) -> None:
+            pass
+
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h0")
+    plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
+                                holders=("h0",), iteration=6, base=west)  # fmt: skip
+    coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
+    ask = job_pb2.EnterRequest(sender="z1", job_id=JOB, stage=2)
+    assert list(coord.enter(ask).donors) == ["z0"]
+    assert coord.entrance.holds_commit()
+    coord._try_commit()  # nothing is finished anyway; held, it does not even ask the plan
+    assert coord.entrance.holds_commit()
+    back = job_pb2.EnterRequest(sender="z1", job_id=JOB, stage=2, has_state=True,
+                                state_iteration=6)
+    assert coord.enter(back).admitted and not coord.entrance.holds_commit()
+    # Another joiner's wait ends by itself; a second ask of its gets no second wait.
+    coord.enter(job_pb2.EnterRequest(sender="a1", job_id=JOB, stage=1))
+    assert coord.entrance.holds_commit()
+    node, (iteration, _) = next(iter(coord.entrance.fetching.items()))
+    coord.entrance.fetching[node] = (iteration, time.monotonic() - 1)
+    assert not coord.entrance.holds_commit()
+    coord.enter(job_pb2.EnterRequest(sender="a1", job_id=JOB, stage=1))
+    assert not coord.entrance.holds_commit()
+    for task in host.tasks:
+        task.close()
+
+
+def test_a_late_sweep_of_a_death_leaves_the_node_alone_once_it_entered_again() -> None:
+    """h1 died to the west at the cut; 3 s later its death was swept again (`_recover_later`),
+    by then in a round where h1, admitted back, was a holder: its microbatches were dropped as
+    a dead node's, its reports refused, and the commit stalled. An admitted node is a
+    participant again: nothing of it is recovered."""
+    import asyncio
+
+    from gwtf.node.jobcoord import JobCoordinator
+
+    calls = Calls()
+    west = {"h0": 0, "a0": 1, "z0": 2, "h1": 0}
+    host = CoordHost("h0", {"h0", "a0", "z0"}, calls)
+    record = job_pb2.JobProgress(job_id=JOB, state=job_pb2.JOB_STATE_RUNNING, coordinator="h0")
+
+    class Manager:
+        def __init__(self) -> None:
+            self.host = host
+
+        def progress_record(self, job_id: str) -> job_pb2.JobProgress:
+            return record
+
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
+                        participants=dict(PARTICIPANTS), coordinator="h0")
+    plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
+                                holders=("h0", "h1"), iteration=2, base=west)  # fmt: skip
+    coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
+    asyncio.run(coord._recover("h1", 0))
+    assert calls.sent == []  # no neighbour asked, nothing planned
