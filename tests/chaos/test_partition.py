@@ -43,7 +43,10 @@ from cluster import REPO, LocalSwarm, wait_for
 from gwtf.client import GwtfClient, JobResult
 from gwtf.train import PRESETS, JobConfig, train_reference
 
-pytestmark = pytest.mark.chaos
+# In `make soak`, not `make test`, for now: the stall after the heal is fixed (design 4.5) and
+# 4 runs in a row passed after the fix on a loaded 2-core machine (2026-11-25), too few to put a
+# 150-second case back in CI; its run time also grew with the longer job and the joiner's wait.
+pytestmark = [pytest.mark.chaos, pytest.mark.soak]
 
 MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
 WEST = ("Oregon", "Virginia")
