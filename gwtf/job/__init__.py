@@ -14,7 +14,7 @@ What a training job's nodes decide, written once so that every driver decides it
     slicing     the slices of a stage's commit exchange (reduce-scatter, all-gather) and the
                 gaps a rerun moves
     roster      who takes part: the nodes per stage, the fit of a start, the coordinator's
-                successor, the last replica of a stage and the keeper of its backup
+                successor, the last replica of a stage
 
 The node (gwtf.node) drives these over gRPC and wall time. Nothing here imports gwtf.node,
 gwtf.sim or gwtf.train; the arrows point job -> recovery, flow.

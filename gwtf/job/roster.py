@@ -12,7 +12,6 @@ node decides from them:
     live_holders     the holders that may coordinate, in order of succession (4.5)
     orphaned         no live holder is left: the job waits for one to join (rule 5)
     last_replica     this node is the last live replica of its stage (4.6: it backs its state up)
-    backup_keeper    who keeps a stage's snapshots (4.6)
     flow_to_stage    a holder's flow units to the job's next-stage participants (the
                      coordinator weights the holders' shares by them)
 """
@@ -23,7 +22,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 __all__ = [
     "MAX_WEIGHT",
-    "backup_keeper",
     "flow_to_stage",
     "last_replica",
     "live_holders",
@@ -99,22 +97,6 @@ def last_replica(
         s == stage and p != me and p not in departed and alive(p)
         for p, s in participants.items()
     )
-
-
-def backup_keeper(
-    participants: Mapping[str, int],
-    departed: Collection[str],
-    stage: int,
-    coordinator: str,
-    alive: Callable[[str], bool],
-) -> str:
-    """Who keeps the snapshots of `stage`: the coordinator, or, for the
-    coordinator's own stage, the first live participant of another stage ("" if none)."""
-    live = [
-        p for p, s in sorted(participants.items())
-        if s != stage and p not in departed and alive(p)
-    ]
-    return coordinator if coordinator in live else (live[0] if live else "")
 
 
 def flow_to_stage(

@@ -4,12 +4,12 @@ who sends a stage's snapshot, and which snapshot a wiped stage is restored from.
 A snapshot is a stage's weights and optimizer state at an iteration boundary. Every node keeps
 its own stage's state of its latest *periodic* boundary in memory (`periodic`: the job's first
 iteration and every multiple of `every`); one replica of each stage (`sends`: the smallest live
-id) sends it to a keeper of another stage. A *thin* stage (at most `thin` live replicas) sends
-its state after every step as well, so a stage that loses its last replicas at once usually
-loses nothing. When it does lose an iteration's state (every replica of a stage that was not
-thin dies at once), the keeper's snapshot is older than the iteration in progress: the swarm
-rolls back to the stage's periodic snapshot, which every other node can restore from its own
-memory (`restore_point`).
+id) sends it to two keepers of other stages (`snapshot_keepers`). A *thin* stage (at most
+`thin` live replicas) sends its state after every step as well, so a stage that loses its last
+replicas at once usually loses nothing. When it does lose an iteration's state (every replica of
+a stage that was not thin dies at once), the keepers' snapshots are older than the iteration in
+progress: the swarm rolls back to the stage's periodic snapshot, which every other node can
+restore from its own memory (`restore_point`, over what every live keeper holds).
 
 A snapshot counts once it has fully landed. A keeper keeps what it holds of a stage until a newer
 snapshot has fully landed (`keeper_keeps`), and every node keeps its own state of the previous
@@ -23,7 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-__all__ = ["SnapshotPolicy", "keeper_keeps", "own_kept", "restore_point", "snapshot_sender"]
+__all__ = [
+    "SnapshotPolicy",
+    "keeper_keeps",
+    "own_kept",
+    "restore_point",
+    "snapshot_keepers",
+    "snapshot_sender",
+]
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,38 @@ def snapshot_sender(
     live = sorted(p for p, s in participants.items()
                   if s == stage and p not in departed and alive(p))
     return (live[0] if live else ""), len(live)
+
+
+def snapshot_keepers(
+    participants: Mapping[str, int],
+    departed: Collection[str],
+    stage: int,
+    coordinator: str,
+    alive: Callable[[str], bool],
+    location: Callable[[str], str] | None = None,
+) -> tuple[str, ...]:
+    """Who keeps the snapshots of `stage`, in order: at most two live participants of other
+    stages, so that one event that takes the stage and one keeper leaves the other.
+
+    The first is the job coordinator (it decides restores), or, for the coordinator's own
+    stage, the smallest live id of another stage. The second is the live participant of
+    another stage that shares least with the first: not of the first's stage if any is, then
+    at another `location` if any is, then the smallest id. A wave that wipes the stage and the
+    first keeper's stage, or the first keeper's site, leaves it. Every node computes the same
+    pair from the job's participants; a keeper that dies drops out and the next choice takes
+    its place at the stage's next snapshot."""
+    live = sorted(p for p, s in participants.items()
+                  if s != stage and p not in departed and alive(p))
+    if not live:
+        return ()
+    first = coordinator if coordinator in live else live[0]
+    where = location if location is not None else (lambda _: "")
+    rest = [p for p in live if p != first]
+    if not rest:
+        return (first,)
+    second = min(rest, key=lambda p: (participants[p] == participants[first],
+                                      where(p) == where(first), p))
+    return (first, second)
 
 
 def keeper_keeps(

@@ -266,12 +266,13 @@ class Joiner:
             for member in sorted(live, key=lambda m: m.id):
                 try:
                     state = await self.transfer.fetch_from(member.id, job.job_id, 0, at)
-                    break
                 except RuntimeError:
                     continue
-            if state is not None and state[0] in (top, at):
+                if state[0] in (top, at):
+                    break  # stage 0 has two keepers: the other may hold what this one lacks
+                state = None
+            if state is not None:
                 break
-            state = None
         if state is None:
             self._fail(job.job_id, f"every data holder died at iteration {top} and no node "
                        "keeps a snapshot of stage 0 the swarm can go on from; resume the job "

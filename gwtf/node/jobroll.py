@@ -2,11 +2,12 @@
 replica (4.3 rule 5, 4.6).
 
 A joiner asks whom to fetch its stage's state from (`enter`): the stage's live replicas, or, when
-it has none, the node keeping its snapshots. Then it asks again with the iteration of the state it
-holds, and is admitted when that is the iteration in progress and no commit is under way.
+it has none, the nodes keeping its snapshots (two: `snapshot_keepers`). Then it asks again with
+the iteration of the state it holds, and is admitted when that is the iteration in progress and
+no commit is under way.
 
-A stage with no live replica is restored from its keeper's snapshots (`gwtf.job.snapshots`): the
-snapshot of the iteration in progress if the keeper has one (nothing is lost), else the stage's
+A stage with no live replica is restored from its keepers' snapshots (`gwtf.job.snapshots`): the
+snapshot of the iteration in progress if a keeper has one (nothing is lost), else the stage's
 newest periodic one, and then the swarm rolls back to that iteration when the joiner enters with
 it: the coordinator's bookkeeping goes back (`IterationCoordinator.rollback`), the job's progress
 records the rollback and forgets the iterations undone, and every participant restores its own
@@ -20,6 +21,8 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
+
+from grpc import aio
 
 from gwtf.job.iterations import IterationCoordinator, ReportError
 from gwtf.job.snapshots import SnapshotPolicy, own_kept, restore_point
@@ -42,7 +45,7 @@ class _Manager(Protocol):
 
     def fail(self, job_id: str, reason: str, *, spread: bool = True) -> None: ...
 
-    def keeper_of(self, job_id: str, stage: int) -> str: ...
+    def keepers_of(self, job_id: str, stage: int) -> list[str]: ...
 
     def snapshot_iterations(self, job_id: str, stage: int) -> set[int]: ...
 
@@ -106,6 +109,13 @@ class Entrance:
         """Joiners given donors that the commit waits for: the iteration, and until when."""
         self._held: set[str] = set()
         """Joiners the commit waited for already (a joiner gets one wait)."""
+        self.probed: dict[int, tuple[int, frozenset[int]]] = {}
+        """Stage -> (the iteration in progress when asked, the snapshots of it that could
+        restore it the other keepers hold)."""
+        self._probing: set[tuple[int, int]] = set()
+        self.wanted: dict[int, int] = {}
+        """Stage -> the snapshot iteration its joiners fetch from another keeper once the
+        newest one proved unusable."""
 
     def holds_commit(self) -> bool:
         """Does a joiner fetching the state of the iteration in progress hold its commit?"""
@@ -115,39 +125,88 @@ class Entrance:
                          if t > now and i == injecting}
         return bool(self.fetching)
 
-    def _restore_point(self, stage: int) -> tuple[str, int | None]:
-        """(the keeper of `stage`'s snapshots, the iteration it is restored at: None when no
-        snapshot this coordinator knows of can restore it)."""
+    def _restore_point(
+        self, stage: int, reported: int | None = None
+    ) -> tuple[list[str], int | None]:
+        """(the live keepers of `stage`'s snapshots, this node first when it keeps some; the
+        iteration the stage is restored at, None when no snapshot this coordinator knows of
+        can restore it). What another keeper holds is known by asking it (`_probe`) and by
+        what a joiner fetched from it (`reported`)."""
         coord = self.coord
-        keeper = coord.manager.keeper_of(coord.job_id, stage)
-        if keeper != coord.host.node_id:
-            # Stage 0's snapshots are kept away from its coordinator; their iterations are
-            # checked by the holder that adopts the job (gwtf.node.jobjoin).
-            return keeper, coord.plan.injecting if keeper else None
-        kept = coord.manager.snapshot_iterations(coord.job_id, stage)
-        return keeper, restore_point(self.policy, coord.plan.injecting, kept)
+        keepers = coord.manager.keepers_of(coord.job_id, stage)
+        kept = set(coord.manager.snapshot_iterations(coord.job_id, stage))
+        probed = self.probed.get(stage)
+        if probed is not None and probed[0] == coord.plan.injecting:
+            kept |= probed[1]
+        if reported is not None:
+            kept.add(reported)
+        return keepers, restore_point(self.policy, coord.plan.injecting, kept)
+
+    def _others(self, keepers: list[str]) -> list[str]:
+        return [k for k in keepers if k != self.coord.host.node_id]
 
     def check_empty(self, stage: int) -> bool:
         """`stage` has no live replica: False (and the job failed, with the reason) when no
-        snapshot can restore it, so that the job does not wait for a joiner in vain."""
+        snapshot can restore it, so that the job does not wait for a joiner in vain. Another
+        live keeper's snapshots are asked for first (`_probe`)."""
         coord = self.coord
-        keeper, point = self._restore_point(stage)
+        injecting = coord.plan.injecting
+        keepers, point = self._restore_point(stage)
         if point is not None:
             return True
-        if keeper:
-            why = (f"the snapshots of it kept at {keeper} are of iterations "
-                   f"{sorted(coord.manager.snapshot_iterations(coord.job_id, stage))}, and "
-                   f"neither iteration {coord.plan.injecting} nor a periodic one the other "
-                   f"stages keep ({sorted(own_kept(self.policy, coord.plan.injecting))}) is "
-                   "among them")
+        others = self._others(keepers)
+        probed = self.probed.get(stage)
+        if others and (probed is None or probed[0] != injecting):
+            if (stage, injecting) not in self._probing:
+                self._probing.add((stage, injecting))
+                coord.spawn(self._probe(stage, injecting, others), "probe snapshot keepers")
+            return True
+        if self._known(stage):
+            why = (f"the snapshots of it kept at {', '.join(keepers)} are of iterations "
+                   f"{sorted(self._known(stage))}, and neither iteration {injecting} nor a "
+                   "periodic one the other stages keep "
+                   f"({sorted(own_kept(self.policy, injecting))}) is among them")
         else:
-            why = "no node keeps a snapshot of it"
+            why = "no live node keeps a snapshot of it"
         coord.manager.fail(
             coord.job_id, f"stage {stage} lost every replica at iteration "
-            f"{coord.plan.injecting} and {why}; resume the job from a checkpoint or submit it "
-            "again",
+            f"{injecting} and {why}; resume the job from a checkpoint or submit it again",
         )
         return False
+
+    def _known(self, stage: int) -> set[int]:
+        coord = self.coord
+        probed = self.probed.get(stage)
+        return set(coord.manager.snapshot_iterations(coord.job_id, stage)) | (
+            set(probed[1]) if probed is not None else set())
+
+    async def _probe(self, stage: int, injecting: int, keepers: list[str]) -> None:
+        """Ask the other keepers of `stage` which snapshots of it that could restore it they
+        hold (the first chunk of each, then the stream is cancelled), then decide again."""
+        coord = self.coord
+        host = coord.host
+        found: set[int] = set()
+        for keeper in keepers:
+            member = host.member(keeper)
+            if member is None:
+                continue
+            for at in sorted({injecting, *own_kept(self.policy, injecting)}, reverse=True):
+                request = job_pb2.StateRequest(sender=host.node_id, job_id=coord.job_id,
+                                               stage=stage, exact=True, iteration=at)
+                call = host.stubs(member).jobs.FetchState(
+                    request, timeout=host.config.rpc_timeout_s)
+                try:
+                    chunk = await call.read()
+                except aio.AioRpcError:
+                    continue
+                finally:
+                    call.cancel()
+                if isinstance(chunk, job_pb2.StateChunk) and chunk.iteration == at:
+                    found.add(at)
+        self._probing.discard((stage, injecting))
+        self.probed[stage] = (injecting, frozenset(found))
+        if coord.plan.injecting == injecting:
+            coord.update_pause()
 
     # ------------------------------------------------------------------ joiners
 
@@ -173,11 +232,25 @@ class Entrance:
             # rather than roll the swarm back past a replica that went on.
             return reply
         else:
-            keeper, point = self._restore_point(stage)
-            if point is None:
+            reported = request.state_iteration if request.has_state else None
+            keepers, point = self._restore_point(stage, reported)
+            if point is None and not self._others(keepers):
                 self.check_empty(stage)
                 return reply
-            reply.donors.append(keeper)
+            if point is None:
+                # Only another keeper may hold a snapshot that restores the stage: the joiner
+                # fetches its newest, or, once one proved unusable, the periodic one every
+                # other node keeps its own state of, and says which it got.
+                keepers = self._others(keepers)
+                want = self.wanted.get(stage)
+                if reported is not None:
+                    want = self.wanted[stage] = max(own_kept(self.policy, plan.injecting))
+                if want is not None:
+                    reply.rollback = want < plan.injecting
+                    reply.snapshot_iteration = want
+                reply.donors.extend(keepers)
+                return reply
+            reply.donors.extend(keepers)
             reply.rollback = point < plan.injecting
             reply.snapshot_iteration = point
         if not request.has_state:
@@ -199,6 +272,7 @@ class Entrance:
         plan = coord.plan
         plan.admit(node, stage)
         self._held.discard(node)  # a later entry (after a resync) waits again
+        self.wanted.pop(stage, None)
         coord.answering.add(node)  # its calls go out though membership may not show it yet
         reply.admitted = True
         reply.round = plan.round

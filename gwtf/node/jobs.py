@@ -41,7 +41,7 @@ collaborators', which share one `JobBook` (gwtf.node.jobstate: the records and t
     jobtransfer  StateTransfer: stage states to joiners, stage snapshots (4.6), resumes,
                  final weights
     jobjoin      Joiner: entering a running job, and adopting one whose holders all died
-    gwtf.job.roster  the rules on participants (succession, last replica, backup keeper), pure
+    gwtf.job.roster  the rules on participants (succession, last replica), pure
 """
 
 from __future__ import annotations
@@ -235,8 +235,8 @@ class JobManager:
     async def backup(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
         return await self.transfer.backup(chunks)
 
-    def keeper_of(self, job_id: str, stage: int) -> str:
-        return self.transfer.keeper_of(job_id, stage)
+    def keepers_of(self, job_id: str, stage: int) -> list[str]:
+        return self.transfer.keepers_of(job_id, stage)
 
     def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:
         return self.transfer.snapshot_iterations(job_id, stage)

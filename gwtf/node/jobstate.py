@@ -59,8 +59,8 @@ class CurrentJob:
     departed: set[str] = field(default_factory=set)
     """Participants that died or left (a node that comes back under the same id takes part
     again only once admitted)."""
-    keepers: dict[int, str] = field(default_factory=dict)
-    """Stage -> the node that keeps the backup of its last replica's state."""
+    keepers: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """Stage -> the nodes that took its latest snapshot from this node (4.6)."""
     taking_over: bool = False
     base: set[str] = field(default_factory=set)
     """The members of the last commit this node took part in (at the start: the participants):

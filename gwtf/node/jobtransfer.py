@@ -2,9 +2,9 @@
 
     fetch_state     streams this node's stage state (a live replica's, or a snapshot it keeps)
                     to a joiner; `fetch_from` is the joiner's side
-    keep_backup     a stage's snapshot sender sends its state to a keeper (4.6); `backup` is
-                    the keeper's side, `keeper_of` and `snapshot_iterations` what the
-                    coordinator asks of it
+    keep_backup     a stage's snapshot sender sends its state to its two keepers (4.6);
+                    `backup` is the keeper's side, `keepers_of` and `snapshot_iterations`
+                    what the coordinator asks of it
     resume          a client's checkpoint of this node's stage (gwtf submit --resume), kept until
                     a Prepare builds the stage from it
     fetch_weights   a stage's weights for a client: the live ones of a running job, or the final
@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc import aio
 
-from gwtf.job.roster import backup_keeper
-from gwtf.job.snapshots import SnapshotPolicy, keeper_keeps
+from gwtf.job.snapshots import SnapshotPolicy, keeper_keeps, snapshot_keepers
 from gwtf.node.codec import InvalidMessage, check_name
 from gwtf.node.errors import Refusal
 from gwtf.node.jobhost import JobsHost
-from gwtf.node.jobstate import JobBook
+from gwtf.node.jobstate import CurrentJob, JobBook
 from gwtf.v1 import job_pb2
 
 if TYPE_CHECKING:
@@ -165,14 +164,30 @@ class StateTransfer:
 
     # ================================================================== backups (4.6)
 
-    def keeper_of(self, job_id: str, stage: int) -> str:
-        """Who keeps the backup of `stage`'s state for this coordinator ("" if nobody)."""
+    def keepers_of(self, job_id: str, stage: int) -> list[str]:
+        """Who keeps snapshots of `stage` as this node knows: itself first if it holds one,
+        then the live keepers the rule names now (docs/design.md 4.6)."""
         active = self.book.active
         if active is None:
-            return ""
-        if (job_id, stage) in self.backups:
-            return self.host.node_id
-        return active.keepers.get(stage, "")
+            return []
+        found = [self.host.node_id] if (job_id, stage) in self.backups else []
+        for keeper in self._keepers(active, stage):
+            if keeper not in found and keeper != self.host.node_id:
+                found.append(keeper)
+        return found
+
+    def _keepers(self, active: CurrentJob, stage: int) -> tuple[str, ...]:
+        """The keepers of `stage`'s snapshots by the rule (`snapshot_keepers`)."""
+        host = self.host
+
+        def location(node: str) -> str:
+            member = host.member(node)
+            return member.location if member is not None else ""
+
+        return snapshot_keepers(
+            active.participants, active.departed, stage, active.coordinator,
+            lambda p: p == host.node_id or host.member(p) is not None, location,
+        )
 
     def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:
         """The iterations of the snapshots of `stage` this node keeps (none: empty)."""
@@ -219,26 +234,32 @@ class StateTransfer:
         self.host.spawn(send(), "backup")
 
     async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
-        """Send a stage's snapshot to the job's coordinator (or, for the coordinator's own
-        stage, to the first live participant of another stage) and remember who keeps it."""
+        """Send a stage's snapshot to both its keepers (`snapshot_keepers`) at once and return
+        when both streams ended: a step is reported only after its snapshot landed at every
+        keeper, so `own_kept`'s reading (a later step means every snapshot landed) holds for
+        the second keeper too."""
         active = self.book.current(job_id)
         if active is None or iteration >= active.job.iterations:
             return
-        keeper = backup_keeper(active.participants, active.departed, stage, active.coordinator,
-                               lambda p: self.host.member(p) is not None)
-        member = self.host.member(keeper) if keeper else None
-        if member is None:
-            return
-        try:
-            await self.host.stubs(member).jobs.Backup(
-                _chunks(data, stage, iteration, job_id, self.host.node_id),
-                timeout=self.host.config.prepare_timeout_s,
-            )
-        except aio.AioRpcError as err:
-            self.host.log.warning("job %s: the backup of stage %d at %s failed: %s", job_id,
-                                  stage, keeper, err.details())
-            return
-        active.keepers[stage] = keeper
+        keepers = [k for k in self._keepers(active, stage) if k != self.host.node_id]
+
+        async def send(keeper: str) -> bool:
+            member = self.host.member(keeper)
+            if member is None:
+                return False
+            try:
+                await self.host.stubs(member).jobs.Backup(
+                    _chunks(data, stage, iteration, job_id, self.host.node_id),
+                    timeout=self.host.config.prepare_timeout_s,
+                )
+            except aio.AioRpcError as err:
+                self.host.log.warning("job %s: the backup of stage %d at %s failed: %s",
+                                      job_id, stage, keeper, err.details())
+                return False
+            return True
+
+        landed = await asyncio.gather(*(send(k) for k in keepers))
+        active.keepers[stage] = tuple(k for k, ok in zip(keepers, landed, strict=True) if ok)
 
     # ================================================================== resuming (10)
 

@@ -3,27 +3,31 @@
 
 - at every iteration boundary the rule makes due after the job's first (every
   `snapshot_every`-th, and every one of a stage with at most `snapshot_thin` live replicas) the
-  stage's smallest live replica sends the stage's state (`params * state_bytes_per_param`) to the
-  stage's keeper, a live node of another stage (the one with the smallest id, kept while it
-  lives), over the simulated network, queued like any send; so does a stage that a death makes
-  thin in the middle of an iteration (the state of the iteration's start);
+  stage's smallest live replica sends the stage's state (`params * state_bytes_per_param`) to each
+  of the stage's two keepers (`snapshot_keepers`, as the node chooses them: the coordinator, the
+  smallest live holder, and a node of a third stage, at another location where it can), one copy
+  after the other on its uplink, over the simulated network, queued like any send; so does a
+  stage that a death makes thin in the middle of an iteration (the state of the iteration's
+  start);
 - a snapshot counts once it has fully landed: one whose sender or keeper died on the way is cut
-  off and counts for nothing. The keeper replaces what it holds of the stage only then
+  off and counts for nothing. A keeper replaces what it holds of the stage only then
   (`keeper_keeps`: the newest and the newest periodic one), and every node keeps its own state of
-  the previous periodic boundary until every stage's snapshot of the newer one has landed
-  (`own_kept`). A keeper that dies takes its snapshots with it, and the stages they were of send
-  theirs to a new keeper at once (the node waits for their next due boundary instead:
-  docs/design.md 4.6, limits);
-- when the last replica of a stage is gone (its death noticed), the stage is restored from its
-  keeper (`restore_point`): the snapshot of the iteration in progress loses nothing (the rules
-  replay the stage's work on the joiners); an older one the other stages still keep rolls the
-  swarm back to it (`Simulation.rollback`, reported in the result, the iterations undone counted
-  as lost progress); none fails the job with its reason (`Simulation.fail`). A joiner of a
-  wiped stage downloads the state from the keeper;
+  the previous periodic boundary until every stage's snapshot of the newer one has reached both
+  keepers (`own_kept`; the node reports its step once both copies are through). A keeper that
+  dies takes its snapshots with it; the other keeps its copies, and the rule's next choice gets
+  the stage's next snapshot. A stage left with no keeper holding anything sends its state to the
+  new keepers at once (the node waits for the next due boundary instead: docs/design.md 4.6);
+- when the last replica of a stage is gone (its death noticed), the stage is restored from the
+  newest usable snapshot any live keeper holds (`restore_point` over their union): the snapshot
+  of the iteration in progress loses nothing (the rules replay the stage's work on the joiners);
+  an older one the other stages still keep rolls the swarm back to it (`Simulation.rollback`,
+  reported in the result, the iterations undone counted as lost progress); none fails the job
+  with its reason (`Simulation.fail`). A joiner of a wiped stage downloads the state from a
+  keeper holding it;
 - the state of the job's first iteration is the job's own: every node builds it from the job's
   model and seed (the simulated jobs are fresh, never resumed), so it is not sent, and it is
-  always a restore point (`restore_point(rebuilt=True)`): a stage wiped together with the
-  keeper of its snapshots sends the whole swarm back to the job's start, reported as a
+  always a restore point (`restore_point(rebuilt=True)`): a stage wiped together with both
+  keepers of its snapshots sends the whole swarm back to the job's start, reported as a
   rollback, rather than failing the job. The node sends it all the same, as its joiners cannot
   rebuild a stage yet, and fails such a job (docs/design.md 4.6).
 
@@ -35,7 +39,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gwtf.job.snapshots import SnapshotPolicy, keeper_keeps, own_kept, restore_point
+from gwtf.job.snapshots import (
+    SnapshotPolicy,
+    keeper_keeps,
+    own_kept,
+    restore_point,
+    snapshot_keepers,
+)
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
 from gwtf.sim.simulator import Simulation
@@ -54,11 +64,12 @@ class StageSnapshots:
         self.sink = sim.sink
         sc = sim.sc
         self.policy = SnapshotPolicy(sc.snapshot_every, sc.snapshot_thin)
-        self.keeper: list[SimNode | None] = [None] * sim.S
-        self.kept: list[frozenset[int]] = [frozenset()] * sim.S
-        """Per stage, the iterations of the snapshots its keeper holds (landed ones only)."""
+        self.kept: list[dict[SimNode, frozenset[int]]] = [{} for _ in range(sim.S)]
+        """Per stage, each live keeper's iterations of its snapshots (landed ones only)."""
         self.landed_periodic: list[int | None] = [None] * sim.S
-        """Per stage, the newest periodic boundary whose snapshot landed at a keeper."""
+        """Per stage, the newest periodic boundary whose snapshot reached both its keepers."""
+        self.on_way: dict[tuple[int, int, int], list[int]] = {}
+        """(stage, iteration, generation) -> [copies still on their way, copies landed]."""
         self.generation = 0
         """Bumped by a rollback: a snapshot sent before it is of an undone iteration."""
         self.sent = 0
@@ -69,12 +80,17 @@ class StageSnapshots:
     def _live(self, stage: int) -> list[SimNode]:
         return [n for n in self.sim.active_nodes(stage) if not n.detected]
 
-    def _keeper_for(self, stage: int) -> SimNode | None:
-        keeper = self.keeper[stage]
-        if keeper is not None and keeper.alive and keeper.active and keeper.stage != stage:
-            return keeper
-        others = [n for n in self.sim.active_nodes() if n.stage != stage and not n.detected]
-        return min(others, key=lambda n: n.id, default=None)
+    def _keepers_for(self, stage: int) -> list[SimNode]:
+        """The stage's keepers by the node's rule, over the live nodes as the swarm sees them."""
+        live = {n.id: n for n in self.sim.active_nodes() if not n.detected}
+        coordinator = min((i for i, n in live.items() if n.stage == 0), default="")
+        ids = snapshot_keepers({i: n.stage for i, n in live.items()}, (), stage, coordinator,
+                               lambda _: True, lambda i: live[i].location)
+        return [live[i] for i in ids]
+
+    def _held(self, stage: int) -> frozenset[int]:
+        """The iterations of `stage`'s snapshots any live keeper holds."""
+        return frozenset().union(*self.kept[stage].values())
 
     def boundary(self, index: int) -> None:
         """Iteration `index` starts: send the snapshots the rule makes due."""
@@ -82,7 +98,7 @@ class StageSnapshots:
             return  # the job's initial state (module doc)
         for stage in range(self.sim.S):
             live = self._live(stage)
-            if live and self.policy.due(index, len(live)) and index not in self.kept[stage]:
+            if live and self.policy.due(index, len(live)):
                 self._send(stage, index, min(live, key=lambda n: n.id))
 
     def thinned(self, stage: int) -> None:
@@ -90,51 +106,58 @@ class StageSnapshots:
         it = self.sim.iteration
         live = self._live(stage)
         if it is not None and live and self.policy.is_thin(len(live)) \
-                and it.index != self.policy.start and it.index not in self.kept[stage]:
+                and it.index != self.policy.start:
             self._send(stage, it.index, min(live, key=lambda n: n.id))
 
     def _send(self, stage: int, index: int, sender: SimNode) -> None:
-        keeper = self._keeper_for(stage)
-        if keeper is None:
+        """One copy to each of the stage's keepers that lacks it, one after the other."""
+        keepers = [k for k in self._keepers_for(stage)
+                   if index not in self.kept[stage].get(k, frozenset())]
+        if not keepers:
             return
         sc = self.sim.sc
         nbytes = sc.params_per_stage[stage] * sc.state_bytes_per_param
-        self.sent += 1
-        self.bytes += nbytes
-        arrive = self.sim.transfer(sender, keeper, nbytes)
-        self.sink.emit(arrive, Kind.ARRIVE, self._on_arrive,
-                       (stage, index, sender, sender.epoch, keeper, keeper.epoch,
-                        self.generation))
+        key = (stage, index, self.generation)
+        self.on_way.setdefault(key, [0, 0])[0] += len(keepers)
+        for keeper in keepers:
+            self.sent += 1
+            self.bytes += nbytes
+            arrive = self.sim.transfer(sender, keeper, nbytes)
+            self.sink.emit(arrive, Kind.ARRIVE, self._on_arrive,
+                           (stage, index, sender, sender.epoch, keeper, keeper.epoch,
+                            self.generation))
 
     @returns_events
     def _on_arrive(self, payload: Sent) -> None:
         stage, index, sender, sender_epoch, keeper, keeper_epoch, generation = payload
         if generation != self.generation:
             return  # sent before a rollback: of an iteration undone since
+        way = self.on_way.setdefault((stage, index, generation), [1, 0])
+        way[0] -= 1
         if not (sender.alive and sender.epoch == sender_epoch and keeper.alive
                 and keeper.epoch == keeper_epoch and keeper.stage != stage):
             self.cut += 1  # the stream was cut off: nothing landed
-            return
-        self.landed += 1
-        if self.keeper[stage] is not keeper:
-            self.keeper[stage] = keeper
-            self.kept[stage] = frozenset()
-        self.kept[stage] = keeper_keeps(self.policy, self.kept[stage], index)
-        if self.policy.periodic(index):
-            newest = self.landed_periodic[stage]
-            self.landed_periodic[stage] = index if newest is None else max(newest, index)
+        else:
+            self.landed += 1
+            way[1] += 1
+            self.kept[stage][keeper] = keeper_keeps(
+                self.policy, self.kept[stage].get(keeper, frozenset()), index)
+        if way[0] <= 0:
+            del self.on_way[(stage, index, generation)]
+            if way[1] and self.policy.periodic(index):
+                newest = self.landed_periodic[stage]
+                self.landed_periodic[stage] = index if newest is None else max(newest, index)
 
     def died(self, node: SimNode) -> None:
-        """`node` is gone: the snapshots it kept are gone with it, and each stage they were of
-        sends a new keeper at once what its nodes hold (the state of the iteration's start if
-        the stage is thin, else of its latest periodic boundary), as a death that makes a stage
-        thin does: a stage whose snapshots died waits for no boundary to have one again."""
+        """`node` is gone: the snapshots it kept are gone with it. A stage whose other keeper
+        still holds some waits for its next snapshot to reach the rule's new choice; one left
+        with none sends the new keepers what its nodes hold at once (the state of the
+        iteration's start if the stage is thin, else of its latest periodic boundary), as a
+        death that makes a stage thin does."""
         it = self.sim.iteration
-        for stage, keeper in enumerate(self.keeper):
-            if keeper is not node:
+        for stage, kept in enumerate(self.kept):
+            if kept.pop(node, None) is None or kept:
                 continue
-            self.keeper[stage] = None
-            self.kept[stage] = frozenset()
             live = [n for n in self._live(stage) if n is not node]
             if it is None or not live:
                 continue
@@ -144,9 +167,10 @@ class StageSnapshots:
                 self._send(stage, index, min(live, key=lambda n: n.id))
 
     def source(self, stage: int) -> SimNode | None:
-        """Where a joiner of `stage`, which has no live replica, downloads its state from."""
-        keeper = self.keeper[stage]
-        return keeper if keeper is not None and keeper.alive and self.kept[stage] else None
+        """Where a joiner of `stage`, which has no live replica, downloads its state from: the
+        live keeper holding its newest snapshot."""
+        kept = {k: held for k, held in self.kept[stage].items() if k.alive and held}
+        return max(kept, key=lambda k: (max(kept[k]), k.id), default=None)
 
     def held(self, current: int) -> frozenset[int]:
         """The periodic boundaries every node at `current` keeps its own state of."""
@@ -160,25 +184,26 @@ class StageSnapshots:
         sim = self.sim
         it = sim.iteration
         current = it.index if it is not None else sim.committed
+        kept = self._held(stage)
         # The jobs simulated are fresh: every node can rebuild the initial state (module doc).
-        point = restore_point(self.policy, current, self.kept[stage], self.held(current),
-                              rebuilt=True)
+        point = restore_point(self.policy, current, kept, self.held(current), rebuilt=True)
         if point == current:
             return
         if point is not None:
             self.rolled_back(point)
             sim.rollback(point, stage)
             return
-        held = sorted(self.kept[stage])
         sim.fail(f"stage {stage} lost every replica at iteration {current} and "
-                 + (f"its keeper holds snapshots of iterations {held} only, none the other "
-                    f"stages can go back to (they keep {sorted(self.held(current))})"
-                    if held else "no node keeps a snapshot of it"))
+                 + (f"its keepers hold snapshots of iterations {sorted(kept)} only, none the "
+                    f"other stages can go back to (they keep {sorted(self.held(current))})"
+                    if kept else "no node keeps a snapshot of it"))
 
     def rolled_back(self, to: int) -> None:
         """The swarm goes back to `to`: snapshots of later iterations are of undone work."""
         self.generation += 1
-        self.kept = [frozenset(i for i in kept if i <= to) for kept in self.kept]
+        self.on_way.clear()
+        self.kept = [{k: frozenset(i for i in held if i <= to) for k, held in kept.items()}
+                     for kept in self.kept]
         self.landed_periodic = [b if b is None or b <= to else to for b in self.landed_periodic]
 
     def totals(self) -> dict[str, Any]:

@@ -13,8 +13,10 @@ stage) and trains one short tiny-gpt job, killing nodes by pid with SIGKILL whil
 - both stage-1 nodes at once with the default policy, where a stage of two replicas is thin and
   snapshotted after every step: the joiner restores the iteration in progress, no rollback;
 - one node of stage 1 and one of stage 2 at once: no stage is wiped, the iteration starts over;
-- the coordinator, which keeps the other stages' snapshots, with both stage-1 nodes: no snapshot
-  can restore stage 1, and the job fails at once saying so.
+- the coordinator, one keeper of the other stages' snapshots, with both stage-1 nodes: the next
+  holder coordinates and the joiner of stage 1 restores it from the second keeper's snapshot;
+- both keepers of stage 1's snapshots with both stage-1 nodes: no snapshot can restore stage 1,
+  and the job fails at once saying so.
 
 Each ends with the loss curve and parameters of `gwtf.train.train_reference` over the same
 microbatches, bit for bit (the iterations a rollback undid are trained again with the same data,
@@ -153,18 +155,41 @@ def test_two_kills_in_different_stages_at_once(swarm: LocalSwarm) -> None:
     assert result.crashes == 2 and result.rollbacks == ()
 
 
+def test_a_stage_wiped_with_the_coordinator_rolls_back_to_the_second_keepers_snapshot(
+    swarm: LocalSwarm,
+) -> None:
+    # Stage 1's snapshots are kept at the coordinator h0 and at z0 (a third stage's node): killed
+    # with both stage-1 nodes, h0 takes its copies along. The next holder, h1, coordinates, finds
+    # z0's snapshot of iteration 4, and the joiner of stage 1 restores it from z0.
+    job = job_for("second-keeper", 10, snapshot_every=4, snapshot_thin=1)
+    client = GwtfClient(swarm.procs["z1"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: client.progress(job_id).iterations_completed >= 5, WAIT_S, "5 iterations")
+    kill_at_once(swarm, "h0", "a0", "a1")
+    wait_for(lambda: "stage 1 has no live node" in client.progress(job_id).paused, 30,
+             "the job to pause for stage 1")
+    swarm.bootstrap = swarm.procs["z1"].address  # the first node, h0, is gone
+    swarm.join("a9", 1, 0.07)
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    assert_equals_reference(result, job)
+    assert result.coordinator == "h1"
+    assert [(b.stage, b.to_iteration) for b in result.rollbacks] == [(1, 4)], result.rollbacks
+    assert result.rollbacks[0].from_iteration > 4
+
+
 def test_a_wiped_stage_with_no_snapshot_fails_the_job_with_its_reason(
     swarm: LocalSwarm,
 ) -> None:
-    # The coordinator keeps the other stages' snapshots: killed with both stage-1 nodes, it takes
-    # them along. The next holder coordinates, finds stage 1 empty with no snapshot anywhere,
-    # and the job fails at once with that reason instead of waiting for a joiner.
+    # Both keepers of stage 1's snapshots, the coordinator h0 and z0, killed with both stage-1
+    # nodes take every copy along. The next holder coordinates, finds stage 1 empty with no
+    # snapshot at any live keeper, and the job fails at once with that reason instead of
+    # waiting for a joiner.
     job = job_for("no-snapshot", 8)
-    client = GwtfClient(swarm.procs["z0"].address)
+    client = GwtfClient(swarm.procs["z1"].address)
     job_id = client.submit(job)
     wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S, "2 iterations")
-    kill_at_once(swarm, "h0", "a0", "a1")
+    kill_at_once(swarm, "h0", "z0", "a0", "a1")
     result = client.wait(job_id, timeout_s=WAIT_S)
     assert result.state == "failed"
     assert "stage 1 lost every replica" in result.error, result.error
-    assert "no node keeps a snapshot of it" in result.error, result.error
+    assert "no live node keeps a snapshot of it" in result.error, result.error

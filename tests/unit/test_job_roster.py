@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 from gwtf.job.roster import (
     MAX_WEIGHT,
-    backup_keeper,
     flow_to_stage,
     last_replica,
     live_holders,
@@ -58,14 +57,6 @@ def test_the_last_replica_of_a_stage() -> None:
     assert last_replica(PARTICIPANTS, {"b"}, 1, "a", alive_but())
     assert last_replica(PARTICIPANTS, set(), 1, "a", alive_but("b"))
     assert last_replica(PARTICIPANTS, set(), 2, "z", alive_but())
-
-
-def test_the_coordinator_keeps_a_backup_unless_it_is_of_its_own_stage() -> None:
-    assert backup_keeper(PARTICIPANTS, set(), 1, "h0", alive_but()) == "h0"
-    assert backup_keeper(PARTICIPANTS, set(), 0, "h0", alive_but()) == "a"
-    assert backup_keeper(PARTICIPANTS, {"a"}, 0, "h0", alive_but()) == "b"
-    assert backup_keeper(PARTICIPANTS, set(), 1, "h0", alive_but("h0")) == "h1"
-    assert backup_keeper({"h0": 0}, set(), 0, "h0", alive_but()) == ""
 
 
 def test_a_holders_flow_counts_the_live_participants_of_the_next_stage() -> None:

@@ -15,6 +15,7 @@ from gwtf.job.snapshots import (
     keeper_keeps,
     own_kept,
     restore_point,
+    snapshot_keepers,
     snapshot_sender,
 )
 
@@ -31,6 +32,43 @@ def test_periodic_boundaries_thin_stages_and_the_sender() -> None:
     assert snapshot_sender(PARTICIPANTS, set(), 1, alive) == ("a0", 2)
     assert snapshot_sender(PARTICIPANTS, {"a0"}, 1, alive) == ("a1", 1)
     assert snapshot_sender(PARTICIPANTS, set(), 1, lambda p: False) == ("", 0)
+
+
+def test_two_keepers_of_other_stages_the_second_sharing_least_with_the_first() -> None:
+    swarm = {"h0": 0, "h1": 0, "a0": 1, "a1": 1, "z0": 2, "z1": 2}
+    alive = lambda p: True  # noqa: E731
+    # The coordinator first; the second of a third stage rather than the coordinator's.
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive) == ("h0", "z0")
+    assert snapshot_keepers(swarm, set(), 2, "h0", alive) == ("h0", "a0")
+    # The coordinator's own stage: two other stages' smallest ids.
+    assert snapshot_keepers(swarm, set(), 0, "h0", alive) == ("a0", "z0")
+    # A keeper that died or left is replaced by the rule's next choice.
+    assert snapshot_keepers(swarm, {"z0"}, 1, "h0", alive) == ("h0", "z1")
+    assert snapshot_keepers(swarm, set(), 1, "h0", lambda p: p[0] != "z") == ("h0", "h1")
+    assert snapshot_keepers(swarm, set(), 1, "h0", lambda p: p != "h0") == ("h1", "z0")
+    # With a third stage out of reach: another location than the first's before a smaller id.
+    where = {"h0": "us", "h1": "us", "a0": "us", "a1": "eu", "z0": "us", "z1": "us"}.__getitem__
+    assert snapshot_keepers({**swarm, "z0": 0, "z1": 0}, set(), 2, "h0", alive,
+                            where) == ("h0", "a1")
+    assert snapshot_keepers({"h0": 0, "h1": 0, "a0": 1, "a1": 1}, set(), 1, "h0",
+                            alive, where) == ("h0", "h1")
+    assert snapshot_keepers({"h0": 0, "a0": 1, "a1": 1, "z0": 2}, set(), 0, "h0", alive,
+                            where) == ("a0", "z0")
+    assert snapshot_keepers({"h0": 0, "a0": 1, "a1": 1}, set(), 0, "h0", alive,
+                            {"h0": "us", "a0": "us", "a1": "eu"}.__getitem__) == ("a0", "a1")
+    # Fewer candidates: one keeper, or none.
+    assert snapshot_keepers({"h0": 0, "a0": 1}, set(), 1, "h0", alive) == ("h0",)
+    assert snapshot_keepers({"h0": 0}, set(), 0, "h0", alive) == ()
+    # Every node computes the same pair: it depends on nothing but its arguments.
+    assert snapshot_keepers(dict(reversed(swarm.items())), set(), 1, "h0", alive) == ("h0", "z0")
+
+
+def test_a_restore_takes_the_newest_usable_snapshot_of_either_keeper() -> None:
+    policy = SnapshotPolicy(every=4, thin=2)
+    first, second = {4, 5}, {4, 6}  # a copy of 6 cut off on its way to the first keeper
+    assert restore_point(policy, 6, first | second) == 6
+    assert restore_point(policy, 6, first) == 4
+    assert restore_point(policy, 6, set() | second) == 6  # the first keeper died with the stage
 
 
 def test_a_wiped_stage_is_restored_at_the_iteration_in_progress_or_its_periodic_one() -> None:
