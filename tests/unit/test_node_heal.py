@@ -438,8 +438,11 @@ def test_a_joiner_waits_while_its_stages_replica_is_dead_only_by_a_stale_verdict
         def excluded(self, job_id: str) -> list[str]:
             return []
 
-        def keeper_of(self, job_id: str, stage: int) -> str:
-            return "a0"
+        def keepers_of(self, job_id: str, stage: int) -> list[str]:
+            return ["a0"]
+
+        def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:
+            return set()
 
         def changed(self, active: Any) -> None:
             pass
