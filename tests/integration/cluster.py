@@ -170,16 +170,19 @@ class LocalSwarm:
     def kill(self, node_id: str) -> float:
         """SIGKILL: a crash. Returns the time of the kill (time.monotonic)."""
         proc = self.procs[node_id]
+        at = time.monotonic()  # before the signal: this process may be descheduled after it
         proc.popen.send_signal(signal.SIGKILL)
-        at = time.monotonic()
         proc.popen.wait(timeout=10)
         return at
 
     def terminate(self, node_id: str) -> float:
-        """SIGTERM: a graceful leave. Returns the time of the signal."""
+        """SIGTERM: a graceful leave. Returns the time of the signal, read just before it: read
+        after, a test process descheduled for a few milliseconds on a loaded machine put it after
+        the other nodes' logged verdicts, which the leave test then did not count."""
         proc = self.procs[node_id]
+        at = time.monotonic()
         proc.popen.send_signal(signal.SIGTERM)
-        return time.monotonic()
+        return at
 
     def live(self) -> list[Proc]:
         return [p for p in self.procs.values() if p.alive]
