@@ -46,6 +46,7 @@ from gwtf.flow.balance import (
     queue_pieces,
     solve_balanced,
 )
+from gwtf.flow.simplex import max_flow_min_cost
 from gwtf.flow.solution import FLOW_EPSILON, FlowResult
 from gwtf.flow.topology import (
     CAP_SCALE,
@@ -505,9 +506,7 @@ def solve_members(
     direct_only: set[tuple[int, int]] = set()
     for attempt in range(REFINE_ROUNDS + 1):
         net = _network(members, groups, cells, hub_slack, direct_only, balance)
-        flow = nx.max_flow_min_cost(
-            net.graph, _SOURCE, _SINK, capacity="capacity", weight="weight"
-        )
+        flow = max_flow_min_cost(net.graph, _SOURCE, _SINK)
         through: dict[str, int] = {}
         for gi, g in enumerate(groups):
             units = carried(flow, 2 * gi, 2 * gi + 1, _pieces(g, balance), _via(gi))
