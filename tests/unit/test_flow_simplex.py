@@ -91,6 +91,23 @@ def test_huge_capacities_go_to_networkx_and_agree() -> None:
         graph, "s", "t", capacity="capacity", weight="weight")
 
 
+def test_network_keeps_digraph_order() -> None:
+    """A Network and a DiGraph built by the same calls list the same nodes and arcs in the same
+    order (the simplex numbers them in that order)."""
+    rng = random.Random(3)
+    ours, theirs = simplex.Network(), nx.DiGraph()
+    ours.add_node("s")
+    theirs.add_node("s")
+    for _ in range(300):
+        u, v = rng.randrange(40), rng.randrange(40)
+        data = {"weight": rng.randrange(9)} if rng.random() < 0.5 else {"capacity": 3}
+        ours.add_edge(u, v, **data)
+        theirs.add_edge(u, v, **data)
+    assert list(ours) == list(theirs)
+    assert list(ours.edges(data=True)) == list(theirs.edges(data=True))
+    assert 5 in ours and "x" not in ours
+
+
 def test_missing_or_equal_ends_are_refused() -> None:
     graph = nx.DiGraph([("s", "t")])
     with pytest.raises(nx.NetworkXError, match="not in graph"):
@@ -111,7 +128,8 @@ def test_local_solve_and_oracle_networks_match_networkx(
     ours_oracle = oracle.solve_oracle(topology, balance=JOB_OBJECTIVE)
 
     def networkx_solver(graph: nx.DiGraph, source: object, sink: object) -> object:
-        return nx.max_flow_min_cost(graph, source, sink, capacity="capacity", weight="weight")
+        return nx.max_flow_min_cost(simplex.as_digraph(graph), source, sink,
+                                    capacity="capacity", weight="weight")
 
     monkeypatch.setattr(localsolve, "max_flow_min_cost", networkx_solver)
     monkeypatch.setattr(oracle, "max_flow_min_cost", networkx_solver)
