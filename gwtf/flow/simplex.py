@@ -42,6 +42,10 @@ reduced cost adds two of them and a weight, all well inside int64's 2^63."""
 
 FlowDict = dict[Any, dict[Any, int]]
 
+VECTOR_ARCS = 1000
+"""Networks of at least this many arcs search for the entering arc with numpy (blocks of 32
+arcs and more); smaller ones over Python lists, which is faster there."""
+
 
 class Network:
     """The part of `nx.DiGraph` the solves use, with its order: nodes in the order they were
@@ -275,19 +279,26 @@ class _Simplex:
         self.weight = [*weights, *([faux_inf] * n)]
         # Any: an int, or inf on an unbounded cycle (networkx raises on it after the loop).
         self.flow: list[Any] = [*([0] * count), *(abs(d) for d in demands)]
-        self.pi = np.array([faux_inf if d <= 0 else -faux_inf for d in demands], dtype=np.int64)
+        potentials = [faux_inf if d <= 0 else -faux_inf for d in demands]
+        self.n = n
         self.parent: list[int | None] = [*([-1] * n), None]
         self.parent_edge: list[int | None] = list(range(count, count + n))
         self.size = [*([1] * n), n + 1]
         self.next = [*range(1, n), -1, 0]
         self.prev = list(range(-1, n))
         self.last = [*range(n), n - 1]
-        # The entering search's arrays (real arcs only): sign is +1 where the flow is 0 (the
-        # reduced cost as it is), -1 elsewhere (negated), as networkx's reduced_cost.
-        self.w_np = np.array(weights, dtype=np.int64)
-        self.s_np = np.array(sources, dtype=np.intp)
-        self.t_np = np.array(targets, dtype=np.intp)
-        self.sign = np.ones(count, dtype=np.int64)
+        self.vector = count >= VECTOR_ARCS
+        self.pi: Any
+        if self.vector:
+            # The entering search's arrays (real arcs only): sign is +1 where the flow is 0
+            # (the reduced cost as it is), -1 elsewhere (negated), as networkx's reduced_cost.
+            self.pi = np.array(potentials, dtype=np.int64)
+            self.w_np = np.array(weights, dtype=np.int64)
+            self.s_np = np.array(sources, dtype=np.intp)
+            self.t_np = np.array(targets, dtype=np.intp)
+            self.sign = np.ones(count, dtype=np.int64)
+        else:
+            self.pi = potentials
 
     # -- the tree (networkx's methods, the same steps)
     def find_apex(self, p: int, q: int) -> int:
@@ -334,14 +345,17 @@ class _Simplex:
         return wn, we
 
     def augment_flow(self, wn: list[int], we: list[int], f: Any) -> None:
-        flow, src, sign, count = self.flow, self.src, self.sign, self.count
+        flow, src, count = self.flow, self.src, self.count
         for i, p in zip(we, wn, strict=False):
             if src[i] == p:
                 flow[i] += f
             else:
                 flow[i] -= f
-            if i < count:
-                sign[i] = 1 if flow[i] == 0 else -1
+        if self.vector:
+            sign = self.sign
+            for i in we:
+                if i < count:
+                    sign[i] = 1 if flow[i] == 0 else -1
 
     def remove_edge(self, s: int, t: int) -> None:
         size_t = self.size[t]
@@ -423,6 +437,12 @@ class _Simplex:
             d = int(pi[p]) + self.weight[i] - int(pi[q])
         nxt = self.next
         end = self.last[q]
+        if not self.vector:
+            pi[q] += d
+            while q != end:
+                q = nxt[q]
+                pi[q] += d
+            return
         nodes = [q]
         while q != end:
             q = nxt[q]
@@ -433,6 +453,9 @@ class _Simplex:
     def find_entering_edges(self) -> Any:
         count = self.count
         if count == 0:
+            return
+        if not self.vector:
+            yield from self._find_entering_edges_lists()
             return
         block = int(math.ceil(math.sqrt(count)))
         blocks = (count + block - 1) // block
@@ -454,6 +477,41 @@ class _Simplex:
                 i = int(idx[k])
             f = end
             if reduced[k] >= 0:
+                misses += 1
+            else:
+                if flow[i] == 0:
+                    yield i, src[i], tgt[i]
+                else:
+                    yield i, tgt[i], src[i]
+                misses = 0
+
+    def _find_entering_edges_lists(self) -> Any:
+        """The same search over Python lists (small networks, where numpy's per-call cost
+        exceeds a block's): the first arc of least reduced cost in the block, if negative."""
+        count = self.count
+        block = int(math.ceil(math.sqrt(count)))
+        blocks = (count + block - 1) // block
+        w, src, tgt, flow, pi = self.weight, self.src, self.tgt, self.flow, self.pi
+        misses = 0
+        f = 0
+        while misses < blocks:
+            end = f + block
+            if end <= count:
+                arcs: Any = range(f, end)
+            else:
+                end -= count
+                arcs = (*range(f, count), *range(end))
+            f = end
+            best = 0
+            i = -1
+            for k in arcs:
+                c = w[k] - pi[src[k]] + pi[tgt[k]]
+                if flow[k] != 0:
+                    c = -c
+                if c < best:
+                    best = c
+                    i = k
+            if i < 0:
                 misses += 1
             else:
                 if flow[i] == 0:
@@ -494,4 +552,4 @@ class _Simplex:
                 self.make_root(q)
                 self.add_edge(i, p, q)
                 self.update_potentials(i, p, q)
-        return self.flow[: self.count + len(self.pi)]
+        return self.flow[: self.count + self.n]

@@ -41,7 +41,15 @@ def _outcome(call: object) -> object:
         return type(exc).__name__
 
 
-def test_random_graphs_match_networkx() -> None:
+@pytest.fixture(params=["lists", "numpy"])
+def search(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both entering-arc searches: over Python lists, and vectorised (every network at least
+    VECTOR_ARCS arcs)."""
+    monkeypatch.setattr(simplex, "VECTOR_ARCS", 10**9 if request.param == "lists" else 0)
+    return str(request.param)
+
+
+def test_random_graphs_match_networkx(search: str) -> None:
     outcomes: dict[str, int] = {}
     for seed in range(600):
         graph = _random_graph(random.Random(seed))
@@ -62,7 +70,7 @@ def test_random_graphs_match_networkx() -> None:
     assert outcomes.get("NetworkXUnbounded", 0) > 10
 
 
-def test_demands_and_float_weights_match_networkx() -> None:
+def test_demands_and_float_weights_match_networkx(search: str) -> None:
     rng = random.Random(7)
     for _ in range(100):
         graph = _random_graph(rng)
@@ -118,7 +126,7 @@ def test_missing_or_equal_ends_are_refused() -> None:
 
 @pytest.mark.parametrize(("nodes", "stages", "seed"), [(40, 4, 0), (64, 4, 1), (100, 5, 2)])
 def test_local_solve_and_oracle_networks_match_networkx(
-    nodes: int, stages: int, seed: int, monkeypatch: pytest.MonkeyPatch
+    nodes: int, stages: int, seed: int, search: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The flows of the local solve (least cost and the jobs' headroom objective) and of the
     oracle are those networkx's own max_flow_min_cost gives."""
