@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.report import machine, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ((64, 4), (256, 8), (1000, 10))
+CASES = ((16, 4), (32, 4), (64, 4), (256, 8), (1000, 10))
 QUICK_CASES = ((64, 4),)
 SEEDS = (0, 1)
 OBJECTIVES = ("least cost", "headroom")
