@@ -19,12 +19,11 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
-import grpc
 from grpc import aio
 
 from gwtf.job.snapshots import SnapshotPolicy, keeper_keeps, snapshot_keepers
 from gwtf.node.codec import InvalidMessage, check_name
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import NotHeld, NotReady
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobstate import CurrentJob, JobBook
 from gwtf.v1 import job_pb2
@@ -105,16 +104,14 @@ class StateTransfer:
         """Stream this stage's state (a live replica) or the backup this node keeps."""
         active = self.book.current(request.job_id)
         if active is None:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"{self.host.node_id} holds no state of job {request.job_id[:40]!r}")
+            raise NotHeld(f"{self.host.node_id} holds no state of job {request.job_id[:40]!r}")
         worker = active.worker
         key = (request.job_id, request.stage)
         kept = [k for k in (self.backups.get(key), self.periodic.get(key)) if k is not None]
         if request.exact:
             exact = [k for k in kept if k[0] == request.iteration]
             if not exact:
-                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"{self.host.node_id} keeps no snapshot of stage {request.stage} "
+                raise NotHeld(f"{self.host.node_id} keeps no snapshot of stage {request.stage} "
                               f"of iteration {request.iteration}")
             iteration, data = exact[0]
         elif worker is not None and worker.stage == request.stage:
@@ -122,8 +119,7 @@ class StateTransfer:
         elif kept:
             iteration, data = kept[0]
         else:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"{self.host.node_id} holds no state of stage {request.stage}")
+            raise NotHeld(f"{self.host.node_id} holds no state of stage {request.stage}")
         fault = self.host.fault
         for chunk in _chunks(data, request.stage, iteration):
             yield chunk
@@ -312,11 +308,9 @@ class StateTransfer:
             try:
                 iteration, data = await final[2]
             except Exception as err:  # the worker failed to read them
-                raise Refusal(grpc.StatusCode.UNAVAILABLE,
-                              f"{self.host.node_id} could not keep its weights: {err}") from None
+                raise NotReady(f"{self.host.node_id} could not keep its weights: {err}") from None
         else:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise NotHeld(
                 f"{self.host.node_id} holds no weights of stage {request.stage} of job "
                 f"{request.job_id[:40]!r}",
             )

@@ -23,6 +23,7 @@ from gwtf.node.errors import Refusal
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobstate import OVER, CurrentJob, JobBook
 from gwtf.node.membership import MemberInfo
+from gwtf.node.rpcedge import status
 from gwtf.node.transport import Stubs, is_refused
 from gwtf.v1 import job_pb2
 
@@ -139,7 +140,7 @@ class JobWire:
                         local()
                         return
                     except Refusal as err:
-                        if err.code != grpc.StatusCode.UNAVAILABLE:
+                        if status(err)[0] != grpc.StatusCode.UNAVAILABLE:
                             host.log.warning("job %s: a report was refused: %s", job_id, err)
                             return
                         continue

@@ -26,7 +26,7 @@ from gwtf.flow.topology import LinkSpec
 from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport
 from gwtf.job.microbatches import MicrobatchTable, StageRole
 from gwtf.job.snapshots import SnapshotPolicy, own_kept
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import Busy
 from gwtf.node.faults import Fault
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics
@@ -46,7 +46,6 @@ __all__ = [
     "WorkerConfig",
     "WorkerHost",
     "WorkerStopped",
-    "busy",
 ]
 
 FORWARD_SHARE = 1 / 3
@@ -178,11 +177,6 @@ class Iteration(MicrobatchTable):
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
-def busy(message: str) -> Refusal:
-    """A microbatch this node cannot take now (the sender may try again, or another node)."""
-    return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
-
-
 class StageContext:
     """The job's stage on this node and the state its worker's parts share."""
 
@@ -311,6 +305,6 @@ class StageContext:
             try:
                 await self.wait_change(deadline)
             except TimeoutError:
-                raise busy(
+                raise Busy(
                     f"this node did not reach iteration {iteration} round {round_} in time"
                 ) from None

@@ -62,7 +62,8 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from gwtf.node.config import MAX_ID_LENGTH, MAX_STAGES
-from gwtf.node.errors import Refusal, drain
+from gwtf.node.errors import Refusal
+from gwtf.node.rpcedge import drain, status
 from gwtf.v1 import data_pb2, data_pb2_grpc
 
 __all__ = [
@@ -713,8 +714,9 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
     `data_pb2_grpc.add_DataPlaneServicer_to_server` works too, through protobuf messages.
 
     A stream that is malformed or fails a check is answered INVALID_ARGUMENT with one line; a
-    `Refusal` from `expect` or `handler` is answered with its own code; a handler that fails
-    otherwise gets INTERNAL and a log line. Either way the node goes on serving.
+    `Refusal` from `expect` or `handler` is answered with its code in the RPC edge's table
+    (`gwtf.node.rpcedge.STATUS`); a handler that fails otherwise gets INTERNAL and a log line.
+    Either way the node goes on serving.
     """
 
     def __init__(
@@ -747,7 +749,7 @@ async def _refuse(context: aio.ServicerContext, assembler: Assembler, err: Excep
     tag = assembler.tag
     where = f"{tag}: " if tag is not None else ""
     if isinstance(err, Refusal):
-        code, message = err.code, err.message
+        code, message = status(err)
     elif isinstance(err, TensorError):
         code, message = grpc.StatusCode.INVALID_ARGUMENT, f"{where}{err}"
     elif isinstance(err, DecodeError):
