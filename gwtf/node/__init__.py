@@ -49,6 +49,8 @@ real messages. Modules, one idea each (pure ones first; only `server`, `transpor
                 stage (the state they share), runtime (the compute thread), pipeline (the
                 microbatches' life), sender (the data plane's sends), commit (this replica's
                 commit), recoveries (and restarts)
+    chunks      chunked streams: cutting buffers into chunk payloads, checking a stream coming in
+                (the data plane, the gradient sums and state transfer share it)
     gradsync    replicas' gradient sums as a chunked stream, checked
     tensors     the data plane: microbatch tensors as chunked streams, checked
     settings    NodeSettings: the `gwtf node` flags

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from grpc import aio
 
 from gwtf.job.snapshots import SnapshotPolicy, keeper_keeps, snapshot_keepers
+from gwtf.node.chunks import Incoming, pieces
 from gwtf.node.codec import InvalidMessage, check_name
 from gwtf.node.errors import NotHeld, NotReady
 from gwtf.node.jobhost import JobsHost
@@ -44,10 +45,10 @@ def _chunks(
 ) -> Iterator[job_pb2.StateChunk]:
     """`data` as a stream of chunks (one empty chunk for no data: the first carries the
     header)."""
-    for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
+    for seq, parts in enumerate(pieces([memoryview(data)], STATE_CHUNK_BYTES)):
         yield job_pb2.StateChunk(
             seq=seq, stage=stage, iteration=iteration, total_bytes=len(data),
-            payload=data[offset: offset + STATE_CHUNK_BYTES], job_id=job_id, sender=sender,
+            payload=parts[0].tobytes() if parts else b"", job_id=job_id, sender=sender,
         )
 
 
@@ -58,24 +59,19 @@ async def _read_state(
     InvalidMessage if the chunks come out of order, too many, or short."""
     parts: list[bytes] = []
     first: job_pb2.StateChunk | None = None
-    size = 0
+    incoming = Incoming(InvalidMessage, stream=what, chunk="state chunk")
     async for chunk in chunks:
-        if chunk.seq != len(parts):
-            raise InvalidMessage(f"state chunk {chunk.seq} came where {len(parts)} was due")
-        if first is None:
+        if incoming.next(chunk.seq):
             first = chunk
             if chunk.total_bytes > MAX_STATE_BYTES:
                 raise InvalidMessage(f"a stage state over {MAX_STATE_BYTES} bytes")
-        size += len(chunk.payload)
-        if size > first.total_bytes:
-            raise InvalidMessage(f"the {what} runs past its {first.total_bytes} bytes")
+            incoming.total = chunk.total_bytes
+        incoming.take(len(chunk.payload))
         parts.append(chunk.payload)
     if first is None:
         raise InvalidMessage(f"an empty {what}")
-    data = b"".join(parts)
-    if len(data) != first.total_bytes:
-        raise InvalidMessage(f"the {what} holds {len(data)} of {first.total_bytes} bytes")
-    return first, data
+    incoming.finish()
+    return first, b"".join(parts)
 
 
 class StateTransfer:
@@ -137,26 +133,25 @@ class StateTransfer:
             raise RuntimeError(f"{donor} is not alive")
         parts: list[bytes] = []
         iteration = -1
-        total = 0
+        incoming = Incoming(lambda problem: RuntimeError(f"{donor}: {problem}"),
+                            stream="state stream", chunk="state chunk")
         request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage,
                                        exact=at is not None, iteration=at or 0)
         try:
             async for chunk in self.host.stubs(member).jobs.FetchState(
                 request, timeout=self.host.config.prepare_timeout_s
             ):
-                if chunk.seq != len(parts):
-                    raise RuntimeError(f"{donor} sent state chunk {chunk.seq} out of order")
-                if chunk.seq == 0:
-                    iteration, total = chunk.iteration, chunk.total_bytes
-                    if total > MAX_STATE_BYTES:
-                        raise RuntimeError(f"{donor} offers a state of {total} bytes")
+                if incoming.next(chunk.seq):
+                    iteration = chunk.iteration
+                    if chunk.total_bytes > MAX_STATE_BYTES:
+                        raise RuntimeError(f"{donor} offers a state of {chunk.total_bytes} bytes")
+                    incoming.total = chunk.total_bytes
+                incoming.take(len(chunk.payload))
                 parts.append(chunk.payload)
         except aio.AioRpcError as err:
             raise RuntimeError(err.details() or err.code().name) from None
-        data = b"".join(parts)
-        if iteration < 0 or len(data) != total:
-            raise RuntimeError(f"{donor}'s state stream ended after {len(data)} of {total} bytes")
-        return iteration, data
+        incoming.finish()
+        return iteration, b"".join(parts)
 
     # ================================================================== backups (4.6)
 
