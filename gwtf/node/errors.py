@@ -82,7 +82,8 @@ class NotHeld(Refusal):
 
 
 class StaleIteration(Refusal):
-    """The call is about an iteration this node is past, or cannot reach from where it is."""
+    """The call is about an iteration (or a commit attempt of one) this node is not at: one it
+    is past, cannot reach from where it is, or did not prepare."""
 
 
 class Mismatch(Refusal):

@@ -34,8 +34,8 @@ from gwtf.node.rpcedge import STATUS, status
 NODE = Path(__file__).resolve().parents[2] / "gwtf" / "node"
 EDGE = {"rpcedge.py", "server.py", "tensors.py"}
 """The modules that turn refusals into statuses (the servicers and the table)."""
-LEGACY = {"commit.py"}
-"""Modules that still raise the old form `Refusal(code, message)` (another change owns them)."""
+LEGACY: set[str] = set()
+"""Modules that still raise the old form `Refusal(code, message)`."""
 
 Code = grpc.StatusCode
 
