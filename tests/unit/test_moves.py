@@ -16,7 +16,13 @@ from gwtf.flow.placement import (
     weigh_move,
 )
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
-from gwtf.job.iterations import CommittedReport, IterationCoordinator, ReportError, StepOrder
+from gwtf.job.iterations import (
+    CommittedReport,
+    IterationCoordinator,
+    PreparedReport,
+    ReportError,
+    StepOrder,
+)
 from gwtf.job.journal import decisions, replay, to_record
 from gwtf.node.settings import NodeSettings
 
@@ -178,3 +184,95 @@ def test_only_a_node_that_chose_its_stage_and_allows_moves_is_movable() -> None:
     # A moved node's new incarnation: its stage came from placement, it stays movable.
     assert NodeSettings(stage=1, placed=True).movable
     assert not NodeSettings(stage=1, placed=True, moves=False).movable
+
+
+# ---------------------------------------------------------------------- the coordinator's planner
+
+
+class _Host:
+    """What the planner reads of its node: the members (each at its stage, equal speeds)."""
+
+    def __init__(self, members: dict[str, tuple[int, bool]]) -> None:
+        import logging
+
+        from gwtf.node.config import NodeConfig
+        from gwtf.node.membership import MemberInfo
+
+        self.node_id = "h0"
+        self.config = NodeConfig()
+        self.log = logging.LoggerAdapter(logging.getLogger("test"), {})
+        self.infos = {
+            n: MemberInfo(n, f"{n}:1", s, "", 0.05, 20.0, 1, movable=m)
+            for n, (s, m) in members.items()
+        }
+
+    def member(self, node: str) -> object:
+        return self.infos.get(node)
+
+    def activation_bytes(self) -> int:
+        return ACT
+
+    def link(self, a: object, b: object) -> None:
+        return None
+
+
+class _Coord:
+    def __init__(self, host: _Host, plan: IterationCoordinator) -> None:
+        from gwtf.train import PRESETS
+        from gwtf.v1 import job_pb2
+
+        self.host = host
+        self.plan = plan
+        self.job = PRESETS["tiny-gpt"]
+        self.job_id = "j"
+        self.active = None
+        self._progress = job_pb2.JobProgress(job_id="j")
+
+    def progress(self) -> object:
+        return self._progress
+
+
+def test_the_planner_moves_once_after_a_change_never_the_pinned_nor_itself() -> None:
+    pytest.importorskip("torch")
+    from gwtf.node.moves import MovePlanner
+
+    # 3/1 after a death at stage 1: h0 coordinates, h1 is pinned, m0 chose its stage. All are
+    # equally fast, so h0 and h1 come before m0 (by id) if they were candidates.
+    members = {"h0": (0, True), "h1": (0, False), "m0": (0, True), "a0": (1, False)}
+    plan = IterationCoordinator(iterations=5, microbatches=4,
+                                participants={n: s for n, (s, _) in members.items()},
+                                num_stages=2, holders=("h0", "h1", "m0"))
+    coord = _Coord(_Host(members), plan)
+    planner = MovePlanner(coord)  # type: ignore[arg-type]
+
+    def step() -> StepOrder:
+        for holder, ids in plan.assignment().items():
+            plan.done(holder, plan.injecting, plan.round, ids)
+        order = plan.commit_order()
+        assert order is not None
+        out = None
+        for node, stage in sorted(order.members.items()):
+            ids = frozenset(range(4))
+            mine = ids if stage == 1 else frozenset(plan.assignment().get(node, ()))
+            out = plan.prepared(PreparedReport(
+                node, order.iteration, order.round, order.attempt, stage, mine,
+                losses={m: 1.0 for m in ids} if stage == 1 else {},
+                routes={("h0", "a0"): 4} if stage == 1 else {}))
+        assert isinstance(out, StepOrder)
+        return out
+
+    first = step()
+    assert planner.weigh(first) is first  # nothing changed since the job began
+    planner.swarm_changed()
+    moved = planner.weigh(step())
+    assert (moved.mover, moved.mover_from, moved.move_to) == ("m0", 0, 1)
+    record = planner.message(moved)
+    assert record is not None and (record.node, record.stage, record.iteration) == ("m0", 1, 1)
+    assert record.flow == pytest.approx(20.0) and record.gain > 0
+    assert list(coord.progress().moves) == [record]  # type: ignore[attr-defined]
+    # A change while the move is under way: no second move until the mover entered.
+    planner.swarm_changed()
+    again = step()
+    assert planner.weigh(again) is again and planner.message(again) is None
+    planner.entered("m0", 1)
+    assert planner.pending is None and planner.changed
