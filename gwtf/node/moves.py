@@ -114,8 +114,8 @@ class MovePlanner:
         self.changed = False
         try:
             found = self._propose()
-        except ValueError as err:  # a model the profile cannot cut: no move, said once
-            coord.host.log.warning("job %s: moves not weighed: %s", coord.job_id, err)
+        except Exception as err:  # noqa: BLE001 - weighing a move must never hold a step back
+            coord.host.log.warning("job %s: no move weighed: %s", coord.job_id, err)
             return order
         if found is None:
             return order
