@@ -30,6 +30,7 @@ BENCHMARKS = {
     "security": "benchmarks.security",
     "load": "benchmarks.load",
     "device": "benchmarks.device",
+    "moves": "benchmarks.moves",
 }
 
 

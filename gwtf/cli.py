@@ -229,6 +229,10 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       help="the pipeline stage this node holds (0 = a data holder); default "
                       "auto: the stage where this node adds the most flow to the swarm (the "
                       "bottleneck the minimum cut names; the first node of a swarm takes 0)")
+    node.add_argument("--no-moves", action="store_true",
+                      help="keep the stage this node took with --stage auto: by default the "
+                      "job coordinator may move it to the stage the minimum cut names when "
+                      "the flow gains by it (a node given --stage K never moves)")
     node.add_argument("--port", type=_port, default=0, metavar="P",
                       help="port to listen on (default 0: a free one, printed)")
     node.add_argument("--host", default="127.0.0.1", metavar="HOST",

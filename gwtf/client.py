@@ -44,6 +44,7 @@ __all__ = [
     "AsyncGwtfClient",
     "ClientError",
     "Excluded",
+    "Moved",
     "RolledBack",
     "GwtfClient",
     "JobResult",
@@ -136,6 +137,20 @@ class RolledBack:
 
 
 @dataclass(frozen=True)
+class Moved:
+    """The coordinator moved `node` from `from_stage` to `stage` at the step of `iteration`,
+    the swarm's maximum flow `flow` microbatches/s before it and `gain` more after it
+    (docs/design.md 2.11)."""
+
+    node: str
+    from_stage: int
+    stage: int
+    iteration: int
+    flow: float
+    gain: float
+
+
+@dataclass(frozen=True)
 class Excluded:
     """A replica the job excluded as a bad peer: where, when and why."""
 
@@ -191,6 +206,8 @@ class JobResult:
     """The iteration the job resumed at from a checkpoint (`loss` begins there); 0: none."""
     rollbacks: tuple[RolledBack, ...] = ()
     """Times the swarm went back to a stage's snapshot, in order."""
+    moves: tuple[Moved, ...] = ()
+    """Nodes the coordinator moved between stages, in order."""
 
     @property
     def over(self) -> bool:
@@ -225,6 +242,7 @@ class JobResult:
             "excluded": [dataclasses.asdict(e) for e in self.excluded],
             "resumed_from": self.resumed_from,
             "rollbacks": [dataclasses.asdict(r) for r in self.rollbacks],
+            "moves": [dataclasses.asdict(m) for m in self.moves],
         }
 
 
@@ -263,6 +281,8 @@ def job_result(pb: Any) -> JobResult:
         resumed_from=pb.resumed_from,
         rollbacks=tuple(RolledBack(r.stage, r.from_iteration, r.to_iteration, r.reason)
                         for r in pb.rollbacks),
+        moves=tuple(Moved(m.node, m.from_stage, m.stage, m.iteration, m.flow, m.gain)
+                    for m in pb.moves),
     )
 
 
@@ -858,6 +878,10 @@ def format_result(result: JobResult) -> str:
     for back in result.rollbacks:
         lines.append(f"rolled back     from iteration {back.from_iteration} to "
                      f"{back.to_iteration}: {back.reason}")
+    for move in result.moves:
+        lines.append(f"moved           {move.node}: stage {move.from_stage} -> {move.stage} at "
+                     f"iteration {move.iteration} (flow {move.flow:.3f} -> "
+                     f"{move.flow + move.gain:.3f} microbatches/s)")
     if result.loss:
         first, last = result.loss[0], result.loss[-1]
         lines.append(f"loss            {first:.4f} -> {last:.4f}")

@@ -31,7 +31,7 @@ placement decision looks at (tens of nodes) one is a few milliseconds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -40,7 +40,18 @@ from gwtf.flow.oracle import SINK, SOURCE, build_oracle_network
 from gwtf.flow.simplex import max_flow_value
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology, TopologyError
 
-__all__ = ["Move", "Seat", "Swarm", "best_stage", "open_stage", "propose_move"]
+__all__ = [
+    "MOVE_OVERHEAD_S",
+    "Move",
+    "Seat",
+    "Swarm",
+    "best_stage",
+    "download_s",
+    "open_stage",
+    "propose_move",
+    "scaled_seat",
+    "weigh_move",
+]
 
 
 @dataclass(frozen=True)
@@ -181,3 +192,66 @@ def _fill(swarm: Swarm, seats: Mapping[str, Seat], stage: int) -> Move | None:
         return None
     node = min(movable, key=lambda n: (-seats[n.id](stage).capacity, n.id))
     return Move(node.id, stage, seats[node.id](stage).capacity, 0.0)
+
+
+# ---------------------------------------------------------------------- moves on the node
+
+MOVE_OVERHEAD_S = 5.0
+"""Seconds a move costs on a node beyond its state download (docs/design.md 2.11): the graceful
+leave, a new incarnation's join of the swarm, its entry into the job and the build of its new
+stage. Counted in `transfer_s` with the download."""
+
+
+def scaled_seat(node: NodeSpec, costs: Sequence[float]) -> Seat:
+    """`node` at any stage, its compute time there estimated from the one it announced at its
+    own stage scaled by the stages' relative cost (`costs[s]`: FLOPs of one microbatch through
+    stage `s`, from the job's model partition): a member announces its speed at its own stage
+    only, and the coordinator must weigh it at the stages it could take (docs/design.md 2.11).
+    A stage of cost 0 (none is: every stage holds a block) keeps the announced time."""
+    own = costs[node.stage]
+
+    def seat(stage: int) -> NodeSpec:
+        if stage == node.stage:
+            return node
+        ratio = costs[stage] / own if own > 0 and costs[stage] > 0 else 1.0
+        return NodeSpec.make(node.id, stage, node.compute_s * ratio, node.location)
+
+    return seat
+
+
+def download_s(state_bytes: int, link: LinkSpec) -> float:
+    """Seconds to stream `state_bytes` over `link`: one round trip to ask, then the bytes at
+    the link's bandwidth."""
+    return link.rtt_ms / 1000.0 + state_bytes * 8.0 / (link.bandwidth_gbps * 1e9)
+
+
+def weigh_move(
+    swarm: Swarm,
+    movable: Collection[str],
+    costs: Sequence[float],
+    state_bytes: Sequence[int],
+    donor_link: Callable[[str, int], LinkSpec | None],
+    horizon_s: float,
+    *,
+    overhead_s: float = MOVE_OVERHEAD_S,
+) -> Move | None:
+    """The move a job coordinator names at a commit (docs/design.md 2.11), or None: of the
+    nodes in `movable` (members that chose their stage and allow moves), the one `propose_move`
+    picks, each seated at the other stages by `scaled_seat`, its `transfer_s` the download of
+    the target stage's state (`state_bytes[stage]`) over the link to that stage's donor
+    (`donor_link(node, stage)`; None: the intra-location link) plus `overhead_s`. A swarm with
+    an empty stage gets no move here (the job is paused, and moving a node into the stage in
+    the middle of an iteration is not done on the node)."""
+    if len(costs) != swarm.stages or len(state_bytes) != swarm.stages:
+        raise ValueError(f"costs and state sizes are per stage: {swarm.stages} of each")
+    if open_stage(swarm) is not None:
+        return None
+    seats = {n.id: scaled_seat(n, costs) for n in swarm.nodes if n.id in movable}
+    if not seats:
+        return None
+
+    def transfer_s(node: str, stage: int) -> float:
+        link = donor_link(node, stage) or swarm.intra
+        return overhead_s + download_s(state_bytes[stage], link)
+
+    return propose_move(swarm, seats, transfer_s, horizon_s)

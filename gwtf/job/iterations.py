@@ -58,6 +58,7 @@ is recognised and ignored; one for another round or attempt is stale and ignored
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,12 @@ class StepOrder:
     """The next holders' weights in their order (empty: equal shares)."""
     next_round: int = 0
     """The round the next iteration starts at (above every round used before a rollback)."""
+    mover: str = ""
+    """A node that steps this iteration at `mover_from` and moves to `move_to` (`moving`):
+    not among `participants`, it takes no part in the next iteration and enters the job again
+    at its new stage as a joiner. Empty: no move."""
+    mover_from: int = -1
+    move_to: int = -1
 
     def weights(self) -> dict[str, int] | None:
         return weights_of(self.next_holders, self.next_weights)
@@ -248,6 +255,7 @@ Journal = Callable[[JournalEntry], None]
 INPUTS = (
     "done", "replayed", "recovering", "plan_recovery", "commit_order", "prepared", "stepped",
     "committed", "member_down", "completions", "admit", "restart", "rollback", "shown_gone",
+    "moving",
 )
 """The methods through which everything the coordinator decides comes in: a journal of their
 calls and results, fed to a fresh coordinator, decides the same (`gwtf.job.journal`)."""
@@ -673,7 +681,10 @@ class IterationCoordinator:
                 f"{report.sender} reports a commit of iteration {report.iteration}, which is "
                 "not being committed"
             )
-        stage = stepping.order.participants.get(report.sender)
+        order = stepping.order
+        stage = order.participants.get(report.sender)
+        if stage is None and report.sender == order.mover:
+            stage = order.mover_from  # it stepped at its old stage before it moves
         if stage is None:
             raise ReportError(f"{report.sender} does not take part in the job")
         if stage != report.stage:
@@ -688,6 +699,47 @@ class IterationCoordinator:
         stepping.reports[report.sender] = report
         stepping.waiting.discard(report.sender)
         return self._complete()
+
+    @_input
+    def moving(self, node: str, stage: int) -> StepOrder:
+        """The step just ordered (`prepared` returned it) also moves `node` to `stage`
+        (docs/design.md 2.11): it steps the iteration with the other members, then takes no
+        part in the next one (it is out of the participants, the holders and the quorum's base,
+        as a node that left at the step) and enters the job again at `stage` as a joiner. The
+        step order to send instead. ReportError when no such move can be made now: no step was
+        just ordered, `node` does not take part, its stage would be left empty, `stage` is its
+        own or outside the job, or it is the last data holder."""
+        last = self._stepping.get(self.injecting - 1)
+        if last is None or last.order.mover or self.finished or self.dropped or self.in_commit:
+            raise ReportError("a move is named only with the step just ordered")
+        if not 0 <= stage < self.num_stages:
+            raise ReportError(f"stage {stage} is outside the job's 0..{self.num_stages - 1}")
+        old = self.participants.get(node)
+        if old is None:
+            raise ReportError(f"{node} does not take part in the job")
+        if old == stage:
+            raise ReportError(f"{node} holds stage {stage} already")
+        if sum(1 for s in self.participants.values() if s == old) < 2:
+            raise ReportError(f"{node} is the last node of stage {old}")
+        order = last.order
+        if order.final:
+            raise ReportError("no move at the last iteration's step")
+        del self.participants[node]
+        self.base = self.base - {node}
+        holders = tuple(h for h in order.next_holders if h != node)
+        weights = order.weights()
+        if node in order.next_holders:
+            kept = {h: w for h, w in (weights or {}).items() if h != node}
+            weights = kept if any(kept.values()) else None
+            self._holders = holders
+            self._weights = dict(weights) if weights else None
+        moved = dataclasses.replace(
+            order, participants=dict(self.participants), next_holders=holders,
+            next_weights=tuple(weights[h] for h in holders) if weights else (),
+            mover=node, mover_from=old, move_to=stage,
+        )
+        last.order = moved
+        return moved
 
     # ------------------------------------------------------------------ membership
 

@@ -43,6 +43,9 @@ real messages. Modules, one idea each (pure ones first; only `server`, `transpor
     jobwire     JobWire: retried calls, progress and failures spread, reports to the coordinator
     jobtransfer StateTransfer: stage states to joiners, backups, resumes, final weights
     jobjoin     Joiner: entering a running job, adopting one whose holders all died
+    moves       MovePlanner: the coordinator names a move of a node between stages in a step;
+                leave_for: the mover leaves for its new stage (gwtf node starts its new
+                incarnation)
     worker      StageWorker: the torch side of a job on a node: compute queue, memory slots,
                 forward and backward over the data plane, the ledger and kept tensors, carrying
                 out recoveries, the commit with the stage's replicas; it wires its parts:

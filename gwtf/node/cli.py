@@ -22,7 +22,7 @@ from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
 
 if TYPE_CHECKING:
     from gwtf.node.config import NodeConfig
-    from gwtf.node.node import NodeSettings
+    from gwtf.node.node import Node, NodeSettings
 
 __all__ = ["load_matrix", "run_node"]
 
@@ -191,6 +191,7 @@ def run_node(args: argparse.Namespace) -> int:
         train=not args.no_train,
         fault=fault,
         rate_limit=RateLimit(args.rate_limit),
+        moves=not args.no_moves,
     )
     configure_logging(args.log_level, json_lines=args.log_json)
     return run_loop(_serve(settings, config))
@@ -241,8 +242,46 @@ async def _serve(settings: NodeSettings, config: NodeConfig) -> int:
     if node.metrics.port is not None:
         print(f"gwtf node {node.node_id} metrics on http://{settings.host}:{node.metrics.port}"
               "/metrics", flush=True)  # fmt: skip
-    await stop.wait()
+    while True:
+        stopped = asyncio.ensure_future(stop.wait())
+        moving = asyncio.ensure_future(node.relocating.wait())
+        await asyncio.wait((stopped, moving), return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        moving.cancel()
+        if stop.is_set():
+            break
+        moved = await _move(node, config)
+        if moved is None:
+            return 1
+        node = moved
     node.log.info("stopping: leaving the swarm")
     await node.leave()
     await node.close()
     return 0
+
+
+async def _move(node: Node, config: NodeConfig) -> Node | None:
+    """The job coordinator moved `node` to another stage (docs/design.md 2.11): it leaves the
+    swarm gracefully and a new incarnation under the same id and port joins it at the new stage
+    (and enters the running job there, as a joiner does). None, with the reason on stderr, if
+    the new incarnation cannot join."""
+    from gwtf.node.node import Node, NodeError
+
+    assert node.relocation is not None
+    stage, note = node.relocation
+    settings = node.next_settings()
+    node.log.info("leaving the swarm to enter it again at stage %d", stage)
+    await node.leave()
+    await node.close()
+    moved = Node(settings, config)
+    try:
+        await moved.start()
+        await moved.enter_swarm()
+    except NodeError as err:
+        print(f"gwtf node: the move to stage {stage} failed: {err}", file=sys.stderr)
+        await moved.close()
+        return None
+    moved.log.info("%s", note)
+    print(f"gwtf node {moved.node_id} moved to stage {moved.own_stage()} of "
+          f"{moved.swarm.num_stages} ({note})", flush=True)
+    return moved

@@ -94,6 +94,7 @@ def member_to_pb(info: MemberInfo) -> node_pb2.Member:
         ],
         blocked=info.blocked,
         revision=info.revision,
+        movable=info.movable,
     )
 
 
@@ -145,6 +146,7 @@ def member_from_pb(pb: node_pb2.Member, num_stages: int | None) -> MemberInfo:
         links=links,
         blocked=blocked,
         revision=pb.revision,
+        movable=pb.movable,
     )
 
 

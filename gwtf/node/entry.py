@@ -153,7 +153,7 @@ class SwarmEntry:
         # Measuring took seconds (a model's stages are built): the swarm may have changed, by
         # other joiners above all. Choose again on a fresh view, just before joining.
         stage, view = await self._choose(swarm, await view_at(), measured)
-        state.settings = dataclasses.replace(s, stage=stage)
+        state.settings = dataclasses.replace(s, stage=stage, placed=True)
         state.log = NodeLog(LOG, {"node": state.node_id, "stage": stage})
         me = NodeSpec.make(state.node_id, stage, measured[stage], s.location or ONE_SITE)
         state.log.info(
@@ -202,6 +202,7 @@ class SwarmEntry:
             compute_s=compute_s,
             capacity=1.0 / compute_s,
             epoch=epoch,
+            movable=state.settings.movable,
         )
 
     def _setup(

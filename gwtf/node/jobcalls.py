@@ -285,14 +285,38 @@ class JobCalls:
         self.excluded_here(active, request.excluded)
         if active.worker is not worker:
             return job_pb2.StepReply()  # this node was the one excluded
+        move = request.move if request.HasField("move") else None
+        if move is not None:
+            self._moving(active, worker, request, move)
         worker.step(StepOrder(
             iteration=request.iteration, round=request.round, attempt=request.attempt,
             final=request.final, next_holders=tuple(request.next_holders),
             participants=participants, loss=request.loss, trained=request.trained,
             dropped=tuple(request.dropped), next_weights=tuple(request.next_weights),
             next_round=request.next_round,
+            mover=move.node if move is not None else "",
+            mover_from=move.from_stage if move is not None else -1,
+            move_to=move.stage if move is not None else -1,
         ))
         return job_pb2.StepReply()
+
+    def _moving(self, active: CurrentJob, worker: Any, request: job_pb2.StepRequest,
+                move: job_pb2.Move) -> None:
+        """The step moves `move.node` to another stage (docs/design.md 2.11, gwtf.node.moves):
+        it steps this iteration with the others and takes no part in the next one. Its peers
+        count it departed now, so that no microbatch of the next iteration goes to it and its
+        leave is no crash to recover; the mover itself leaves once it stepped."""
+        check_name("mover", move.node)
+        if move.node in {p.id for p in request.participants} or move.iteration != request.iteration:
+            raise InvalidMessage("the step's move names a participant of the next iteration")
+        if move.node == self.host.node_id:
+            if move.from_stage != worker.stage or not 0 <= move.stage < self.host.num_stages():
+                raise InvalidMessage(f"the step moves this node from stage {move.from_stage} "
+                                     f"to {move.stage}, but it holds stage {worker.stage}")
+            active.moving = move
+            return
+        active.departed.add(move.node)
+        worker.depart(move.node)
 
     async def report(self, request: job_pb2.ReportRequest) -> job_pb2.ReportReply:
         _, worker = self._participating(request.job_id, request.sender)

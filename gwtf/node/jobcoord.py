@@ -56,6 +56,7 @@ from gwtf.node.jobquorum import QuorumProbe
 from gwtf.node.jobrecord import record_journal
 from gwtf.node.jobroll import Entrance, participants_pb
 from gwtf.node.membership import MemberInfo
+from gwtf.node.moves import MovePlanner
 from gwtf.node.observe import job_event
 from gwtf.node.transport import Stubs
 from gwtf.recovery import Evidence, NeighbourReport, Rule
@@ -160,6 +161,7 @@ class JobCoordinator:
         joiners, deaths found false) though membership may not show them alive yet."""
         self.stall_s = manager.host.config.recovery_stall_s
         self.entrance = Entrance(self)
+        self.moves = MovePlanner(self)
         record_journal(plan, self.host.node_id, self.job_id, self.log)
         self.probe = QuorumProbe(
             manager.host, active.job_id, plan, self._quorum_changed,
@@ -289,7 +291,7 @@ class JobCoordinator:
             )
             self._restart(f"the commit check failed: {outcome}")
         elif outcome is not None:
-            self._step(outcome)
+            self._step(self.moves.weigh(outcome))
 
     def committed(self, report: CommittedReport) -> list[IterationOutcome]:
         outcomes = self.plan.committed(report)
@@ -350,9 +352,9 @@ class JobCoordinator:
             participants=participants_pb(dict(order.participants)),
             loss=order.loss, trained=order.trained, next_weights=order.next_weights,
             dropped=order.dropped, excluded=self.manager.excluded(self.job_id),
-            next_round=order.next_round,
+            next_round=order.next_round, move=self.moves.message(order),
         )
-        for node in sorted(order.participants):
+        for node in sorted({*order.participants, *([order.mover] if order.mover else [])}):
             self.spawn(
                 self.call_to(node, lambda stubs, t: stubs.jobs.Step(request, timeout=t),
                          lambda: self.manager.step(request)),
@@ -402,6 +404,7 @@ class JobCoordinator:
 
     def _down(self, node: str, verb: str) -> None:
         self.answering.discard(node)
+        self.moves.swarm_changed()
         stage = self.plan.participants.get(node)
         if stage is None:
             return
@@ -628,6 +631,8 @@ class JobCoordinator:
         """A joiner asks whom to fetch its stage's state from, or to take part with the state
         it holds (gwtf.node.jobroll)."""
         reply = self.entrance.enter(request)
+        if reply.admitted:
+            self.moves.entered(request.sender, request.stage)
         if request.has_state:
             self._try_commit()  # its wait may have held the commit
         return reply

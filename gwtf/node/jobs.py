@@ -68,6 +68,7 @@ from gwtf.node.jobstate import OVER, CurrentJob, JobBook, stop_worker
 from gwtf.node.jobtransfer import MAX_STATE_BYTES, STATE_CHUNK_BYTES, StateTransfer
 from gwtf.node.jobwire import JobWire
 from gwtf.node.membership import MemberInfo
+from gwtf.node.moves import leave_for
 from gwtf.node.observe import JobMetrics, job_event
 from gwtf.node.transport import Stubs
 from gwtf.v1 import job_pb2, job_pb2_grpc
@@ -415,6 +416,10 @@ class JobManager:
         if report.iteration == active.job.iterations - 1 and active.worker is not None:
             worker, active.worker = active.worker, None
             self.transfer.keep_final_weights(job_id, worker)
+        move = active.moving
+        if move is not None and move.iteration == report.iteration:
+            active.moving = None
+            self.host.spawn(leave_for(self, active, move), "move")
 
     # ================================================================== failure
 

@@ -63,6 +63,9 @@ class CurrentJob:
     base: set[str] = field(default_factory=set)
     """The members of the last commit this node took part in (at the start: the participants):
     the voters of its quorum should it take the job over (gwtf.job.quorum)."""
+    moving: Any = None
+    """The move (a job_pb2.Move) a step named this node for: it leaves for its new stage once
+    it stepped (gwtf.node.moves)."""
 
 
 def stop_worker(host: JobsHost, active: CurrentJob) -> None:

@@ -98,6 +98,9 @@ class MemberInfo:
     """Next-stage members this member cannot reach although they live: blocked arcs."""
     revision: int = 0
     """Bumped by the member whenever its links or blocked arcs change, within an epoch."""
+    movable: bool = False
+    """The job coordinator may move it to another stage (docs/design.md 2.11): it chose its
+    stage and moves are not turned off. A pinned node (or one that does not say) never moves."""
 
     @property
     def alive(self) -> bool:

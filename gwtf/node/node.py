@@ -34,6 +34,7 @@ each of its methods hands the call to the part that does it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import time
@@ -111,6 +112,9 @@ class Node:
             self.jobs.on_member_up,
         )
         self._entry = SwarmEntry(state, self._peers, self.jobs, self._flows.new_driver)
+        self.relocation: tuple[int, str] | None = None
+        """(stage, what to log): the job coordinator moved this node (`move_to`)."""
+        self.relocating = asyncio.Event()
 
     @property
     def settings(self) -> NodeSettings:
@@ -307,6 +311,33 @@ class Node:
 
     def settled(self) -> bool:
         return self._flows.settled()
+
+    def activation_bytes(self) -> int:
+        return self.swarm.activation_bytes
+
+    def move_to(self, stage: int, note: str) -> None:
+        """The job coordinator moved this node to `stage` (docs/design.md 2.11): whoever runs
+        the node (`gwtf node`) leaves the swarm and starts a new incarnation there
+        (`next_settings`)."""
+        if self.relocation is None:
+            self.relocation = (stage, note)
+            self.relocating.set()
+
+    def next_settings(self) -> NodeSettings:
+        """The settings of this node's new incarnation at the stage it moves to: the same id
+        and port, its stage chosen by placement (so still movable), joining through the live
+        members it knows (then its own bootstrap addresses), and no metrics server of its own
+        (the first incarnation's keeps the port)."""
+        assert self.relocation is not None, "after move_to"
+        s = self.settings
+        live = [m.address for m in sorted(self.live_members(), key=lambda m: m.id)]
+        bootstrap = tuple(dict.fromkeys(
+            a for a in (*live, *s.bootstrap) if a and a != self.address
+        ))
+        return dataclasses.replace(
+            s, stage=self.relocation[0], placed=True, port=self.port, node_id=self.node_id,
+            bootstrap=bootstrap, metrics_port=None,
+        )
 
     def routes(self) -> dict[str, int]:
         return self._flows.routes()

@@ -86,3 +86,15 @@ class NodeSettings:
     """Crash (SIGKILL itself) at this point of a job: chaos tests (gwtf.node.faults)."""
     rate_limit: RateLimit = field(default_factory=RateLimit)
     """Calls per second each peer may make (gwtf.node.ratelimit); rate 0: no limit."""
+    moves: bool = True
+    """A node that chooses its stage (`stage` None) may be moved to another by the job
+    coordinator when the flow gains by it (docs/design.md 2.11); False (`--no-moves`): it keeps
+    the stage it took. A pinned node never moves, whatever this says."""
+    placed: bool = False
+    """`stage` was chosen by placement, not pinned by the user: the new incarnation of a node
+    the coordinator moved, which stays movable."""
+
+    @property
+    def movable(self) -> bool:
+        """What the node's member record announces (`MemberInfo.movable`)."""
+        return self.moves and (self.stage is None or self.placed)

@@ -14,10 +14,11 @@ import torch
 
 from gwtf.train.device import Placement
 from gwtf.train.job import JobConfig
+from gwtf.train.partition import partition
 from gwtf.train.seeds import seeded_generator
 from gwtf.train.stage import DropoutSeeds, StageModule
 
-__all__ = ["activation_bytes", "measure_stage_compute"]
+__all__ = ["activation_bytes", "measure_stage_compute", "stage_profile"]
 
 _FLOAT32_BYTES = 4
 
@@ -25,6 +26,37 @@ _FLOAT32_BYTES = 4
 def activation_bytes(job: JobConfig) -> int:
     """Bytes of one activation (or of the gradient going back), float32 [B, T, width]."""
     return job.microbatch_size * job.model.seq_len * job.model.width * _FLOAT32_BYTES
+
+
+_STATE_COPIES = 3
+"""A stage's state per parameter: the fp32 weight and AdamW's two moments."""
+
+
+def stage_profile(job: JobConfig, num_stages: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """(FLOPs of one microbatch's forward and backward through each stage, bytes of each
+    stage's state), from the job's model cut into `num_stages` (docs/design.md 2.11: what the
+    coordinator estimates a node's speed at another stage and a move's download from). The
+    stages are built on the meta device: nothing is allocated or initialised.
+
+    FLOPs: 6 per weight of every linear layer per token (2 forward, 4 backward) and, per block,
+    12 per position and width unit per token for the attention scores (QK and AV, forward and
+    backward); an embedding is a lookup and costs nothing. State: 4 bytes per parameter for
+    the weight and each of AdamW's moments."""
+    tokens = job.microbatch_size * job.model.seq_len
+    costs: list[float] = []
+    sizes: list[int] = []
+    for spec in partition(job.model.layers, num_stages):
+        with torch.device("meta"):
+            module = StageModule(job.model, spec)
+        flops = 0.0
+        for sub in module.modules():
+            if isinstance(sub, torch.nn.Linear):
+                flops += 6.0 * sub.in_features * sub.out_features
+        flops += 12.0 * len(spec.layers) * job.model.seq_len * job.model.width
+        costs.append(flops * tokens)
+        params = sum(p.numel() for p in module.parameters())
+        sizes.append(_STATE_COPIES * _FLOAT32_BYTES * params)
+    return tuple(costs), tuple(sizes)
 
 
 def measure_stage_compute(

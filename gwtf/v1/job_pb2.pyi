@@ -44,7 +44,7 @@ class RouteCount(_message.Message):
     def __init__(self, path: _Optional[_Iterable[str]] = ..., microbatches: _Optional[int] = ...) -> None: ...
 
 class JobProgress(_message.Message):
-    __slots__ = ("job_id", "name", "state", "iterations", "iterations_completed", "loss", "param_checksum", "throughput_mb_s", "dropped_microbatches", "error", "microbatches_trained", "elapsed_s", "coordinator", "job_json", "routes", "checksum_mismatches", "iteration_s", "crashes", "leaves", "joins", "rerouted_microbatches", "replayed_microbatches", "replayed_s", "compute_s", "dropped", "lost_microbatches", "restarts", "paused", "paused_s", "excluded", "resumed_from", "rollbacks")
+    __slots__ = ("job_id", "name", "state", "iterations", "iterations_completed", "loss", "param_checksum", "throughput_mb_s", "dropped_microbatches", "error", "microbatches_trained", "elapsed_s", "coordinator", "job_json", "routes", "checksum_mismatches", "iteration_s", "crashes", "leaves", "joins", "rerouted_microbatches", "replayed_microbatches", "replayed_s", "compute_s", "dropped", "lost_microbatches", "restarts", "paused", "paused_s", "excluded", "resumed_from", "rollbacks", "moves")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class JobProgress(_message.Message):
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
     ROLLBACKS_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     state: JobState
@@ -109,7 +110,8 @@ class JobProgress(_message.Message):
     excluded: _containers.RepeatedCompositeFieldContainer[Exclusion]
     resumed_from: int
     rollbacks: _containers.RepeatedCompositeFieldContainer[Rollback]
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., iterations: _Optional[int] = ..., iterations_completed: _Optional[int] = ..., loss: _Optional[_Iterable[float]] = ..., param_checksum: _Optional[str] = ..., throughput_mb_s: _Optional[float] = ..., dropped_microbatches: _Optional[int] = ..., error: _Optional[str] = ..., microbatches_trained: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., coordinator: _Optional[str] = ..., job_json: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteCount, _Mapping]]] = ..., checksum_mismatches: _Optional[int] = ..., iteration_s: _Optional[_Iterable[float]] = ..., crashes: _Optional[int] = ..., leaves: _Optional[int] = ..., joins: _Optional[int] = ..., rerouted_microbatches: _Optional[int] = ..., replayed_microbatches: _Optional[int] = ..., replayed_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., lost_microbatches: _Optional[int] = ..., restarts: _Optional[int] = ..., paused: _Optional[str] = ..., paused_s: _Optional[float] = ..., excluded: _Optional[_Iterable[_Union[Exclusion, _Mapping]]] = ..., resumed_from: _Optional[int] = ..., rollbacks: _Optional[_Iterable[_Union[Rollback, _Mapping]]] = ...) -> None: ...
+    moves: _containers.RepeatedCompositeFieldContainer[Move]
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., iterations: _Optional[int] = ..., iterations_completed: _Optional[int] = ..., loss: _Optional[_Iterable[float]] = ..., param_checksum: _Optional[str] = ..., throughput_mb_s: _Optional[float] = ..., dropped_microbatches: _Optional[int] = ..., error: _Optional[str] = ..., microbatches_trained: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., coordinator: _Optional[str] = ..., job_json: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteCount, _Mapping]]] = ..., checksum_mismatches: _Optional[int] = ..., iteration_s: _Optional[_Iterable[float]] = ..., crashes: _Optional[int] = ..., leaves: _Optional[int] = ..., joins: _Optional[int] = ..., rerouted_microbatches: _Optional[int] = ..., replayed_microbatches: _Optional[int] = ..., replayed_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., lost_microbatches: _Optional[int] = ..., restarts: _Optional[int] = ..., paused: _Optional[str] = ..., paused_s: _Optional[float] = ..., excluded: _Optional[_Iterable[_Union[Exclusion, _Mapping]]] = ..., resumed_from: _Optional[int] = ..., rollbacks: _Optional[_Iterable[_Union[Rollback, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ...) -> None: ...
 
 class Rollback(_message.Message):
     __slots__ = ("stage", "from_iteration", "to_iteration", "reason")
@@ -352,7 +354,7 @@ class PreparedReply(_message.Message):
     def __init__(self) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("sender", "job_id", "iteration", "round", "attempt", "final", "next_holders", "participants", "loss", "trained", "next_weights", "dropped", "excluded", "next_round")
+    __slots__ = ("sender", "job_id", "iteration", "round", "attempt", "final", "next_holders", "participants", "loss", "trained", "next_weights", "dropped", "excluded", "next_round", "move")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -367,6 +369,7 @@ class StepRequest(_message.Message):
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     NEXT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FIELD_NUMBER: _ClassVar[int]
     sender: str
     job_id: str
     iteration: int
@@ -381,7 +384,24 @@ class StepRequest(_message.Message):
     dropped: _containers.RepeatedScalarFieldContainer[int]
     excluded: _containers.RepeatedScalarFieldContainer[str]
     next_round: int
-    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., final: _Optional[bool] = ..., next_holders: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., loss: _Optional[float] = ..., trained: _Optional[int] = ..., next_weights: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ..., excluded: _Optional[_Iterable[str]] = ..., next_round: _Optional[int] = ...) -> None: ...
+    move: Move
+    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., final: _Optional[bool] = ..., next_holders: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., loss: _Optional[float] = ..., trained: _Optional[int] = ..., next_weights: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ..., excluded: _Optional[_Iterable[str]] = ..., next_round: _Optional[int] = ..., move: _Optional[_Union[Move, _Mapping]] = ...) -> None: ...
+
+class Move(_message.Message):
+    __slots__ = ("node", "from_stage", "stage", "iteration", "flow", "gain")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    FROM_STAGE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    FLOW_FIELD_NUMBER: _ClassVar[int]
+    GAIN_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    from_stage: int
+    stage: int
+    iteration: int
+    flow: float
+    gain: float
+    def __init__(self, node: _Optional[str] = ..., from_stage: _Optional[int] = ..., stage: _Optional[int] = ..., iteration: _Optional[int] = ..., flow: _Optional[float] = ..., gain: _Optional[float] = ...) -> None: ...
 
 class StepReply(_message.Message):
     __slots__ = ()

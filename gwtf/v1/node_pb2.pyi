@@ -19,7 +19,7 @@ MEMBER_STATE_DEAD: MemberState
 MEMBER_STATE_LEFT: MemberState
 
 class Member(_message.Message):
-    __slots__ = ("id", "address", "stage", "location", "compute_s", "capacity", "epoch", "heartbeat", "state", "links", "blocked", "revision")
+    __slots__ = ("id", "address", "stage", "location", "compute_s", "capacity", "epoch", "heartbeat", "state", "links", "blocked", "revision", "movable")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class Member(_message.Message):
     LINKS_FIELD_NUMBER: _ClassVar[int]
     BLOCKED_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    MOVABLE_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     stage: int
@@ -44,7 +45,8 @@ class Member(_message.Message):
     links: _containers.RepeatedCompositeFieldContainer[LinkReport]
     blocked: _containers.RepeatedScalarFieldContainer[str]
     revision: int
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., stage: _Optional[int] = ..., location: _Optional[str] = ..., compute_s: _Optional[float] = ..., capacity: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., blocked: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ...) -> None: ...
+    movable: bool
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., stage: _Optional[int] = ..., location: _Optional[str] = ..., compute_s: _Optional[float] = ..., capacity: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., blocked: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ..., movable: _Optional[bool] = ...) -> None: ...
 
 class LinkReport(_message.Message):
     __slots__ = ("site", "rtt_level", "bandwidth_level")

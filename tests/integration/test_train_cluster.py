@@ -202,8 +202,9 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
                             "throughput_mb_s", "dropped_microbatches", "crashes", "leaves",
                             "joins", "rerouted_microbatches", "replayed_microbatches",
                             "replayed_s", "compute_s", "lost_microbatches", "restarts",
-                            "dropped", "excluded", "resumed_from", "rollbacks"}
+                            "dropped", "excluded", "resumed_from", "rollbacks", "moves"}
     assert summary["rollbacks"] == []
+    assert summary["moves"] == []  # every node is pinned (--stage K): none moves
     ref = reference(job_of("tiny-llama", LLAMA_ITERATIONS))
     assert summary["job_id"] == ref.job_id
     assert summary["iterations_completed"] == LLAMA_ITERATIONS

@@ -147,3 +147,16 @@ def test_node_stage_is_auto_unless_pinned() -> None:
     assert result.returncode == 0, result.stderr
     words = " ".join(result.stdout.split())
     assert "--stage K|auto" in words and "default auto" in words, words
+
+
+def test_node_moves_are_on_for_auto_nodes_unless_turned_off(tmp_path: Path) -> None:
+    from gwtf.cli import _subcommand, build_parser
+    from gwtf.node.cli import with_config
+
+    parser = build_parser()
+    assert not parser.parse_args(["node"]).no_moves  # default: an auto node may be moved
+    assert parser.parse_args(["node", "--no-moves"]).no_moves
+    config = tmp_path / "node.toml"  # a config file says it as the flag does
+    config.write_text("no-moves = true\n")
+    argv = with_config(["--config", str(config)], _subcommand(parser, "node"))
+    assert parser.parse_args(["node", *argv]).no_moves
