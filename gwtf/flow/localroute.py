@@ -44,7 +44,7 @@ from gwtf.flow.linkreports import SiteLinks
 from gwtf.flow.localsolve import HUB_SLACK, LinkTerms, link_terms, solve_members
 from gwtf.flow.topology import LinkSpec, Members, NodeSpec
 
-__all__ = ["LocalRoute", "OutArc", "Solver", "solver"]
+__all__ = ["LocalRoute", "OutArc", "PendingSolve", "Solver", "solver"]
 
 Solver = Callable[[Members], Mapping[tuple[str, str], int]]
 """The flows of a view's records: `solve_members` (`solver`), or the same answer cached."""
@@ -59,6 +59,17 @@ def solver(
         return solve_members(members, hub_slack=hub_slack, balance=balance).flows
 
     return solve
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSolve:
+    """A view taken for solving (`LocalRoute.begin_solve`): what a solve reads, immutable."""
+
+    key: tuple[object, ...]
+    members: Members
+    complete: bool
+    """Every stage has a member and this node is one of them: else no flows, no solution."""
+    waited_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,24 +196,53 @@ class LocalRoute:
 
     def solve(self) -> bool:
         """Solve the view if it is due; True if the routes changed to a new solution."""
+        pending = self.begin_solve()
+        if pending is None:
+            return False
+        started = self._clock()
+        self.finish_solve(pending, self.compute(pending), started)
+        return True
+
+    def begin_solve(self) -> PendingSolve | None:
+        """The view to solve if it is due, as an immutable snapshot (None if not due). The node
+        computes it off its event loop (`compute` in a worker thread) and adopts it with
+        `finish_solve`: at a few hundred members a solve takes seconds, and a node that does
+        not answer for that long looks dead and measures its own stall as its links' delay."""
         due = self.due()
         now = self._clock()
         if due is None or now < due:
-            return False
+            return None
         view = self._view
-        members = self._records(view)
         stages = {n.stage for n in view}
-        started = self._clock()
-        if len(stages) < self.num_stages or not any(n.id == self.node_id for n in view):
+        complete = len(stages) == self.num_stages and any(n.id == self.node_id for n in view)
+        return PendingSolve(self._key, self._records(view), complete, now - self._changed_at)
+
+    def compute(self, pending: PendingSolve) -> Mapping[tuple[str, str], int] | None:
+        """The flows of a pending solve (None for an incomplete swarm). Touches nothing of the
+        route's state, so it may run in another thread."""
+        return self._solve(pending.members) if pending.complete else None
+
+    def finish_solve(
+        self, pending: PendingSolve, flows: Mapping[tuple[str, str], int] | None, started: float
+    ) -> None:
+        """Adopt a computed solve. Members that left the view while it ran are struck from it
+        at once (as a view change strikes them from the solution held); a view that changed
+        meanwhile stays due."""
+        members = pending.members
+        if flows is None:
             self._members, self._plan, self._mine, self._through = members, {}, {}, 0
             self.has_solution = False
         else:
-            self._adopt(members, self._solve(members))
+            self._adopt(members, flows)
+        if pending.key != self._key:
+            now = {(n.id, n.stage) for n in self._view}
+            for gone in sorted(n.id for n in members.nodes
+                               if n.id != self.node_id and (n.id, n.stage) not in now):
+                self.lost(gone)
         self.last_solve_s = self._clock() - started
-        self.waited_s = now - self._changed_at
-        self._solved = self._key
+        self.waited_s = pending.waited_s
+        self._solved = pending.key
         self.solves += 1
-        return True
 
     def _records(self, view: tuple[NodeSpec, ...]) -> Members:
         return Members(

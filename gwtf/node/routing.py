@@ -242,19 +242,25 @@ class LocalRouting:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._view_changed.wait(), wait)
                 continue
-            if route.solve():
-                self._probe_next_hops()
-                delay = route.message_delay_s()
-                self._state.log.info(
-                    "routes: solved a view of %d members in %.1f ms, %.2f s (%s message delays) "
-                    "after it changed: %d units through here, next hops %s",
-                    route.view_size,
-                    1000 * route.last_solve_s,
-                    route.waited_s,
-                    f"{route.waited_s / delay:.0f}" if delay > 0 else "-",
-                    route.throughput(),
-                    route.routes() or "none",
-                )
+            pending = route.begin_solve()
+            if pending is None:
+                continue
+            started = clock()
+            # Off the event loop (LocalRoute.begin_solve says why); one solve at a time.
+            flows = await asyncio.to_thread(route.compute, pending)
+            route.finish_solve(pending, flows, started)
+            self._probe_next_hops()
+            delay = route.message_delay_s()
+            self._state.log.info(
+                "routes: solved a view of %d members in %.1f ms, %.2f s (%s message delays) "
+                "after it changed: %d units through here, next hops %s",
+                route.view_size,
+                1000 * route.last_solve_s,
+                route.waited_s,
+                f"{route.waited_s / delay:.0f}" if delay > 0 else "-",
+                route.throughput(),
+                route.routes() or "none",
+            )
 
     # ------------------------------------------------------------------ arcs
 

@@ -234,3 +234,32 @@ def test_a_next_hop_that_moves_to_another_stage_is_repaired_at_the_view_change()
     view.append(type(moved)(moved.id, 0, moved.compute_s, moved.location, moved.capacity))
     assert route.set_view(view)
     assert hop not in route.routes() and route.routes() and route.repairs == 1
+
+
+def test_a_solve_computed_off_the_loop_strikes_members_gone_while_it_ran() -> None:
+    """The node computes a solve in a worker thread (begin_solve, compute, finish_solve): a next
+    hop that dies meanwhile must not come back with the solution, and the changed view stays
+    due for another solve."""
+    topo, clock = swarm(seed=2), Clock()
+    me = next(n for n in topo.nodes if n.stage == 0)
+    route = route_of(topo, me.id, clock)
+    route.set_view(topo.nodes)
+    clock.now += route.quiet_s
+    pending = route.begin_solve()
+    assert pending is not None and route.begin_solve() is not None  # nothing adopted yet
+    flows = route.compute(pending)
+    assert flows is not None
+    hop = max(
+        ((dst, x) for (src, dst), x in flows.items() if src == me.id and x > 0),
+        key=lambda p: p[1],
+    )[0]
+    route.member_gone(hop, [n for n in topo.nodes if n.id != hop])  # while the thread ran
+    route.finish_solve(pending, flows, clock.now)
+    assert route.has_solution and hop not in route.routes() and route.routes()
+    # the same as solving first and losing the hop after: its share re-split at once
+    after = solved(topo, me.id, Clock())
+    after.member_gone(hop, [n for n in topo.nodes if n.id != hop])
+    assert route.routes() == after.routes()
+    assert route.due() is not None  # the view without the hop is solved once quiet
+    clock.now += route.quiet_s
+    assert route.solve() and route.quiet and hop not in route.routes()
