@@ -11,17 +11,20 @@ a stage that was not thin dies at once), the keepers' snapshots are older than t
 progress: the swarm rolls back to the stage's periodic snapshot, which every other node can
 restore from its own memory (`restore_point`, over what every live keeper holds).
 
-A snapshot counts once it has fully landed. A keeper keeps what it holds of a stage until a newer
-snapshot has fully landed (`keeper_keeps`), and every node keeps its own state of the previous
-periodic boundary until every stage's snapshot of the newer one has landed (`own_kept`): a stage
-wiped while its newest snapshot is still on its way is restored from the one before, which the
-other stages can still roll back to, instead of failing the job.
+A snapshot counts once it has fully landed at every keeper it was sent to (`snapshot_landed`):
+one copy through and the other cut off (its sender or keeper died on the way) is not landed. A
+keeper keeps what it holds of a stage until a newer snapshot has fully landed with it
+(`keeper_keeps`), and every node keeps its own state of the previous periodic boundary until
+every stage's snapshot of the newer one has landed (`own_kept`): a stage wiped while its newest
+snapshot is still on its way, or wiped together with the one keeper it reached, is restored
+from the one before, which the other stages can still roll back to, instead of failing the job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = [
     "SnapshotPolicy",
@@ -29,8 +32,11 @@ __all__ = [
     "own_kept",
     "restore_point",
     "snapshot_keepers",
+    "snapshot_landed",
     "snapshot_sender",
 ]
+
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -124,14 +130,28 @@ def keeper_keeps(
     return frozenset({newest, *([max(periodic)] if periodic else [])})
 
 
+def snapshot_landed(
+    iteration: int, keepers: Collection[K], kept: Callable[[K], Collection[int]]
+) -> bool:
+    """Has the snapshot of `iteration` landed, given the keepers it was sent to and what each
+    holds now (`kept`: a dead keeper holds nothing)? Only once it is at every one of them. A
+    copy that reached one keeper while the other was cut off (the sender died with its second
+    copy on the way, or that keeper died) does not count: the nodes then keep their own state
+    of the previous periodic boundary (`own_kept`), so that a wipe of the stage together with
+    the one keeper that got it still finds a snapshot (the other keeper's older one) the swarm
+    can roll back to. None sent: nothing landed."""
+    return bool(keepers) and all(iteration in kept(k) for k in keepers)
+
+
 def own_kept(
     policy: SnapshotPolicy, iteration: int, *, landed: bool | None = None
 ) -> frozenset[int]:
     """The periodic boundaries whose own state every node at `iteration` keeps in memory: the
     latest at or before it, and the one before that until every stage's snapshot of the latest
-    has fully landed at its keeper (`landed`). By default the latest has landed once an
-    iteration after it started: a node reports its step only after its snapshot landed
-    (docs/design.md 4.6), so the step that starts the next iteration comes after every landing."""
+    has fully landed at every keeper it was sent to (`landed`, `snapshot_landed`). By default
+    the latest has landed once an iteration after it started: a node reports its step only
+    after its snapshot landed at every keeper (docs/design.md 4.6), so the step that starts the
+    next iteration comes after every landing."""
     latest = policy.last_periodic(iteration)
     if landed is None:
         landed = iteration > latest

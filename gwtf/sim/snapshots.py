@@ -9,11 +9,13 @@
   after the other on its uplink, over the simulated network, queued like any send; so does a
   stage that a death makes thin in the middle of an iteration (the state of the iteration's
   start);
-- a snapshot counts once it has fully landed: one whose sender or keeper died on the way is cut
+- a copy counts once it has fully landed: one whose sender or keeper died on the way is cut
   off and counts for nothing. A keeper replaces what it holds of the stage only then
-  (`keeper_keeps`: the newest and the newest periodic one), and every node keeps its own state of
-  the previous periodic boundary until every stage's snapshot of the newer one has reached both
-  keepers (`own_kept`; the node reports its step once both copies are through). A keeper that
+  (`keeper_keeps`: the newest and the newest periodic one). The snapshot counts as landed once
+  every keeper it was sent to holds it (`snapshot_landed`): one copy through and the other cut
+  off is not landed, and every node keeps its own state of the previous periodic boundary until
+  every stage's snapshot of the newer one has landed (`own_kept`; the node reports its step once
+  every copy is through). A keeper that
   dies takes its snapshots with it; the other keeps its copies, and the rule's next choice gets
   the stage's next snapshot. A stage left with no keeper holding anything sends its state to the
   new keepers at once (the node waits for the next due boundary instead: docs/design.md 4.6);
@@ -45,6 +47,7 @@ from gwtf.job.snapshots import (
     own_kept,
     restore_point,
     snapshot_keepers,
+    snapshot_landed,
 )
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
@@ -67,9 +70,11 @@ class StageSnapshots:
         self.kept: list[dict[SimNode, frozenset[int]]] = [{} for _ in range(sim.S)]
         """Per stage, each live keeper's iterations of its snapshots (landed ones only)."""
         self.landed_periodic: list[int | None] = [None] * sim.S
-        """Per stage, the newest periodic boundary whose snapshot reached both its keepers."""
-        self.on_way: dict[tuple[int, int, int], list[int]] = {}
-        """(stage, iteration, generation) -> [copies still on their way, copies landed]."""
+        """Per stage, the newest periodic boundary whose snapshot landed at every keeper it was
+        sent to (`snapshot_landed`)."""
+        self.on_way: dict[tuple[int, int, int], tuple[list[int], set[SimNode]]] = {}
+        """(stage, iteration, generation) -> ([copies still on their way], the keepers sent
+        to)."""
         self.generation = 0
         """Bumped by a rollback: a snapshot sent before it is of an undone iteration."""
         self.sent = 0
@@ -89,8 +94,10 @@ class StageSnapshots:
         return [live[i] for i in ids]
 
     def _held(self, stage: int) -> frozenset[int]:
-        """The iterations of `stage`'s snapshots any live keeper holds."""
-        return frozenset().union(*self.kept[stage].values())
+        """The iterations of `stage`'s snapshots any live keeper holds: one that died with the
+        stage in one wave holds nothing even while its death is not noticed yet (the node could
+        not fetch from it either)."""
+        return frozenset().union(*(held for k, held in self.kept[stage].items() if k.alive))
 
     def boundary(self, index: int) -> None:
         """Iteration `index` starts: send the snapshots the rule makes due."""
@@ -117,8 +124,9 @@ class StageSnapshots:
             return
         sc = self.sim.sc
         nbytes = sc.params_per_stage[stage] * sc.state_bytes_per_param
-        key = (stage, index, self.generation)
-        self.on_way.setdefault(key, [0, 0])[0] += len(keepers)
+        way, sent_to = self.on_way.setdefault((stage, index, self.generation), ([0], set()))
+        way[0] += len(keepers)
+        sent_to.update(keepers)
         for keeper in keepers:
             self.sent += 1
             self.bytes += nbytes
@@ -132,19 +140,23 @@ class StageSnapshots:
         stage, index, sender, sender_epoch, keeper, keeper_epoch, generation = payload
         if generation != self.generation:
             return  # sent before a rollback: of an iteration undone since
-        way = self.on_way.setdefault((stage, index, generation), [1, 0])
+        way, sent_to = self.on_way.setdefault((stage, index, generation), ([1], {keeper}))
         way[0] -= 1
         if not (sender.alive and sender.epoch == sender_epoch and keeper.alive
                 and keeper.epoch == keeper_epoch and keeper.stage != stage):
             self.cut += 1  # the stream was cut off: nothing landed
+            if sender.alive and sender.epoch == sender_epoch and sender.stage == stage:
+                # The keeper died: once more to the rule's choice, its replacement.
+                self._send(stage, index, sender)
         else:
             self.landed += 1
-            way[1] += 1
             self.kept[stage][keeper] = keeper_keeps(
                 self.policy, self.kept[stage].get(keeper, frozenset()), index)
         if way[0] <= 0:
             del self.on_way[(stage, index, generation)]
-            if way[1] and self.policy.periodic(index):
+            kept = self.kept[stage]
+            if self.policy.periodic(index) and snapshot_landed(
+                    index, sent_to, lambda k: kept.get(k, frozenset())):
                 newest = self.landed_periodic[stage]
                 self.landed_periodic[stage] = index if newest is None else max(newest, index)
 
@@ -155,6 +167,12 @@ class StageSnapshots:
         iteration's start if the stage is thin, else of its latest periodic boundary), as a
         death that makes a stage thin does."""
         it = self.sim.iteration
+        if it is not None and self.policy.periodic(it.index) and it.index != self.policy.start:
+            # The stage's snapshot sender died in the iteration of a periodic boundary, maybe
+            # with a copy of it on the way: the next sender sends its own (the node's rule).
+            live = [n for n in self._live(node.stage) if n is not node]
+            if live and node.id < min(n.id for n in live):
+                self._send(node.stage, it.index, min(live, key=lambda n: n.id))
         for stage, kept in enumerate(self.kept):
             if kept.pop(node, None) is None or kept:
                 continue

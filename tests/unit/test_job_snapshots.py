@@ -16,6 +16,7 @@ from gwtf.job.snapshots import (
     own_kept,
     restore_point,
     snapshot_keepers,
+    snapshot_landed,
     snapshot_sender,
 )
 
@@ -108,6 +109,22 @@ def test_nothing_is_replaced_before_a_snapshot_has_landed() -> None:
     assert restore_point(policy, 9, {4, 7}) is None  # the others dropped 4 when 8 landed
     assert restore_point(policy, 9, {4, 7}, held=own_kept(policy, 9, landed=False)) == 4
     assert restore_point(policy, 8, {8}) == 8
+
+
+def test_a_snapshot_has_landed_only_once_it_is_at_every_keeper() -> None:
+    policy = SnapshotPolicy(every=4, thin=2)
+    # Stage 1's snapshot of 8 went to h0 and z0; the sender died with the copy to z0 on its way.
+    held = {"h0": {4, 8}, "z0": {4}}
+    kept = lambda k: held.get(k, set())  # noqa: E731
+    assert not snapshot_landed(8, ("h0", "z0"), kept)
+    assert snapshot_landed(4, ("h0", "z0"), kept)
+    assert not snapshot_landed(8, (), kept)  # sent nowhere: landed nowhere
+    assert not snapshot_landed(4, ("h0", "a1"), kept)  # a keeper that died holds nothing
+    # So the other nodes keep their state of 4: the stage wiped with h0 rolls back to z0's 4.
+    landed = snapshot_landed(8, ("h0", "z0"), kept)
+    assert restore_point(policy, 9, held["z0"], own_kept(policy, 9, landed=landed)) == 4
+    # Counting the first copy's landing (the old reading) would leave nothing to go back to.
+    assert restore_point(policy, 9, held["z0"], own_kept(policy, 9, landed=True)) is None
 
 
 def run_iteration(c: IterationCoordinator) -> None:
