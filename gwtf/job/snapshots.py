@@ -92,28 +92,47 @@ def snapshot_keepers(
     coordinator: str,
     alive: Callable[[str], bool],
     location: Callable[[str], str] | None = None,
+    started: Callable[[str], float] | None = None,
 ) -> tuple[str, ...]:
     """Who keeps the snapshots of `stage`, in order: at most two live participants of other
     stages, so that one event that takes the stage and one keeper leaves the other.
 
     The first is the job coordinator (it decides restores), or, for the coordinator's own
     stage, the smallest live id of another stage. The second is the live participant of
-    another stage that shares least with the first: not of the first's stage if any is, then
-    at another `location` if any is, then the smallest id. A wave that wipes the stage and the
-    first keeper's stage, or the first keeper's site, leaves it. Every node computes the same
-    pair from the job's participants; a keeper that dies drops out and the next choice takes
-    its place at the stage's next snapshot."""
+    another stage that shares the fewest failure domains with the stage's live replicas and
+    the first keeper (the events that wipe a stage are correlated ones) and costs the data
+    plane least, in this order: not of the first's stage if any is; not at the first's
+    `location`, then at none of the stage's, if any is; not of a stage next to `stage` (the
+    sender's links to those carry its activations and gradients, which the snapshot would
+    queue ahead of); started (`started`: when its current incarnation started, seconds)
+    farthest from the nearest start among the stage's replicas and the first, as nodes
+    started together (one spot request, one operator's batch) tend to be taken together; then
+    the smallest id. Every node computes the same pair from the job's participants and their
+    gossiped records; a keeper that dies drops out and the next choice takes its place at the
+    stage's next snapshot."""
     live = sorted(p for p, s in participants.items()
                   if s != stage and p not in departed and alive(p))
     if not live:
         return ()
     first = coordinator if coordinator in live else live[0]
-    where = location if location is not None else (lambda _: "")
     rest = [p for p in live if p != first]
     if not rest:
         return (first,)
+    where = location if location is not None else (lambda _: "")
+    when = started if started is not None else (lambda _: 0.0)
+    near = [first, *(p for p, s in participants.items()
+                      if s == stage and p not in departed and alive(p))]
+    sites = {where(p) for p in near}
+    starts = [when(p) for p in near]
+
+    def apart(p: str) -> float:
+        """How far `p`'s start lies from the nearest start among the stage and the first."""
+        t = when(p)
+        return min(abs(t - u) for u in starts)
+
     second = min(rest, key=lambda p: (participants[p] == participants[first],
-                                      where(p) == where(first), p))
+                                      where(p) == where(first), where(p) in sites,
+                                      abs(participants[p] - stage) == 1, -apart(p), p))
     return (first, second)
 
 

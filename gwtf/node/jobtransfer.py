@@ -192,9 +192,14 @@ class StateTransfer:
             member = host.member(node)
             return member.location if member is not None else ""
 
+        def started(node: str) -> float:
+            """When the member's incarnation started: its epoch is its start's time_ns."""
+            member = host.member(node)
+            return member.epoch / 1e9 if member is not None else 0.0
+
         return snapshot_keepers(
             active.participants, active.departed, stage, active.coordinator,
-            lambda p: p == host.node_id or host.member(p) is not None, location,
+            lambda p: p == host.node_id or host.member(p) is not None, location, started,
         )
 
     def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:

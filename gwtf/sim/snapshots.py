@@ -90,7 +90,8 @@ class StageSnapshots:
         live = {n.id: n for n in self.sim.active_nodes() if not n.detected}
         coordinator = min((i for i, n in live.items() if n.stage == 0), default="")
         ids = snapshot_keepers({i: n.stage for i, n in live.items()}, (), stage, coordinator,
-                               lambda _: True, lambda i: live[i].location)
+                               lambda _: True, lambda i: live[i].location,
+                               lambda i: live[i].started)
         return [live[i] for i in ids]
 
     def _held(self, stage: int) -> frozenset[int]:
@@ -183,6 +184,17 @@ class StageSnapshots:
                 self.policy.last_periodic(it.index)
             if index != self.policy.start:
                 self._send(stage, index, min(live, key=lambda n: n.id))
+
+    def carry(self, node: SimNode) -> dict[int, frozenset[int]]:
+        """`node` moves to another stage in a new life (`Churn.relocate`): what it keeps, per
+        stage, taken from it so that its leave does not drop it (`carried` gives it back)."""
+        return {stage: held for stage, kept in enumerate(self.kept)
+                if (held := kept.pop(node, None)) is not None}
+
+    def carried(self, node: SimNode, kept: dict[int, frozenset[int]]) -> None:
+        """The moved machine's new life keeps what its old one kept: the same memory."""
+        for stage, held in kept.items():
+            self.kept[stage][node] = held
 
     def source(self, stage: int) -> SimNode | None:
         """Where a joiner of `stage`, which has no live replica, downloads its state from: the

@@ -64,6 +64,29 @@ def test_two_keepers_of_other_stages_the_second_sharing_least_with_the_first() -
     assert snapshot_keepers(dict(reversed(swarm.items())), set(), 1, "h0", alive) == ("h0", "z0")
 
 
+def test_the_second_keeper_shares_least_with_the_stage_and_costs_the_data_plane_least() -> None:
+    alive = lambda p: True  # noqa: E731
+    # Five stages; stage 1's snapshots, the coordinator h0 first.
+    swarm = {"h0": 0, "a0": 1, "a1": 1, "b0": 2, "c0": 3, "c1": 3, "d0": 4}
+    # Everything else equal: not of stage 2 (next to stage 1: its sender's links to stage 2
+    # carry activations the snapshot would queue ahead of), the smallest id of the rest.
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive) == ("h0", "c0")
+    # Not at a site of the stage's own replicas (a0 in eu), before not next to it.
+    where = {"h0": "us", "a0": "eu", "a1": "us", "b0": "ap", "c0": "eu", "c1": "eu",
+             "d0": "eu"}.__getitem__
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, where) == ("h0", "b0")
+    # Started farthest from the stage's replicas and the first keeper (nodes started together
+    # tend to be taken together), before the smallest id.
+    started = {"h0": 0.0, "a0": 0.0, "a1": 5.0, "b0": 0.0, "c0": 7.0, "c1": 3600.0,
+               "d0": 1800.0}.__getitem__
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, None, started) == ("h0", "c1")
+    assert snapshot_keepers(swarm, {"c1"}, 1, "h0", alive, None, started) == ("h0", "d0")
+    # The earlier criteria come first: another stage than the first's, then another site.
+    assert snapshot_keepers({**swarm, "c1": 0}, set(), 1, "h0", alive, None,
+                            started) == ("h0", "d0")
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, where, started) == ("h0", "b0")
+
+
 def test_a_restore_takes_the_newest_usable_snapshot_of_either_keeper() -> None:
     policy = SnapshotPolicy(every=4, thin=2)
     first, second = {4, 5}, {4, 6}  # a copy of 6 cut off on its way to the first keeper
