@@ -117,10 +117,12 @@ class StageSnapshots:
                 and it.index != self.policy.start:
             self._send(stage, it.index, min(live, key=lambda n: n.id))
 
-    def _send(self, stage: int, index: int, sender: SimNode) -> None:
-        """One copy to each of the stage's keepers that lacks it, one after the other."""
+    def _send(self, stage: int, index: int, sender: SimNode, skip: SimNode | None = None
+              ) -> None:
+        """One copy to each of the stage's keepers that lacks it (but `skip`), one after the
+        other."""
         keepers = [k for k in self._keepers_for(stage)
-                   if index not in self.kept[stage].get(k, frozenset())]
+                   if index not in self.kept[stage].get(k, frozenset()) and k is not skip]
         if not keepers:
             return
         sc = self.sim.sc
@@ -147,8 +149,9 @@ class StageSnapshots:
                 and keeper.epoch == keeper_epoch and keeper.stage != stage):
             self.cut += 1  # the stream was cut off: nothing landed
             if sender.alive and sender.epoch == sender_epoch and sender.stage == stage:
-                # The keeper died: once more to the rule's choice, its replacement.
-                self._send(stage, index, sender)
+                # The keeper died: once more to the rule's choice, its replacement (none while
+                # its death is not noticed: the node's second round would fail there too).
+                self._send(stage, index, sender, skip=keeper)
         else:
             self.landed += 1
             self.kept[stage][keeper] = keeper_keeps(
