@@ -5,8 +5,9 @@
   `snapshot_every`-th, and every one of a stage with at most `snapshot_thin` live replicas) the
   stage's smallest live replica sends the stage's state (`params * state_bytes_per_param`) to each
   of the stage's two keepers (`snapshot_keepers`, as the node chooses them: the coordinator, the
-  smallest live holder, and a node of a third stage, at another location where it can), one copy
-  after the other on its uplink, over the simulated network, queued like any send; so does a
+  smallest live holder, and the node of another stage that shares the fewest failure domains
+  with the stage and the first keeper, by location and start), one copy after the other on its
+  uplink, over the simulated network, queued like any send; so does a
   stage that a death makes thin in the middle of an iteration (the state of the iteration's
   start);
 - a copy counts once it has fully landed: one whose sender or keeper died on the way is cut
