@@ -151,3 +151,18 @@ def test_a_stage_wiped_in_the_first_iteration_is_rebuilt_from_the_job(tmp_path: 
 def test_swarm_keeps_no_snapshots_and_never_rolls_back(tmp_path: Path) -> None:
     result = run(scenario(tmp_path, wipe(65, 80), every=2, thin=0), "swarm")
     assert result.rollbacks == [] and result.failed is None and result.snapshots == {}
+
+
+def test_a_keeper_moved_into_the_wiped_stage_keeps_its_snapshots(tmp_path: Path) -> None:
+    t = starts(tmp_path, every=2)
+    # Stage 1 dies with the coordinator s0a (its first keeper) once its snapshots of 4 landed,
+    # and no node joins: gwtf's placement moves s2b, the second keeper, into stage 1 in the
+    # middle of the iteration (a leave and a join under the same id). The machine's memory
+    # still holds stage 1's snapshot of 4: the stage goes on from it, nothing undone (had the
+    # move dropped it, no snapshot would be left and the swarm would go back to the start).
+    rows = "".join(f"{t[4] + 6},crash,{n}\n" for n in ("s1a", "s1b", "s0a"))
+    result = run(scenario(tmp_path, rows, every=2, thin=0), "gwtf")
+    assert result.failed is None
+    assert result.moves >= 1
+    assert result.rollbacks == []
+    assert result.iterations_completed > 5
