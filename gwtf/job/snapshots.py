@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 __all__ = [
+    "LAUNCH_WINDOW_S",
     "SnapshotPolicy",
     "keeper_keeps",
     "own_kept",
@@ -37,6 +38,11 @@ __all__ = [
 ]
 
 K = TypeVar("K")
+
+LAUNCH_WINDOW_S = 300.0
+"""Nodes started within this many seconds of each other count as started together (one
+launch: the instances of one spot request, or one operator's batch, come up within minutes of
+each other, booting and loading the job's code), a failure domain of `snapshot_keepers`."""
 
 
 @dataclass(frozen=True)
@@ -104,12 +110,12 @@ def snapshot_keepers(
     plane least, in this order: not of the first's stage if any is; not at the first's
     `location`, then at none of the stage's, if any is; not of a stage next to `stage` (the
     sender's links to those carry its activations and gradients, which the snapshot would
-    queue ahead of); started (`started`: when its current incarnation started, seconds)
-    farthest from the nearest start among the stage's replicas and the first, as nodes
-    started together (one spot request, one operator's batch) tend to be taken together; then
-    the smallest id. Every node computes the same pair from the job's participants and their
-    gossiped records; a keeper that dies drops out and the next choice takes its place at the
-    stage's next snapshot."""
+    queue ahead of); not started (`started`: when its current incarnation started, seconds)
+    within `LAUNCH_WINDOW_S` of one of the stage's replicas or the first, as nodes started
+    together (one spot request, one operator's batch) tend to be taken together; then the
+    smallest id, so that the choice stays put while the swarm does not change. Every node
+    computes the same pair from the job's participants and their gossiped records; a keeper
+    that dies drops out and the next choice takes its place at the stage's next snapshot."""
     live = sorted(p for p, s in participants.items()
                   if s != stage and p not in departed and alive(p))
     if not live:
@@ -125,14 +131,14 @@ def snapshot_keepers(
     sites = {where(p) for p in near}
     starts = [when(p) for p in near]
 
-    def apart(p: str) -> float:
-        """How far `p`'s start lies from the nearest start among the stage and the first."""
+    def together(p: str) -> bool:
+        """Was `p` started within `LAUNCH_WINDOW_S` of the stage's replicas or the first?"""
         t = when(p)
-        return min(abs(t - u) for u in starts)
+        return any(abs(t - u) < LAUNCH_WINDOW_S for u in starts)
 
     second = min(rest, key=lambda p: (participants[p] == participants[first],
                                       where(p) == where(first), where(p) in sites,
-                                      abs(participants[p] - stage) == 1, -apart(p), p))
+                                      abs(participants[p] - stage) == 1, together(p), p))
     return (first, second)
 
 

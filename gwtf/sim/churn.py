@@ -105,6 +105,7 @@ class Churn:
         carried = snapshots.carry(node) if isinstance(snapshots, StageSnapshots) else None
         self.crash(node, graceful=True)
         fresh = self.sim.new_node(replace(node.info, stage=stage))
+        fresh.started = node.started  # the same machine, started when it was
         if carried is not None and isinstance(snapshots, StageSnapshots):
             # The same machine: the stage snapshots it keeps stay in its memory.
             snapshots.carried(fresh, carried)

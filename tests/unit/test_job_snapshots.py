@@ -11,6 +11,7 @@ from gwtf.job.iterations import (
     StepOrder,
 )
 from gwtf.job.snapshots import (
+    LAUNCH_WINDOW_S,
     SnapshotPolicy,
     keeper_keeps,
     own_kept,
@@ -75,12 +76,16 @@ def test_the_second_keeper_shares_least_with_the_stage_and_costs_the_data_plane_
     where = {"h0": "us", "a0": "eu", "a1": "us", "b0": "ap", "c0": "eu", "c1": "eu",
              "d0": "eu"}.__getitem__
     assert snapshot_keepers(swarm, set(), 1, "h0", alive, where) == ("h0", "b0")
-    # Started farthest from the stage's replicas and the first keeper (nodes started together
-    # tend to be taken together), before the smallest id.
+    # Not started together with the stage's replicas or the first keeper (within
+    # LAUNCH_WINDOW_S: nodes started together tend to be taken together), before the smallest
+    # id; among those started apart the smallest id, not the newest, so the choice stays put.
     started = {"h0": 0.0, "a0": 0.0, "a1": 5.0, "b0": 0.0, "c0": 7.0, "c1": 3600.0,
-               "d0": 1800.0}.__getitem__
+               "d0": 7200.0}.__getitem__
+    assert LAUNCH_WINDOW_S < 3600.0
     assert snapshot_keepers(swarm, set(), 1, "h0", alive, None, started) == ("h0", "c1")
     assert snapshot_keepers(swarm, {"c1"}, 1, "h0", alive, None, started) == ("h0", "d0")
+    close = {**{p: 0.0 for p in swarm}, "c1": LAUNCH_WINDOW_S / 2}.__getitem__
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, None, close) == ("h0", "c0")
     # The earlier criteria come first: another stage than the first's, then another site.
     assert snapshot_keepers({**swarm, "c1": 0}, set(), 1, "h0", alive, None,
                             started) == ("h0", "d0")
