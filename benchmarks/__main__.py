@@ -18,6 +18,7 @@ BENCHMARKS = {
     "sim": "benchmarks.sim",
     "replay": "benchmarks.replay",
     "simspeed": "benchmarks.simspeed",
+    "solvespeed": "benchmarks.solvespeed",
     "balance": "benchmarks.balance",
     "node": "benchmarks.node_control",
     "noderoute": "benchmarks.node_route",

@@ -36,8 +36,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-import networkx as nx
-
 from gwtf.flow.balance import (
     Balance,
     Headroom,
@@ -46,6 +44,7 @@ from gwtf.flow.balance import (
     queue_pieces,
     solve_balanced,
 )
+from gwtf.flow.simplex import Network, max_flow_min_cost
 from gwtf.flow.solution import FLOW_EPSILON, FlowResult
 from gwtf.flow.topology import (
     CAP_SCALE,
@@ -189,7 +188,7 @@ def _via(gi: int) -> Callable[[int], tuple[str, int, int]]:
 
 @dataclass
 class _Network:
-    graph: nx.DiGraph
+    graph: Network
     hub_base: int
     group_pair_cap: dict[tuple[int, int], int]  # arcs a node-level split must respect
     direct: list[tuple[int, int]]
@@ -205,7 +204,7 @@ def _network(
     queue: float | None = None,
 ) -> _Network:
     terms = _Terms(members)
-    graph = nx.DiGraph()
+    graph = Network()
     graph.add_node(_SOURCE)
     last = max(g.stage for g in groups)
     for gi, g in enumerate(groups):
@@ -505,9 +504,7 @@ def solve_members(
     direct_only: set[tuple[int, int]] = set()
     for attempt in range(REFINE_ROUNDS + 1):
         net = _network(members, groups, cells, hub_slack, direct_only, balance)
-        flow = nx.max_flow_min_cost(
-            net.graph, _SOURCE, _SINK, capacity="capacity", weight="weight"
-        )
+        flow = max_flow_min_cost(net.graph, _SOURCE, _SINK)
         through: dict[str, int] = {}
         for gi, g in enumerate(groups):
             units = carried(flow, 2 * gi, 2 * gi + 1, _pieces(g, balance), _via(gi))

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from gwtf.flow.oracle import SINK, SOURCE, build_oracle_network
+from gwtf.flow.simplex import max_flow_value
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology, TopologyError
 
 __all__ = ["Move", "Seat", "Swarm", "best_stage", "open_stage", "propose_move"]
@@ -76,8 +77,8 @@ class Swarm:
 
 def _max_flow(topology: Topology) -> float:
     graph = build_oracle_network(topology)
-    value: float = nx.maximum_flow_value(graph, SOURCE, SINK, capacity="capacity")
-    return value / CAP_SCALE
+    # The value is unique: the faster exact algorithm gives networkx's (docs/design.md 2.12).
+    return max_flow_value(graph, SOURCE, SINK) / CAP_SCALE
 
 
 Seat = Callable[[int], NodeSpec]

@@ -15,8 +15,10 @@ real messages. Modules, one idea each (pure ones first; only `server`, `transpor
                 quiet/activity report
     phases      PhaseDetector: ends scaling phases swarm-wide (two identical waves, all quiet)
     codec       protobuf <-> dataclasses, and validation of everything a peer sends
-    errors      Refusal: a call the node will not serve, with its gRPC status (the servicers map
-                it at the edge)
+    errors      Refusal and its classes: a call the node will not serve, by the reason why
+                (no gRPC status: that is the edge's)
+    rpcedge     the one table from refusal class to gRPC status code, the drain of a refused
+                stream (the servicers and the data plane's use it)
     plan        NodePlan: a node to start on this machine (launch, churn replay, demo)
     jobhost     JobsHost: what the job runtime needs from its node
     transport   channel options (keepalive, sizes), one channel per peer, WAN and malformed-
@@ -47,6 +49,8 @@ real messages. Modules, one idea each (pure ones first; only `server`, `transpor
                 stage (the state they share), runtime (the compute thread), pipeline (the
                 microbatches' life), sender (the data plane's sends), commit (this replica's
                 commit), recoveries (and restarts)
+    chunks      chunked streams: cutting buffers into chunk payloads, checking a stream coming in
+                (the data plane, the gradient sums and state transfer share it)
     gradsync    replicas' gradient sums as a chunked stream, checked
     tensors     the data plane: microbatch tensors as chunked streams, checked
     settings    NodeSettings: the `gwtf node` flags

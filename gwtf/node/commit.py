@@ -20,7 +20,6 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 
-import grpc
 import torch
 from torch import Tensor
 
@@ -28,7 +27,7 @@ from gwtf.job.exchange import WHOLE as ALL_TO_ALL
 from gwtf.job.exchange import Link, choose
 from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport, StepOrder
 from gwtf.job.snapshots import snapshot_sender
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import NotReady, Refusal, StaleIteration
 from gwtf.node.exchange import SliceExchange, contribute, poisoned
 from gwtf.node.gradsync import (
     PARTIAL,
@@ -94,7 +93,7 @@ class CommitParticipant:
         ctx = self._ctx
         if not ctx.started.is_set():
             # The start and the first commit travel on different calls: the sender retries.
-            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"job {ctx.job_id} has not started here")
+            raise NotReady(f"job {ctx.job_id} has not started here")
         if header.job_id != ctx.job_id:
             raise ContributionError(f"the contribution is for job {header.job_id[:40]!r}")
         if (
@@ -312,8 +311,7 @@ class CommitParticipant:
             return  # a repeated order
         prepared = it.prepared
         if prepared is None or prepared[0].attempt != order.attempt:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise StaleIteration(
                 f"{ctx.host.node_id} is not prepared for attempt {order.attempt} of iteration "
                 f"{order.iteration}",
             )

@@ -14,7 +14,6 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 
-import grpc
 from grpc import aio
 
 from gwtf.node.codec import (
@@ -25,7 +24,7 @@ from gwtf.node.codec import (
     members_from_pb,
     swarm_to_pb,
 )
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import IdTaken, Mismatch, Stranger
 from gwtf.node.flows import FlowControl
 from gwtf.node.membership import Gossip, MemberEvent, MemberInfo
 from gwtf.node.peers import Peers
@@ -234,8 +233,7 @@ class MembershipControl:
     def _check_swarm(self, swarm_id: str) -> None:
         swarm = self._state.swarm
         if swarm_id != swarm.swarm_id:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise Stranger(
                 f"this node belongs to swarm {swarm.swarm_id}, not {swarm_id[:60]!r}",
             )
 
@@ -247,8 +245,7 @@ class MembershipControl:
     def _check_joinable_stage(self, stage: int) -> None:
         num_stages = self._state.swarm.num_stages
         if stage >= num_stages:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise Mismatch(
                 f"stage {stage} is outside this swarm's stages 0..{num_stages - 1}",
             )
 
@@ -261,19 +258,17 @@ class MembershipControl:
             raise InvalidMessage("a joiner must be alive")
         current = state.members.get(joiner.id)
         if current is not None and current.alive and current.address != joiner.address:
-            raise Refusal(
-                grpc.StatusCode.ALREADY_EXISTS,
+            raise IdTaken(
                 f"id {joiner.id!r} is taken by a live member at {current.address}; "
                 "choose another --id",
             )
         if current is not None and current.epoch >= joiner.epoch:
-            raise Refusal(
-                grpc.StatusCode.ALREADY_EXISTS,
+            raise IdTaken(
                 f"an incarnation of {joiner.id!r} as recent as this one is known (is this "
                 "machine's clock behind?); choose another --id",
             )
         if joiner.id == state.node_id:
-            raise Refusal(grpc.StatusCode.ALREADY_EXISTS, f"id {joiner.id!r} is this node's")
+            raise IdTaken(f"id {joiner.id!r} is this node's")
         self.on_events(state.members.merge([joiner]))
         driver = state.driver
         return node_pb2.JoinReply(

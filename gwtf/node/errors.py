@@ -1,20 +1,32 @@
-"""The node's refusals: a call it will not serve, with the gRPC status the caller gets; and
-`NodeError`, a problem the user must fix before the node can run.
+"""The node's refusals: a call it will not serve, by the reason why; and `NodeError`, a problem
+the user must fix before the node can run.
 
-Domain code (the job runtime, the data plane) raises `Refusal` with the code and one sentence;
-the servicers (`gwtf.node.server`) turn it into the call's status at the RPC edge, so no domain
-module needs the servicers. A malformed message is `gwtf.node.codec.InvalidMessage` instead
-(INVALID_ARGUMENT).
+Domain code (the job runtime, the data plane, membership, flows) raises one of the `Refusal`
+classes below with one sentence; it names no gRPC status. The RPC edge (`gwtf.node.rpcedge`,
+used by the servicers in `gwtf.node.server` and by the data plane's in `gwtf.node.tensors`) holds
+the one table from class to status code (docs/design.md 3.2). A malformed message is
+`gwtf.node.codec.InvalidMessage` instead (INVALID_ARGUMENT, in the same table).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import grpc
-from grpc import aio
-
-__all__ = ["DRAIN_BYTES", "NodeError", "Refusal", "drain"]
+__all__ = [
+    "Busy",
+    "CannotRun",
+    "IdTaken",
+    "InvalidOrder",
+    "Mismatch",
+    "NodeError",
+    "NotHeld",
+    "NotParticipant",
+    "NotReady",
+    "Refusal",
+    "StaleIteration",
+    "Stranger",
+    "Superseded",
+    "UnknownJob",
+    "WrongState",
+]
 
 
 class NodeError(Exception):
@@ -26,32 +38,82 @@ class NodeError(Exception):
 
 
 class Refusal(Exception):
-    """The node refuses a call for a reason the caller must act on."""
+    """The node refuses a call for a reason the caller must act on; the subclass says which.
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
+    `Refusal(code, message)`, a status code chosen by the raiser, is the older form, kept while
+    a module still raises it (`code` is then that status; None for the classes below)."""
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 2:
+            code, message = args
+        elif len(args) == 1:
+            code, message = None, args[0]
+        else:
+            raise TypeError(f"Refusal takes a message (or a code and a message), not {args!r}")
+        super().__init__(str(message))
         self.code = code
-        self.message = message
+        self.message = str(message)
 
 
-# A refused client stream is read to its end, up to this many more bytes, before the refusal is
-# sent. grpc's aio client that is still writing chunks when the call ends reports INTERNAL
-# ("Failed execute_batch") in place of the receiver's status (3 streams in 200 on loopback),
-# and the sender then retries a stream that can never pass instead of reporting it. The bytes
-# were already on their way; past the cap (more than any activation here) the sender may see
-# INTERNAL.
-DRAIN_BYTES = 64 * 2**20
+class NotReady(Refusal):
+    """This node cannot serve the call now but may soon: it is not serving yet, it enters the
+    job or takes it over, the job has not started here, its view of the coordinator is behind,
+    or it failed for a moment. The same call may pass later."""
 
 
-async def drain(request_iterator: Any) -> None:
-    """Reads and discards what is left of a client stream the servicer is about to refuse."""
-    seen = 0
-    try:
-        async for chunk in request_iterator:
-            seen += len(chunk) if isinstance(chunk, bytes) else chunk.ByteSize()
-            if seen > DRAIN_BYTES:
-                return
-    except aio.AbortError:
-        raise  # the stream's own check refused a chunk: that refusal is the call's status
-    except Exception:  # a chunk that does not parse ends the drain, not the refusal
-        return
+class Busy(Refusal):
+    """This node cannot take the work now (no memory slot, no free microbatch): the sender may
+    try again, or another node."""
+
+
+class NotParticipant(Refusal):
+    """This node holds no part, or not the role the call is for, in the job: it does not take
+    part, does not coordinate it, has not prepared it, or is still entering it."""
+
+
+class WrongState(Refusal):
+    """The job here is not in the state the call needs: it is not running, or another job
+    runs (one job at a time)."""
+
+
+class NotHeld(Refusal):
+    """This node does not hold what the call asks for: a stage's state or weights, a snapshot,
+    a kept activation, a microbatch that never came here."""
+
+
+class StaleIteration(Refusal):
+    """The call is about an iteration (or a commit attempt of one) this node is not at: one it
+    is past, cannot reach from where it is, or did not prepare."""
+
+
+class Mismatch(Refusal):
+    """The call does not fit this swarm or this job: a stage outside the swarm, state of
+    another iteration than the one asked for."""
+
+
+class Stranger(Refusal):
+    """The caller is not one this node serves: another swarm's node, or not a live member."""
+
+
+class CannotRun(Refusal):
+    """The job cannot run as submitted: a stage with no live node, a node that takes no
+    training work, state or data that do not build the stage, a participant that failed to
+    prepare or start it."""
+
+
+class InvalidOrder(Refusal):
+    """The call asks for something that cannot be: a microbatch the job lacks, a recovery or a
+    redirect that names the wrong nodes, a phase command beyond what a scaling has."""
+
+
+class UnknownJob(Refusal):
+    """This node knows no job of that id."""
+
+
+class IdTaken(Refusal):
+    """A joiner's id is this node's, or a live member's, or known from a more recent
+    incarnation."""
+
+
+class Superseded(Refusal):
+    """Another call changed what this one was working on meanwhile (another job arrived)."""

@@ -29,7 +29,6 @@ import contextlib
 import time
 from collections.abc import Callable
 
-import grpc
 from grpc import aio
 
 from gwtf.flow.decentralized import FlowConfig
@@ -44,7 +43,7 @@ from gwtf.node.codec import (
 )
 from gwtf.node.coordinator import PhaseCoordinator
 from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import InvalidOrder, Stranger
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params
 from gwtf.node.membership import MemberInfo
 from gwtf.node.peers import Peers
@@ -446,19 +445,16 @@ class FlowControl:
         if request.coordinator != state.node_id and not any(
             m.id == request.coordinator for m in state.members.alive()
         ):
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise Stranger(
                 f"phase command from {request.coordinator[:40]!r}, not a live member",
             )
         limit = max_phases(state.swarm.flow)
         if request.tightens > limit:
-            raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise InvalidOrder(
                 f"phase command ends {request.tightens} phases; a scaling has {limit}",
             )
         if request.round > state.driver.round + MAX_ROUND_AHEAD:
-            raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise InvalidOrder(
                 f"phase command for round {request.round}, this node is in round "
                 f"{state.driver.round}",
             )

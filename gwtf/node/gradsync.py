@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gwtf.node.chunks import Incoming, pieces
 from gwtf.v1 import job_pb2
 
 __all__ = [
@@ -135,11 +136,8 @@ def encode(
     """The chunks of one contribution: the header, then the vector's bytes."""
     data = flat.detach().contiguous().view(torch.uint8).numpy().data
     yield job_pb2.ContributionChunk(seq=0, header=_header_to_pb(header))
-    seq = 1
-    for offset in range(0, data.nbytes, chunk_bytes):
-        payload = data[offset : offset + chunk_bytes].tobytes()
-        yield job_pb2.ContributionChunk(seq=seq, payload=payload)
-        seq += 1
+    for seq, (payload,) in enumerate(pieces([data], chunk_bytes, at_least_one=False), start=1):
+        yield job_pb2.ContributionChunk(seq=seq, payload=payload.tobytes())
 
 
 Expect = Callable[[ContributionHeader], int]
@@ -152,38 +150,25 @@ class ContributionAssembler:
 
     def __init__(self, expect: Expect) -> None:
         self._expect = expect
-        self._seq = 0
+        self._in = Incoming(ContributionError, stream="contribution stream",
+                            chunk="contribution chunk")
         self.header: ContributionHeader | None = None
         self._buffer: Tensor | None = None
         self._view: memoryview | None = None
-        self._received = 0
-        self._total = 0
 
     @property
     def received_bytes(self) -> int:
-        return self._received
+        return self._in.received
 
     def add(self, chunk: job_pb2.ContributionChunk) -> None:
-        if chunk.seq != self._seq:
-            raise ContributionError(
-                f"contribution chunk {chunk.seq} arrived where chunk {self._seq} was expected"
-            )
-        self._seq += 1
-        if chunk.seq == 0:
-            if not chunk.HasField("header"):
-                raise ContributionError("a contribution's first chunk has no header")
+        if self._in.next(chunk.seq, chunk.HasField("header")):
             self._start(chunk.header)
-        elif chunk.HasField("header"):
-            raise ContributionError(f"contribution chunk {chunk.seq} carries a second header")
         payload = chunk.payload
         if not payload:
             return
-        if self._view is None or self._received + len(payload) > self._total:
-            raise ContributionError(
-                f"the contribution carries more than the {self._total} bytes its header declares"
-            )
-        self._view[self._received : self._received + len(payload)] = payload
-        self._received += len(payload)
+        at = self._in.take(len(payload))
+        assert self._view is not None  # bytes fit: the header declared some
+        self._view[at : at + len(payload)] = payload
 
     def _start(self, pb: job_pb2.ContributionHeader) -> None:
         dtype = _DTYPES.get(pb.dtype)
@@ -219,17 +204,14 @@ class ContributionAssembler:
             )
         self.header = header
         self._buffer = torch.empty(expected, dtype=dtype)
-        self._total = expected * self._buffer.element_size()
+        self._in.total = expected * self._buffer.element_size()
         if expected:
             self._view = self._buffer.view(torch.uint8).numpy().data
 
     def finish(self, *, allow_non_finite: bool = False) -> tuple[ContributionHeader, Tensor]:
+        self._in.finish()
         if self.header is None or self._buffer is None:
             raise ContributionError("the contribution stream ended before its header")
-        if self._received != self._total:
-            raise ContributionError(
-                f"the contribution stream ended after {self._received} of {self._total} bytes"
-            )
         if (
             not allow_non_finite
             and self._buffer.numel()

@@ -18,8 +18,6 @@ import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
 from gwtf.job.iterations import (
     CommitOrder,
     CommittedReport,
@@ -30,7 +28,7 @@ from gwtf.job.iterations import (
 )
 from gwtf.job.roster import flow_to_stage, orphaned, weights_fit
 from gwtf.node.codec import InvalidMessage, check_name, members_from_pb
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import NotParticipant, NotReady, WrongState
 from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobstate import ENTERING, OVER, CurrentJob, JobBook, state_name, stop_worker
@@ -74,18 +72,15 @@ class JobCalls:
         sums or microbatches may come as the admission's reply is on its way (refused, the
         peer gave the commit attempt up and the round stalled, docs/design.md 4.5)."""
         if self._entering(job_id):
-            raise Refusal(grpc.StatusCode.UNAVAILABLE,
-                          f"{self.host.node_id} {ENTERING} {job_id[:40]!r}")
+            raise NotReady(f"{self.host.node_id} {ENTERING} {job_id[:40]!r}")
         active = self.book.active
         if active is None or active.job_id != job_id or active.worker is None:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise NotParticipant(
                 f"{self.host.node_id} does not take part in job {job_id[:40]!r}",
             )
         progress = self.book.records[job_id]
         if progress.state in OVER:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise WrongState(
                 f"job {job_id} is {state_name(progress.state)} on {self.host.node_id}",
             )
         return active.worker
@@ -147,17 +142,15 @@ class JobCalls:
             and self.book.records[job_id].state == job_pb2.JOB_STATE_PREPARING
         ):
             # Its start is still on the way here (it travels on another call): retried.
-            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"job {job_id} has not started here yet")
+            raise NotReady(f"job {job_id} has not started here yet")
         if active is None or active.job_id != job_id or active.coord is None:
             if active is not None and active.job_id == job_id and active.taking_over:
-                raise Refusal(grpc.StatusCode.UNAVAILABLE,
-                              f"{self.host.node_id} is taking over job {job_id}")
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+                raise NotReady(f"{self.host.node_id} is taking over job {job_id}")
+            raise NotParticipant(
                 f"{self.host.node_id} does not coordinate job {job_id[:40]!r}",
             )
         if self.book.records[job_id].state != job_pb2.JOB_STATE_RUNNING:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} is not running")
+            raise WrongState(f"job {job_id} is not running")
         return active, active.coord
 
     def done(self, request: job_pb2.DoneRequest) -> job_pb2.DoneReply:
@@ -222,8 +215,7 @@ class JobCalls:
             # admission's reply arrives. A restart ordered meanwhile (a heal's restarts come
             # with the stale side's entries) is retried rather than lost, which would leave this
             # node in an older round and the iteration stalled (docs/design.md 4.5).
-            raise Refusal(grpc.StatusCode.UNAVAILABLE,
-                          f"{self.host.node_id} {ENTERING} {job_id[:40]!r}")
+            raise NotReady(f"{self.host.node_id} {ENTERING} {job_id[:40]!r}")
         worker = self.worker_for(job_id)
         active = self.book.active
         assert active is not None
@@ -243,8 +235,7 @@ class JobCalls:
             elif self.host.member(active.coordinator) is not None and (
                 sender > active.coordinator
             ):
-                raise Refusal(
-                    grpc.StatusCode.UNAVAILABLE,
+                raise NotReady(
                     f"{self.host.node_id} still sees {active.coordinator} coordinate the job",
                 )
             active.coordinator = sender
@@ -343,8 +334,7 @@ class JobCalls:
         if self._entering(request.job_id):
             # It holds nothing of the job yet (FAILED_PRECONDITION: the quorum reads it so),
             # but it is no dead participant (gwtf.node.jobheal.Healer.confirm).
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"{self.host.node_id} {ENTERING} {request.job_id[:40]!r}")
+            raise NotParticipant(f"{self.host.node_id} {ENTERING} {request.job_id[:40]!r}")
         worker = self.worker_for(request.job_id)
         reply = worker.sync()
         if self.book.active is not None:

@@ -20,12 +20,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-import grpc
-
 from gwtf.job.iterations import IterationCoordinator
 from gwtf.job.roster import nodes_by_stage, start_fits
 from gwtf.node.codec import InvalidMessage, check_name
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import CannotRun, Mismatch, NotHeld, NotParticipant, Superseded, WrongState
 from gwtf.node.jobcoord import JobCoordinator, Manager
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobstate import CurrentJob, JobBook, state_name, stop_worker
@@ -176,8 +174,7 @@ class JobLauncher:
         if active is not None and records[active.job_id].state == job_pb2.JOB_STATE_RUNNING:
             if active.job_id == job_id:
                 return job_pb2.SubmitReply(job_id=job_id)
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise WrongState(
                 f"job {active.job_id} is {state_name(records[active.job_id].state)} on "
                 "this swarm; wait for it to end, then submit again",
             )
@@ -193,8 +190,7 @@ class JobLauncher:
         by_stage = nodes_by_stage(((m.id, m.stage) for m in members), stages)
         empty = [s for s in range(stages) if not by_stage[s]]
         if empty:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise CannotRun(
                 f"stage {empty[0]} of this swarm has no live node, so no microbatch can pass it; "
                 f"start a node with --stage {empty[0]} and submit again",
             )
@@ -216,7 +212,7 @@ class JobLauncher:
         if failures:
             reason = f"the job could not be prepared on {failures[0]}"
             await self.wire.spread_fail(job_id, reason, members, self._fail_here)
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, reason)
+            raise CannotRun(reason)
         digests = {
             m.id: r.corpus_digest for m, r in zip(members, replies, strict=True)
             if m.stage == 0 and isinstance(r, job_pb2.PrepareReply)
@@ -228,7 +224,7 @@ class JobLauncher:
                 + "); give every holder the same data file"
             )
             await self.wire.spread_fail(job_id, reason, members, self._fail_here)
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, reason)
+            raise CannotRun(reason)
         holders = sorted(by_stage[0])
         flows = {
             m.id: r.flow_units for m, r in zip(members, replies, strict=True)
@@ -250,7 +246,7 @@ class JobLauncher:
             if isinstance(reply, BaseException):
                 reason = f"the job could not start on {m.id}: {reply}"
                 await self.wire.spread_fail(job_id, reason, members, self._fail_here)
-                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, reason)
+                raise CannotRun(reason)
         return job_pb2.SubmitReply(job_id=job_id)
 
     async def _prepare_at(
@@ -280,8 +276,7 @@ class JobLauncher:
     async def prepare(self, request: job_pb2.PrepareRequest) -> job_pb2.PrepareReply:
         host = self.host
         if not host.trains:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise CannotRun(
                 f"{host.node_id} runs with --no-train: it routes but takes no training work",
             )
         job = await self.parse(request.job_json)
@@ -289,8 +284,7 @@ class JobLauncher:
         if active is not None:
             state = self.book.records[active.job_id].state
             if state == job_pb2.JOB_STATE_RUNNING:
-                raise Refusal(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise WrongState(
                     f"{host.node_id} runs job {active.job_id}; one job at a time",
                 )
             if active.job_id == job.job_id and state == job_pb2.JOB_STATE_PREPARING and (
@@ -313,8 +307,7 @@ class JobLauncher:
         if resume:
             kept = self.transfer.resumes.get(job.job_id)
             if kept is None or kept[0] != resume:
-                raise Refusal(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise NotHeld(
                     f"{host.node_id} was sent no state of stage {stage} at iteration {resume} "
                     f"to resume job {job.job_id} from; submit --resume again",
                 )
@@ -327,16 +320,15 @@ class JobLauncher:
         try:
             executor, corpus = await asyncio.to_thread(*build)
         except (PartitionError, DataError, StateError) as err:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+            raise CannotRun(str(err)) from None
         if executor.iteration != resume:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise Mismatch(
                 f"the state sent to {host.node_id} is of iteration {executor.iteration}, "
                 f"not {resume}",
             )
         self.transfer.resumes.pop(job.job_id, None)
         if self.book.active is not active:
-            raise Refusal(grpc.StatusCode.ABORTED, "another job arrived meanwhile")
+            raise Superseded("another job arrived meanwhile")
         worker = self.new_worker(module, job, executor, corpus)
         job_json = json.dumps(job.to_dict(), sort_keys=True)
         self.book.active = active = CurrentJob(job, job.job_id, job_json, worker)
@@ -366,8 +358,7 @@ class JobLauncher:
         host = self.host
         active = self.book.current(request.job_id)
         if active is None:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise NotParticipant(
                 f"{host.node_id} has not prepared job {request.job_id[:40]!r}",
             )
         if active.participants:

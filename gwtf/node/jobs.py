@@ -51,15 +51,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
-import grpc
-
 from gwtf.flow.topology import LinkSpec
 from gwtf.job.iterations import CommittedReport, IterationOutcome, PreparedReport
 from gwtf.job.nexthop import next_hop_weights
 from gwtf.job.roster import live_holders
 from gwtf.job.snapshots import SnapshotPolicy, snapshot_sender
 from gwtf.node.codec import InvalidMessage, check_name
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import UnknownJob
 from gwtf.node.jobcalls import JobCalls
 from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.jobheal import Healer
@@ -164,8 +162,7 @@ class JobManager:
         check_name("job id", request.job_id)
         progress = self.book.records.get(request.job_id)
         if progress is None:
-            raise Refusal(grpc.StatusCode.NOT_FOUND,
-                          f"{self.host.node_id} knows no job {request.job_id[:40]!r}")
+            raise UnknownJob(f"{self.host.node_id} knows no job {request.job_id[:40]!r}")
         reason = request.reason[:500].strip() or "no reason given"
         self.fail(request.job_id, f"cancelled by the user: {reason}")
         return job_pb2.CancelReply(state=progress.state)

@@ -17,10 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
 from gwtf.job.iterations import IterationOutcome
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import UnknownJob
 from gwtf.node.jobcoord import JobCoordinator
 from gwtf.node.jobhost import JobsHost
 from gwtf.v1 import job_pb2
@@ -106,8 +104,7 @@ class JobBook:
         """The job's record now and at every change, until it is over (a copy each time: the
         record itself changes in place); NOT_FOUND if this node (`node_id`) knows no such job."""
         if job_id not in self.records:
-            raise Refusal(
-                grpc.StatusCode.NOT_FOUND,
+            raise UnknownJob(
                 f"no job {job_id[:40]!r} is known at {node_id}",
             )
         sent: job_pb2.JobProgress | None = None

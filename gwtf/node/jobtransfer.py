@@ -19,7 +19,6 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
-import grpc
 from grpc import aio
 
 from gwtf.job.snapshots import (
@@ -28,8 +27,9 @@ from gwtf.job.snapshots import (
     snapshot_keepers,
     snapshot_landed,
 )
+from gwtf.node.chunks import Incoming, pieces
 from gwtf.node.codec import InvalidMessage, check_name
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import NotHeld, NotReady
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobstate import CurrentJob, JobBook
 from gwtf.v1 import job_pb2
@@ -53,10 +53,10 @@ def _chunks(
 ) -> Iterator[job_pb2.StateChunk]:
     """`data` as a stream of chunks (one empty chunk for no data: the first carries the
     header)."""
-    for seq, offset in enumerate(range(0, max(len(data), 1), STATE_CHUNK_BYTES)):
+    for seq, parts in enumerate(pieces([memoryview(data)], STATE_CHUNK_BYTES)):
         yield job_pb2.StateChunk(
             seq=seq, stage=stage, iteration=iteration, total_bytes=len(data),
-            payload=data[offset: offset + STATE_CHUNK_BYTES], job_id=job_id, sender=sender,
+            payload=parts[0].tobytes() if parts else b"", job_id=job_id, sender=sender,
         )
 
 
@@ -67,24 +67,19 @@ async def _read_state(
     InvalidMessage if the chunks come out of order, too many, or short."""
     parts: list[bytes] = []
     first: job_pb2.StateChunk | None = None
-    size = 0
+    incoming = Incoming(InvalidMessage, stream=what, chunk="state chunk")
     async for chunk in chunks:
-        if chunk.seq != len(parts):
-            raise InvalidMessage(f"state chunk {chunk.seq} came where {len(parts)} was due")
-        if first is None:
+        if incoming.next(chunk.seq):
             first = chunk
             if chunk.total_bytes > MAX_STATE_BYTES:
                 raise InvalidMessage(f"a stage state over {MAX_STATE_BYTES} bytes")
-        size += len(chunk.payload)
-        if size > first.total_bytes:
-            raise InvalidMessage(f"the {what} runs past its {first.total_bytes} bytes")
+            incoming.total = chunk.total_bytes
+        incoming.take(len(chunk.payload))
         parts.append(chunk.payload)
     if first is None:
         raise InvalidMessage(f"an empty {what}")
-    data = b"".join(parts)
-    if len(data) != first.total_bytes:
-        raise InvalidMessage(f"the {what} holds {len(data)} of {first.total_bytes} bytes")
-    return first, data
+    incoming.finish()
+    return first, b"".join(parts)
 
 
 class StateTransfer:
@@ -113,16 +108,14 @@ class StateTransfer:
         """Stream this stage's state (a live replica) or the backup this node keeps."""
         active = self.book.current(request.job_id)
         if active is None:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"{self.host.node_id} holds no state of job {request.job_id[:40]!r}")
+            raise NotHeld(f"{self.host.node_id} holds no state of job {request.job_id[:40]!r}")
         worker = active.worker
         key = (request.job_id, request.stage)
         kept = [k for k in (self.backups.get(key), self.periodic.get(key)) if k is not None]
         if request.exact:
             exact = [k for k in kept if k[0] == request.iteration]
             if not exact:
-                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"{self.host.node_id} keeps no snapshot of stage {request.stage} "
+                raise NotHeld(f"{self.host.node_id} keeps no snapshot of stage {request.stage} "
                               f"of iteration {request.iteration}")
             iteration, data = exact[0]
         elif worker is not None and worker.stage == request.stage:
@@ -130,8 +123,7 @@ class StateTransfer:
         elif kept:
             iteration, data = kept[0]
         else:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"{self.host.node_id} holds no state of stage {request.stage}")
+            raise NotHeld(f"{self.host.node_id} holds no state of stage {request.stage}")
         fault = self.host.fault
         for chunk in _chunks(data, request.stage, iteration):
             yield chunk
@@ -149,26 +141,25 @@ class StateTransfer:
             raise RuntimeError(f"{donor} is not alive")
         parts: list[bytes] = []
         iteration = -1
-        total = 0
+        incoming = Incoming(lambda problem: RuntimeError(f"{donor}: {problem}"),
+                            stream="state stream", chunk="state chunk")
         request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage,
                                        exact=at is not None, iteration=at or 0)
         try:
             async for chunk in self.host.stubs(member).jobs.FetchState(
                 request, timeout=self.host.config.prepare_timeout_s
             ):
-                if chunk.seq != len(parts):
-                    raise RuntimeError(f"{donor} sent state chunk {chunk.seq} out of order")
-                if chunk.seq == 0:
-                    iteration, total = chunk.iteration, chunk.total_bytes
-                    if total > MAX_STATE_BYTES:
-                        raise RuntimeError(f"{donor} offers a state of {total} bytes")
+                if incoming.next(chunk.seq):
+                    iteration = chunk.iteration
+                    if chunk.total_bytes > MAX_STATE_BYTES:
+                        raise RuntimeError(f"{donor} offers a state of {chunk.total_bytes} bytes")
+                    incoming.total = chunk.total_bytes
+                incoming.take(len(chunk.payload))
                 parts.append(chunk.payload)
         except aio.AioRpcError as err:
             raise RuntimeError(err.details() or err.code().name) from None
-        data = b"".join(parts)
-        if iteration < 0 or len(data) != total:
-            raise RuntimeError(f"{donor}'s state stream ended after {len(data)} of {total} bytes")
-        return iteration, data
+        incoming.finish()
+        return iteration, b"".join(parts)
 
     # ================================================================== backups (4.6)
 
@@ -340,11 +331,9 @@ class StateTransfer:
             try:
                 iteration, data = await final[2]
             except Exception as err:  # the worker failed to read them
-                raise Refusal(grpc.StatusCode.UNAVAILABLE,
-                              f"{self.host.node_id} could not keep its weights: {err}") from None
+                raise NotReady(f"{self.host.node_id} could not keep its weights: {err}") from None
         else:
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise NotHeld(
                 f"{self.host.node_id} holds no weights of stage {request.stage} of job "
                 f"{request.job_id[:40]!r}",
             )

@@ -15,7 +15,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
 from grpc import aio
 
 from gwtf.node.codec import InvalidMessage
@@ -23,10 +22,19 @@ from gwtf.node.errors import Refusal
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobstate import OVER, CurrentJob, JobBook
 from gwtf.node.membership import MemberInfo
+from gwtf.node.retry import Backoff, is_transient
 from gwtf.node.transport import Stubs, is_refused
 from gwtf.v1 import job_pb2
 
-__all__ = ["JobWire"]
+__all__ = ["CALL_BACKOFF", "REPORT_ATTEMPTS", "REPORT_BACKOFF", "JobWire"]
+
+CALL_BACKOFF = Backoff(0.4)
+"""The waits between the tries of `call`: 0.4, 0.8, 1.6 ... s, retried on transient failures
+only (gwtf.node.retry.TRANSIENT); its callers bound the tries (3 by default)."""
+REPORT_BACKOFF = Backoff(0.2, 1.0)
+"""The waits between the tries of a report to the coordinator: 0.2, 0.4, 0.8, then 1 s."""
+REPORT_ATTEMPTS = 12
+"""Tries of a report, about 9 s of waits: longer than a coordinator's take-over."""
 
 
 class JobWire:
@@ -49,17 +57,14 @@ class JobWire:
         last = ""
         for attempt in range(attempts):
             if attempt:
-                await asyncio.sleep(0.2 * 2**attempt)
+                await asyncio.sleep(CALL_BACKOFF.delay(attempt - 1))
             try:
                 return await call(self.host.stubs(member), timeout_s)
             except aio.AioRpcError as err:
                 last = err.details() or err.code().name
                 if is_refused(err):
                     self.host.refused(member)
-                if err.code() not in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                ):
+                if not is_transient(err):
                     break
         raise RuntimeError(last.splitlines()[0] if last else "no answer")
 
@@ -129,23 +134,20 @@ class JobWire:
         host = self.host
 
         async def send() -> None:
-            for attempt in range(12):
+            for attempt in range(REPORT_ATTEMPTS):
                 if book.active is not active or book.records[job_id].state in OVER:
                     return
                 if attempt:
-                    await asyncio.sleep(min(1.0, 0.1 * 2**attempt))
+                    await asyncio.sleep(REPORT_BACKOFF.delay(attempt - 1))
                 if active.coordinator == host.node_id:
                     try:
                         local()
                         return
-                    except Refusal as err:
-                        if err.code != grpc.StatusCode.UNAVAILABLE:
+                    except (Refusal, InvalidMessage) as err:
+                        if not is_transient(err):
                             host.log.warning("job %s: a report was refused: %s", job_id, err)
                             return
                         continue
-                    except InvalidMessage as err:
-                        host.log.warning("job %s: a report was refused: %s", job_id, err)
-                        return
                 member = host.member(active.coordinator)
                 if member is None:
                     continue
@@ -153,8 +155,7 @@ class JobWire:
                     await remote(host.stubs(member), host.config.rpc_timeout_s)
                     return
                 except aio.AioRpcError as err:
-                    if err.code() not in (grpc.StatusCode.UNAVAILABLE,
-                                          grpc.StatusCode.DEADLINE_EXCEEDED):
+                    if not is_transient(err):
                         host.log.warning("job %s: %s refused a report: %s", job_id,
                                          active.coordinator, err.details())
                         return

@@ -1,10 +1,11 @@
 """How a node reaches its peers: one channel per peer, the emulated WAN its calls go through, and
-the one retry policy of its flow sends (docs/design.md 3.1, 3.6).
+the ban list of its flow sends (docs/design.md 3.1, 3.6, 3.10).
 
 The channels (gwtf.node.transport) exist once the node knows its own id: every call carries it,
 for the callee's emulated WAN and rate limit. A failed or refused `Exchange` to a peer
-holds further calls to that peer for a delay that doubles from `retry_min_s` up to `retry_max_s`,
-and an acknowledged one ends the hold: a dead or overloaded peer is not hammered, and a peer
+bans further calls to that peer for a delay that doubles from `retry_min_s` up to `retry_max_s`
+(the node's retry policy, gwtf.node.retry.BanList), and an acknowledged one lifts the ban: a
+dead or overloaded peer is not hammered, and a peer
 that comes back gets its queued flow messages within `retry_max_s`.
 
 With `--wan-schedule FILE` the emulated WAN's partitions come from FILE (gwtf.node.wan,
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from gwtf.flow.topology import LinkSpec
 from gwtf.node.config import NodeConfig
 from gwtf.node.membership import MemberInfo
+from gwtf.node.retry import Backoff, BanList
 from gwtf.node.settings import NodeSettings
 from gwtf.node.transport import ChannelPool, Stubs
 from gwtf.node.wan import Partition, ScheduleError, WanEmulator, parse_schedule
@@ -61,7 +63,7 @@ class Peers:
             if settings.wan_schedule is not None:
                 self.wan.partitions = read_schedule(settings.wan_schedule, self.wan.locations())
         self._pool: ChannelPool | None = None
-        self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (until, last delay)
+        self.bans = BanList(Backoff(config.retry_min_s, config.retry_max_s), clock)
 
     def open(self, node_id: str) -> None:
         """The node knows its id: calls to peers may start."""
@@ -130,28 +132,23 @@ class Peers:
         if self.wan is not None:
             self.wan.forget(peer)
 
-    # ------------------------------------------------------------------ retry policy
+    # ------------------------------------------------------------------ ban list
 
     def backing_off(self, peer: str, now: float) -> bool:
-        """A call to `peer` failed and its delay is not over at `now`."""
-        backoff = self._backoff.get(peer)
-        return backoff is not None and backoff[0] > now
+        """A call to `peer` failed and its ban is not over at `now`."""
+        return self.bans.banned(peer, now)
 
     def back_off(self, peer: str) -> float:
-        """A call to `peer` failed: hold the next one; returns the delay."""
-        cfg = self._config
-        _, delay = self._backoff.get(peer, (0.0, cfg.retry_min_s / 2))
-        delay = min(2 * delay, cfg.retry_max_s)
-        self._backoff[peer] = (self._clock() + delay, delay)
-        return delay
+        """A call to `peer` failed: ban the next ones for a while; returns the ban's length."""
+        return self.bans.ban(peer)
 
     def succeeded(self, peer: str) -> None:
         """A call to `peer` was acknowledged: the next failure starts from `retry_min_s`."""
-        self._backoff.pop(peer, None)
+        self.bans.lift(peer)
 
     def reset(self) -> None:
         """A new incarnation of this node: what failed for the old one says nothing."""
-        self._backoff.clear()
+        self.bans.clear()
 
 
 def _describe(p: Partition) -> str:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from gwtf.job.iterations import assign
 from gwtf.job.microbatches import tag_problem
+from gwtf.node.errors import Busy
 from gwtf.node.observe import job_event
 from gwtf.node.runtime import BACKWARD, FORWARD, INJECT, ComputeRuntime
 from gwtf.node.sender import DataPlaneSender
@@ -26,7 +27,6 @@ from gwtf.node.stage import (
     StageContext,
     Stale,
     WorkerStopped,
-    busy,
 )
 from gwtf.node.tensors import MicrobatchTag, TensorError, TensorSpec
 from gwtf.recovery import Mode
@@ -183,7 +183,7 @@ class MicrobatchPipeline:
                 await asyncio.wait_for(free.acquire(), deadline - time.monotonic())
                 acquired = True
             except TimeoutError:
-                raise busy(f"no memory slot freed up for microbatch {m}") from None
+                raise Busy(f"no memory slot freed up for microbatch {m}") from None
             finally:
                 if not acquired and it.forwards.get(m) == tag.sender:
                     del it.forwards[m]

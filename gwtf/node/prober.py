@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from gwtf.node.config import NodeConfig
 from gwtf.node.links import ArcParamsSpec, LinkEstimate, changed
 from gwtf.node.membership import MemberInfo
+from gwtf.node.retry import Backoff
 
 __all__ = ["LinkProber", "ProberHost"]
 
@@ -160,7 +161,8 @@ class LinkProber:
         cfg = self._config
         estimate = LinkEstimate(cfg.rtt_window, cfg.bandwidth_window)
         self.estimates[member.id] = estimate
-        backoff = cfg.retry_min_s
+        backoff = Backoff(cfg.retry_min_s, cfg.retry_max_s)
+        failures = 0
         echoes = 0
         while estimate.samples[1] < cfg.initial_transfers:
             if not self._host.is_alive(member):
@@ -176,8 +178,8 @@ class LinkProber:
             else:
                 ok = await self._transfer(member, estimate)
             if not ok:
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, cfg.retry_max_s)
+                await asyncio.sleep(backoff.delay(failures))
+                failures += 1
         if not self._host.is_alive(member):
             return False
         self.measuring.discard(member.id)

@@ -19,10 +19,8 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-import grpc
-
 from gwtf.node.commit import CommitParticipant
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import InvalidOrder, NotHeld, StaleIteration
 from gwtf.node.observe import job_event
 from gwtf.node.runtime import COMMIT, ComputeRuntime
 from gwtf.node.sender import DataPlaneSender
@@ -72,7 +70,7 @@ class RecoveryHandler:
         try:
             await ctx.reach(iteration, round_, deadline)
         except TensorError as err:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+            raise StaleIteration(str(err)) from None
         return ctx.ledger.report_about(dead)
 
     def _check_recovery(self, iteration: int, round_: int, m: int) -> Iteration | None:
@@ -81,7 +79,7 @@ class RecoveryHandler:
         if ctx.stopped or (iteration, round_) != (it.number, it.round):
             return None
         if not 0 <= m < ctx.job.microbatches:
-            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"no microbatch {m} in the job")
+            raise InvalidOrder(f"no microbatch {m} in the job")
         return it
 
     def recover(self, request: job_pb2.RecoverRequest) -> None:
@@ -97,28 +95,23 @@ class RecoveryHandler:
             if m in it.forwards:
                 return  # recovered here already
             if not request.gradient_from:
-                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a stage-0 recovery names no "
-                              "downstream node")
+                raise InvalidOrder("a stage-0 recovery names no downstream node")
             ctx.spawn(self._recover_holder(it, m, mode, request.gradient_from, request.dead),
                       f"recover {m}", it)
             return
         if request.stage != ctx.stage + 1:
-            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"stage {ctx.stage} cannot recover stage {request.stage}")
+            raise InvalidOrder(f"stage {ctx.stage} cannot recover stage {request.stage}")
         if ctx.ledger.activation_receiver(m) != request.dead:
             return  # already moved on from the dead node (a repeated order)
         kept = it.kept.get((m, "forward"))
         if kept is None:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"{ctx.host.node_id} keeps no activation of microbatch {m}")
+            raise NotHeld(f"{ctx.host.node_id} keeps no activation of microbatch {m}")
         downstream = request.gradient_from if mode != Mode.FORWARD else ""
         last = request.stage == ctx.num_stages - 1
         if mode != Mode.FORWARD and not downstream and not last:
-            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a recompute or replay names no "
-                          "downstream node")
+            raise InvalidOrder("a recompute or replay names no downstream node")
         if last and (downstream or mode == Mode.RECOMPUTE):
-            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the last stage is replayed whole, "
-                          "with no downstream node")
+            raise InvalidOrder("the last stage is replayed whole, with no downstream node")
         ctx.spawn(
             self._sender.send_forward(it, m, kept[1], mode=mode, dead=request.dead,
                                       downstream=downstream),
@@ -161,14 +154,11 @@ class RecoveryHandler:
         m = request.microbatch
         new = request.sender
         if request.stage != ctx.stage - 1 or ctx.participants.get(new) != request.stage:
-            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{new[:40]!r} is not a stage-{ctx.stage - 1} node of the job")
+            raise InvalidOrder(f"{new[:40]!r} is not a stage-{ctx.stage - 1} node of the job")
         if request.mode not in (Mode.RECOMPUTE, Mode.REPLAY):
-            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "a redirect is for a recompute or "
-                          "a replay")
+            raise InvalidOrder("a redirect is for a recompute or a replay")
         if m not in it.forwards or m not in it.paths:
-            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"microbatch {m} never came to {ctx.host.node_id}")
+            raise NotHeld(f"microbatch {m} never came to {ctx.host.node_id}")
         ctx.ledger.gradient_target(m, new, Mode(request.mode))
         path = list(it.paths[m])
         path[ctx.stage - 1] = new
@@ -216,8 +206,7 @@ class RecoveryHandler:
         state = ctx.snapshots.get(iteration)
         if iteration > it.number or state is None:
             held = f"of iterations {sorted(ctx.snapshots)}" if ctx.snapshots else "none"
-            raise Refusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise NotHeld(
                 f"{ctx.host.node_id} holds no stage-{ctx.stage} state of iteration {iteration} "
                 f"(it is at {it.number}, its snapshots are {held})",
             )

@@ -19,7 +19,8 @@ from torch import Tensor
 
 from gwtf.job.nexthop import SmoothRoundRobin
 from gwtf.node.observe import job_event
-from gwtf.node.stage import FINAL_CODES, Iteration, StageContext
+from gwtf.node.retry import is_final
+from gwtf.node.stage import Iteration, StageContext
 from gwtf.node.tensors import MicrobatchTag, TensorError, send
 from gwtf.node.transport import is_refused
 from gwtf.recovery import Mode, Rule
@@ -202,7 +203,7 @@ class DataPlaneSender:
         except aio.AioRpcError as err:
             if not ctx.current(it):
                 return _GIVE_UP
-            if err.code() in FINAL_CODES:
+            if is_final(err):
                 if "is over here" in (err.details() or ""):
                     return _GIVE_UP  # the receiver moved on (a restart): so will this node
                 if "does not take part" in (err.details() or "") and (
@@ -255,7 +256,7 @@ class DataPlaneSender:
                 )
                 return
             except aio.AioRpcError as err:
-                if err.code() in FINAL_CODES:
+                if is_final(err):
                     ctx.host.log.warning(
                         "job %s it %d mb %d: %s refused the redirect: %s", ctx.job_id,
                         it.number, m, downstream, err.details(),

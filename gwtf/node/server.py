@@ -2,8 +2,9 @@
 
 A malformed message (it does not parse: grpc answers INTERNAL before we see it; too big:
 RESOURCE_EXHAUSTED) or an invalid one (`InvalidMessage`: INVALID_ARGUMENT) fails that call alone;
-the node keeps serving. A refusal the node decides (wrong stage, another swarm) is a `Refusal`
-with the status code that says why.
+the node keeps serving. A refusal the node decides (wrong stage, another swarm) is one of the
+`Refusal` classes (gwtf.node.errors); its status code comes from the one table at the RPC edge
+(`gwtf.node.rpcedge.STATUS`, docs/design.md 3.2).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import grpc
 from grpc import aio
 
 from gwtf.node.codec import InvalidMessage
-from gwtf.node.errors import Refusal, drain
+from gwtf.node.errors import Refusal
 from gwtf.node.jobs import JobManager
+from gwtf.node.rpcedge import drain, status
 from gwtf.v1 import (
     data_pb2,
     flow_pb2,
@@ -70,9 +72,8 @@ SERVICES = (
 
 
 async def _fail(context: aio.ServicerContext, err: Exception) -> NoReturn:
-    if isinstance(err, Refusal):
-        await context.abort(err.code, err.message)
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    code, message = status(err)
+    await context.abort(code, message)
     raise AssertionError("abort returned")  # pragma: no cover
 
 

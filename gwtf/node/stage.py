@@ -19,17 +19,17 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import grpc
 from torch import Tensor
 
 from gwtf.flow.topology import LinkSpec
 from gwtf.job.iterations import CommitOrder, CommittedReport, PreparedReport
 from gwtf.job.microbatches import MicrobatchTable, StageRole
 from gwtf.job.snapshots import SnapshotPolicy, own_kept
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import Busy
 from gwtf.node.faults import Fault
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics
+from gwtf.node.retry import FINAL, Backoff
 from gwtf.node.slices import Summed
 from gwtf.node.tensors import DataPlaneStub, TensorError
 from gwtf.recovery import Ledger
@@ -46,19 +46,14 @@ __all__ = [
     "WorkerConfig",
     "WorkerHost",
     "WorkerStopped",
-    "busy",
 ]
 
 FORWARD_SHARE = 1 / 3
 """Share of a microbatch's compute that is its forward (backward is about twice the forward)."""
 
-# gRPC codes of a peer that will refuse a resend too: a bug or a mismatch, never a transient.
-FINAL_CODES = (
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.UNIMPLEMENTED,
-)
+FINAL_CODES = FINAL
+"""gRPC codes of a peer that will refuse a resend too (the node's retry policy,
+gwtf.node.retry.FINAL)."""
 
 
 class WorkerStopped(Exception):
@@ -178,11 +173,6 @@ class Iteration(MicrobatchTable):
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
-def busy(message: str) -> Refusal:
-    """A microbatch this node cannot take now (the sender may try again, or another node)."""
-    return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
-
-
 class StageContext:
     """The job's stage on this node and the state its worker's parts share."""
 
@@ -294,7 +284,9 @@ class StageContext:
             self.fault.hit(point, iteration, microbatch)
 
     def backoff(self, attempt: int) -> float:
-        return float(min(self.config.retry_max_s, self.config.retry_s * 2 ** max(0, attempt)))
+        """The wait before retry `attempt` (0: the first) of a microbatch's or a contribution's
+        send: the node's retry policy (gwtf.node.retry.Backoff) from `retry_s` to `retry_max_s`."""
+        return Backoff(self.config.retry_s, self.config.retry_max_s).delay(attempt)
 
     async def reach(self, iteration: int, round_: int, deadline: float) -> None:
         """Wait until this node works on `iteration` in `round_` (it may still be committing the
@@ -311,6 +303,6 @@ class StageContext:
             try:
                 await self.wait_change(deadline)
             except TimeoutError:
-                raise busy(
+                raise Busy(
                     f"this node did not reach iteration {iteration} round {round_} in time"
                 ) from None

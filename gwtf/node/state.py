@@ -17,12 +17,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 import numpy as np
 
 from gwtf.node.config import NodeConfig, SwarmSettings
 from gwtf.node.driver import FlowDriver
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import NotReady
 from gwtf.node.membership import MemberInfo, Membership
 from gwtf.node.observe import NodeLog
 from gwtf.node.settings import NodeSettings
@@ -133,7 +132,7 @@ class NodeState:
     def require_ready(self) -> None:
         """Refuses a peer's call (UNAVAILABLE) until the node is in a swarm, and once it leaves."""
         if not self.serving:
-            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"node {self.node_id} is not serving")
+            raise NotReady(f"node {self.node_id} is not serving")
 
     # ------------------------------------------------------------------ tasks
 

@@ -61,8 +61,10 @@ import torch
 from google.protobuf.message import DecodeError
 from grpc import aio
 
+from gwtf.node.chunks import Incoming, pieces
 from gwtf.node.config import MAX_ID_LENGTH, MAX_STAGES
-from gwtf.node.errors import Refusal, drain
+from gwtf.node.errors import Refusal
+from gwtf.node.rpcedge import drain, status
 from gwtf.v1 import data_pb2, data_pb2_grpc
 
 __all__ = [
@@ -292,28 +294,10 @@ def _plan(tag: MicrobatchTag, tensors: Mapping[str, torch.Tensor]) -> _Plan:
 def _pieces(
     plan: _Plan, chunk_bytes: int
 ) -> Iterator[tuple[int, data_pb2.StreamHeader | None, list[memoryview]]]:
-    """The chunks of a stream as (seq, header or None, views of their payload bytes)."""
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    seq = 0
-    room = chunk_bytes
-    pending: list[memoryview] = []
-    pending_bytes = 0
-    first = True
-    for buffer in plan.buffers:
-        offset = 0
-        while offset < buffer.nbytes:
-            take = min(room - pending_bytes, buffer.nbytes - offset)
-            if take > 0:
-                pending.append(buffer[offset : offset + take])
-                pending_bytes += take
-                offset += take
-            if pending_bytes == room:
-                yield seq, plan.header if first else None, pending
-                seq, first = seq + 1, False
-                room, pending, pending_bytes = chunk_bytes, [], 0
-    if first or pending:
-        yield seq, plan.header if first else None, pending
+    """The chunks of a stream as (seq, header or None, views of their payload bytes): the
+    header on chunk 0, the tensors' bytes back to back (gwtf.node.chunks.pieces)."""
+    for seq, parts in enumerate(pieces(plan.buffers, chunk_bytes)):
+        yield seq, plan.header if seq == 0 else None, parts
 
 
 def _messages(plan: _Plan, chunk_bytes: int) -> Iterator[data_pb2.DataChunk]:
@@ -489,15 +473,13 @@ class Assembler:
         self._expect = expect
         self._tag: MicrobatchTag | None = None
         self._slots: list[_Slot] = []
-        self._seq = 0
-        self._received = 0
-        self._total = 0
+        self._in = Incoming(TensorError)
         self._index = 0  # slot being filled
         self._offset = 0  # bytes of that slot filled
 
     @property
     def received_bytes(self) -> int:
-        return self._received
+        return self._in.received
 
     @property
     def tag(self) -> MicrobatchTag | None:
@@ -516,18 +498,8 @@ class Assembler:
             self._write(memoryview(chunk.payload))
 
     def _next(self, seq: int, header: data_pb2.StreamHeader | None) -> None:
-        if seq != self._seq:
-            raise TensorError(
-                f"chunk {seq} arrived where chunk {self._seq} was expected"
-                " (lost, repeated or reordered)"
-            )
-        self._seq += 1
-        if seq == 0:
-            if header is None:
-                raise TensorError("the stream's first chunk has no header")
+        if self._in.next(seq, header is not None) and header is not None:
             self._read_header(header)
-        elif header is not None:
-            raise TensorError(f"chunk {seq} carries a second header")
 
     def _read_header(self, header: data_pb2.StreamHeader) -> None:
         if header.ByteSize() > MAX_HEADER_BYTES:
@@ -547,7 +519,7 @@ class Assembler:
                 raise TensorError(f"tensor {slot.name!r} appears twice")
             names.add(slot.name)
             self._slots.append(slot)
-            self._total += slot.nbytes
+            self._in.total += slot.nbytes
         self._tag = tag
 
     def _slot(self, tag: MicrobatchTag, pb: data_pb2.TensorHeader) -> _Slot:
@@ -591,10 +563,7 @@ class Assembler:
         size = payload.nbytes
         if size == 0:
             return
-        if self._received + size > self._total:
-            raise TensorError(
-                f"the stream carries more than the {self._total} bytes its header declares"
-            )
+        self._in.take(size)
         source = payload
         done = 0
         while done < size:
@@ -617,17 +586,12 @@ class Assembler:
                 slot.checked = whole
             if self._offset == slot.nbytes:
                 self._index, self._offset = self._index + 1, 0
-        self._received += size
 
     def finish(self) -> tuple[MicrobatchTag, dict[str, torch.Tensor]]:
         """The tag and the tensors (in header order), once the stream is complete and every
         tensor passed the checks."""
-        if self._tag is None:
-            raise TensorError("the stream ended before its header")
-        if self._received != self._total:
-            raise TensorError(
-                f"the stream ended after {self._received} of its {self._total} bytes"
-            )
+        self._in.finish()
+        assert self._tag is not None  # the header came
         tensors: dict[str, torch.Tensor] = {}
         for slot in self._slots:
             tensor = slot.tensor
@@ -713,8 +677,9 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
     `data_pb2_grpc.add_DataPlaneServicer_to_server` works too, through protobuf messages.
 
     A stream that is malformed or fails a check is answered INVALID_ARGUMENT with one line; a
-    `Refusal` from `expect` or `handler` is answered with its own code; a handler that fails
-    otherwise gets INTERNAL and a log line. Either way the node goes on serving.
+    `Refusal` from `expect` or `handler` is answered with its code in the RPC edge's table
+    (`gwtf.node.rpcedge.STATUS`); a handler that fails otherwise gets INTERNAL and a log line.
+    Either way the node goes on serving.
     """
 
     def __init__(
@@ -747,7 +712,7 @@ async def _refuse(context: aio.ServicerContext, assembler: Assembler, err: Excep
     tag = assembler.tag
     where = f"{tag}: " if tag is not None else ""
     if isinstance(err, Refusal):
-        code, message = err.code, err.message
+        code, message = status(err)
     elif isinstance(err, TensorError):
         code, message = grpc.StatusCode.INVALID_ARGUMENT, f"{where}{err}"
     elif isinstance(err, DecodeError):

@@ -69,7 +69,9 @@ objective, two solves) on geo10 views took 2.3 ms at 6 members, 9 ms at 16, 81 m
 at 64 and 580 ms at 100 (best of five, one core of the shared 2-core development machine,
 2026-11-25); the fit holds from 16 to 64 members, the sizes of the shipped scenarios. A model
 rather than a measurement in the run, so that a run stays a pure function of its scenario and
-seed."""
+seed. Measured with networkx's own solver path; the same solves run faster since
+(`gwtf.flow.simplex`, docs/design.md 2.12) and the model is kept, so that results stay the same
+(section `solvespeed` of benchmarks/RESULTS.md has the solve times now)."""
 _CACHED_SOLVES = 256
 
 Change = tuple[str, int, NodeSpec | None]

@@ -372,6 +372,7 @@ def test_a_node_entering_the_job_has_its_peers_retry_and_holds_nothing_for_sync(
 
     from gwtf.node.errors import Refusal
     from gwtf.node.jobcalls import JobCalls
+    from gwtf.node.rpcedge import status
 
     async def confirmed(code: grpc.StatusCode, details: str) -> str:
         class Asked(Host):
@@ -396,24 +397,24 @@ def test_a_node_entering_the_job_has_its_peers_retry_and_holds_nothing_for_sync(
     tag = SimpleNamespace(job_id=JOB)
     with pytest.raises(Refusal) as refused:
         calls.expect(tag, "activation")
-    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    assert status(refused.value)[0] == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(Refusal) as refused:
         calls.contribution_expect(tag)
-    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    assert status(refused.value)[0] == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(Refusal) as refused:
         calls.sync(job_pb2.SyncRequest(sender="h0", job_id=JOB))
-    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert status(refused.value)[0] == grpc.StatusCode.FAILED_PRECONDITION
     # A participant that hears a stale verdict of the entering node's old incarnation asks it
     # (gwtf.node.jobheal): it is no dead member, which would keep its stage peers from it.
     entering = refused.value
-    assert asyncio.run(confirmed(entering.code, entering.message)) == "alive"
+    assert asyncio.run(confirmed(*status(entering))) == "alive"
     assert asyncio.run(confirmed(grpc.StatusCode.FAILED_PRECONDITION,
                                  "a1 does not take part in job 'job-heal'")) == "gone"
     assert asyncio.run(confirmed(grpc.StatusCode.DEADLINE_EXCEEDED, "")) == "silent"
     book.active = None  # no part of the job at all
     with pytest.raises(Refusal) as refused:
         calls.expect(tag, "activation")
-    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert status(refused.value)[0] == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_a_joiner_waits_while_its_stages_replica_is_dead_only_by_a_stale_verdict() -> None:

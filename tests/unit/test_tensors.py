@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gwtf.node import tensors
 from gwtf.node.config import MAX_ID_LENGTH, MAX_MESSAGE_BYTES
-from gwtf.node.errors import Refusal
+from gwtf.node.errors import Refusal, UnknownJob
 from gwtf.node.tensors import (
     DATA_PLANE_MAX_MESSAGE_BYTES,
     DEFAULT_DTYPES,
@@ -279,7 +279,7 @@ def test_expectations_are_checked_before_any_payload_arrives() -> None:
 
 def test_a_refusal_from_expect_passes_through() -> None:
     def expect(tag: MicrobatchTag, name: str) -> TensorSpec | None:
-        raise Refusal(grpc.StatusCode.NOT_FOUND, f"no job {tag.job_id!r} here")
+        raise UnknownJob(f"no job {tag.job_id!r} here")
 
     with pytest.raises(Refusal, match="no job"):
         assemble(encode(TAG, {"act": torch.ones(1)}), expect=expect)
@@ -652,7 +652,7 @@ def test_the_handler_may_refuse_or_fail(wire: bool) -> None:
     async def main() -> None:
         receiver = Receiver(wire)
         async with receiver as stub:
-            receiver.fail_with = Refusal(grpc.StatusCode.NOT_FOUND, "no job 'job-1' here")
+            receiver.fail_with = UnknownJob("no job 'job-1' here")
             details = await expect_code(
                 grpc.StatusCode.NOT_FOUND, send(stub, TAG, {"act": torch.ones(3)}, timeout=10)
             )
