@@ -11,26 +11,38 @@ a stage that was not thin dies at once), the keepers' snapshots are older than t
 progress: the swarm rolls back to the stage's periodic snapshot, which every other node can
 restore from its own memory (`restore_point`, over what every live keeper holds).
 
-A snapshot counts once it has fully landed. A keeper keeps what it holds of a stage until a newer
-snapshot has fully landed (`keeper_keeps`), and every node keeps its own state of the previous
-periodic boundary until every stage's snapshot of the newer one has landed (`own_kept`): a stage
-wiped while its newest snapshot is still on its way is restored from the one before, which the
-other stages can still roll back to, instead of failing the job.
+A snapshot counts once it has fully landed at every keeper it was sent to (`snapshot_landed`):
+one copy through and the other cut off (its sender or keeper died on the way) is not landed. A
+keeper keeps what it holds of a stage until a newer snapshot has fully landed with it
+(`keeper_keeps`), and every node keeps its own state of the previous periodic boundary until
+every stage's snapshot of the newer one has landed (`own_kept`): a stage wiped while its newest
+snapshot is still on its way, or wiped together with the one keeper it reached, is restored
+from the one before, which the other stages can still roll back to, instead of failing the job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = [
+    "LAUNCH_WINDOW_S",
     "SnapshotPolicy",
     "keeper_keeps",
     "own_kept",
     "restore_point",
     "snapshot_keepers",
+    "snapshot_landed",
     "snapshot_sender",
 ]
+
+K = TypeVar("K")
+
+LAUNCH_WINDOW_S = 300.0
+"""Nodes started within this many seconds of each other count as started together (one
+launch: the instances of one spot request, or one operator's batch, come up within minutes of
+each other, booting and loading the job's code), a failure domain of `snapshot_keepers`."""
 
 
 @dataclass(frozen=True)
@@ -86,28 +98,47 @@ def snapshot_keepers(
     coordinator: str,
     alive: Callable[[str], bool],
     location: Callable[[str], str] | None = None,
+    started: Callable[[str], float] | None = None,
 ) -> tuple[str, ...]:
     """Who keeps the snapshots of `stage`, in order: at most two live participants of other
     stages, so that one event that takes the stage and one keeper leaves the other.
 
     The first is the job coordinator (it decides restores), or, for the coordinator's own
     stage, the smallest live id of another stage. The second is the live participant of
-    another stage that shares least with the first: not of the first's stage if any is, then
-    at another `location` if any is, then the smallest id. A wave that wipes the stage and the
-    first keeper's stage, or the first keeper's site, leaves it. Every node computes the same
-    pair from the job's participants; a keeper that dies drops out and the next choice takes
-    its place at the stage's next snapshot."""
+    another stage that shares the fewest failure domains with the stage's live replicas and
+    the first keeper (the events that wipe a stage are correlated ones) and costs the data
+    plane least, in this order: not of the first's stage if any is; not at the first's
+    `location`, then at none of the stage's, if any is; not of a stage next to `stage` (the
+    sender's links to those carry its activations and gradients, which the snapshot would
+    queue ahead of); not started (`started`: when its current incarnation started, seconds)
+    within `LAUNCH_WINDOW_S` of one of the stage's replicas or the first, as nodes started
+    together (one spot request, one operator's batch) tend to be taken together; then the
+    smallest id, so that the choice stays put while the swarm does not change. Every node
+    computes the same pair from the job's participants and their gossiped records; a keeper
+    that dies drops out and the next choice takes its place at the stage's next snapshot."""
     live = sorted(p for p, s in participants.items()
                   if s != stage and p not in departed and alive(p))
     if not live:
         return ()
     first = coordinator if coordinator in live else live[0]
-    where = location if location is not None else (lambda _: "")
     rest = [p for p in live if p != first]
     if not rest:
         return (first,)
+    where = location if location is not None else (lambda _: "")
+    when = started if started is not None else (lambda _: 0.0)
+    near = [first, *(p for p, s in participants.items()
+                      if s == stage and p not in departed and alive(p))]
+    sites = {where(p) for p in near}
+    starts = [when(p) for p in near]
+
+    def together(p: str) -> bool:
+        """Was `p` started within `LAUNCH_WINDOW_S` of the stage's replicas or the first?"""
+        t = when(p)
+        return any(abs(t - u) < LAUNCH_WINDOW_S for u in starts)
+
     second = min(rest, key=lambda p: (participants[p] == participants[first],
-                                      where(p) == where(first), p))
+                                      where(p) == where(first), where(p) in sites,
+                                      abs(participants[p] - stage) == 1, together(p), p))
     return (first, second)
 
 
@@ -124,14 +155,28 @@ def keeper_keeps(
     return frozenset({newest, *([max(periodic)] if periodic else [])})
 
 
+def snapshot_landed(
+    iteration: int, keepers: Collection[K], kept: Callable[[K], Collection[int]]
+) -> bool:
+    """Has the snapshot of `iteration` landed, given the keepers it was sent to and what each
+    holds now (`kept`: a dead keeper holds nothing)? Only once it is at every one of them. A
+    copy that reached one keeper while the other was cut off (the sender died with its second
+    copy on the way, or that keeper died) does not count: the nodes then keep their own state
+    of the previous periodic boundary (`own_kept`), so that a wipe of the stage together with
+    the one keeper that got it still finds a snapshot (the other keeper's older one) the swarm
+    can roll back to. None sent: nothing landed."""
+    return bool(keepers) and all(iteration in kept(k) for k in keepers)
+
+
 def own_kept(
     policy: SnapshotPolicy, iteration: int, *, landed: bool | None = None
 ) -> frozenset[int]:
     """The periodic boundaries whose own state every node at `iteration` keeps in memory: the
     latest at or before it, and the one before that until every stage's snapshot of the latest
-    has fully landed at its keeper (`landed`). By default the latest has landed once an
-    iteration after it started: a node reports its step only after its snapshot landed
-    (docs/design.md 4.6), so the step that starts the next iteration comes after every landing."""
+    has fully landed at every keeper it was sent to (`landed`, `snapshot_landed`). By default
+    the latest has landed once an iteration after it started: a node reports its step only
+    after its snapshot landed at every keeper (docs/design.md 4.6), so the step that starts the
+    next iteration comes after every landing."""
     latest = policy.last_periodic(iteration)
     if landed is None:
         landed = iteration > latest

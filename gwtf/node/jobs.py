@@ -55,7 +55,7 @@ from gwtf.flow.topology import LinkSpec
 from gwtf.job.iterations import CommittedReport, IterationOutcome, PreparedReport
 from gwtf.job.nexthop import next_hop_weights
 from gwtf.job.roster import live_holders
-from gwtf.job.snapshots import snapshot_sender
+from gwtf.job.snapshots import SnapshotPolicy, snapshot_sender
 from gwtf.node.codec import InvalidMessage, check_name
 from gwtf.node.errors import UnknownJob
 from gwtf.node.jobcalls import JobCalls
@@ -534,8 +534,14 @@ class JobManager:
                 active.participants, active.departed, stage,
                 lambda p: p == me or self.host.member(p) is not None,
             )
-            if sender == me and live <= active.job.snapshot_thin:
-                self.transfer.send_backup(active.job_id)  # its stage got thin (4.6)
+            policy = SnapshotPolicy(active.job.snapshot_every, active.job.snapshot_thin,
+                                    start=progress.resumed_from)
+            if sender == me and (policy.is_thin(live) or (
+                    member.id < me and policy.periodic(worker.iteration))):
+                # Its stage got thin, or its snapshot sender died in the iteration of a
+                # periodic boundary, maybe with a copy of it on the way: send this node's
+                # state of the iteration's start, so that it lands at every keeper (4.6).
+                self.transfer.send_backup(active.job_id)
         if member.id == active.coordinator:
             holders = live_holders(active.participants, active.departed,
                                    lambda p: p == me or self.host.member(p) is not None)

@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING
 
 from grpc import aio
 
-from gwtf.job.snapshots import SnapshotPolicy, keeper_keeps, snapshot_keepers
+from gwtf.job.snapshots import (
+    SnapshotPolicy,
+    keeper_keeps,
+    snapshot_keepers,
+    snapshot_landed,
+)
 from gwtf.node.chunks import Incoming, pieces
 from gwtf.node.codec import InvalidMessage, check_name
 from gwtf.node.errors import NotHeld, NotReady
@@ -38,6 +43,9 @@ STATE_CHUNK_BYTES = 2**20
 """A stage's state travels in chunks of 1 MiB (STYLE: 1-4 MiB, under the 4 MiB message limit)."""
 MAX_STATE_BYTES = 8 * 2**30
 """Largest stage state a joiner or a backup keeper accepts."""
+BACKUP_ROUNDS = 2
+"""How often a snapshot is sent to the keepers that lack it: once, and once more to the rule's
+choice for a keeper whose copy failed (docs/design.md 4.6)."""
 
 
 def _chunks(
@@ -175,9 +183,14 @@ class StateTransfer:
             member = host.member(node)
             return member.location if member is not None else ""
 
+        def started(node: str) -> float:
+            """When the member's incarnation started: its epoch is its start's time_ns."""
+            member = host.member(node)
+            return member.epoch / 1e9 if member is not None else 0.0
+
         return snapshot_keepers(
             active.participants, active.departed, stage, active.coordinator,
-            lambda p: p == host.node_id or host.member(p) is not None, location,
+            lambda p: p == host.node_id or host.member(p) is not None, location, started,
         )
 
     def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:
@@ -226,13 +239,28 @@ class StateTransfer:
 
     async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
         """Send a stage's snapshot to both its keepers (`snapshot_keepers`) at once and return
-        when both streams ended: a step is reported only after its snapshot landed at every
-        keeper, so `own_kept`'s reading (a later step means every snapshot landed) holds for
-        the second keeper too."""
+        when it has landed at every keeper the rule names (`snapshot_landed`) or no more can
+        be tried: a step is reported only after its snapshot landed everywhere, so `own_kept`'s
+        reading (a later step means every snapshot landed) holds for every keeper. A copy that
+        failed (its keeper died on the way) goes once more to the rule's choice then, which is
+        the dead keeper's replacement."""
         active = self.book.current(job_id)
         if active is None or iteration >= active.job.iterations:
             return
-        keepers = [k for k in self._keepers(active, stage) if k != self.host.node_id]
+        held: set[str] = set()
+        for _ in range(BACKUP_ROUNDS):
+            keepers = [k for k in self._keepers(active, stage) if k != self.host.node_id]
+            if not keepers or snapshot_landed(iteration, keepers,
+                                              lambda k: (iteration,) if k in held else ()):
+                break
+            landed = await self._send_backup(job_id, stage, iteration, data,
+                                             [k for k in keepers if k not in held])
+            held.update(landed)
+        active.keepers[stage] = tuple(sorted(held))
+
+    async def _send_backup(self, job_id: str, stage: int, iteration: int, data: bytes,
+                           keepers: list[str]) -> list[str]:
+        """Stream the snapshot to `keepers` at once; those it landed at."""
 
         async def send(keeper: str) -> bool:
             member = self.host.member(keeper)
@@ -250,7 +278,7 @@ class StateTransfer:
             return True
 
         landed = await asyncio.gather(*(send(k) for k in keepers))
-        active.keepers[stage] = tuple(k for k, ok in zip(keepers, landed, strict=True) if ok)
+        return [k for k, ok in zip(keepers, landed, strict=True) if ok]
 
     # ================================================================== resuming (10)
 

@@ -13,6 +13,7 @@ from gwtf.recovery import Ledger
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
 from gwtf.sim.simulator import Simulation
+from gwtf.sim.snapshots import StageSnapshots
 from gwtf.sim.traces import TraceEvent
 
 __all__ = ["Churn"]
@@ -100,8 +101,14 @@ class Churn:
     def relocate(self, node: SimNode, stage: int) -> None:
         """A move in the middle of an iteration: the machine leaves gracefully (its work of
         the iteration is recovered by the crash rules) and joins `stage` at once."""
+        snapshots = getattr(self.sim.recovery, "snapshots", None)
+        carried = snapshots.carry(node) if isinstance(snapshots, StageSnapshots) else None
         self.crash(node, graceful=True)
         fresh = self.sim.new_node(replace(node.info, stage=stage))
+        fresh.started = node.started  # the same machine, started when it was
+        if carried is not None and isinstance(snapshots, StageSnapshots):
+            # The same machine: the stage snapshots it keeps stay in its memory.
+            snapshots.carried(fresh, carried)
         self.sim.moves += 1
         self.schedule_ready(fresh)
 

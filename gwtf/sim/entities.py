@@ -36,7 +36,7 @@ class SimNode:
         "id", "info", "stage", "compute_s", "f_s", "b_s", "location", "alive", "active",
         "detected", "epoch", "slots", "slot_mbs", "busy", "job", "job_start", "bwd_q", "fwd_q",
         "ledger", "iter_compute", "ready", "tokens", "tokens_t", "inject_at", "wrr", "quota",
-        "dtfm_next", "balancer", "pending_resp", "move_to", "left",
+        "dtfm_next", "balancer", "pending_resp", "move_to", "left", "started",
     )
 
     def __init__(self, info: NodeInfo, compute_s: float, slots: int, epoch: int) -> None:
@@ -69,6 +69,8 @@ class SimNode:
         self.move_to: int | None = None
         self.left = False
         """It went by a graceful leave (it told every member), not a crash."""
+        self.started = 0.0
+        """When this life of the node started (its record's start, as a node's epoch)."""
         self.set_compute(compute_s)
 
     def set_compute(self, compute_s: float) -> None:

@@ -309,6 +309,7 @@ class Simulation:
         self._incarnations[info.id] = self._incarnations.get(info.id, 0) + 1
         self._epoch += 1
         node = SimNode(info, self.sc.compute_s(info), self.sc.memory_slots, self._epoch)
+        node.started = self.engine.now
         self.nodes[info.id] = node
         return node
 

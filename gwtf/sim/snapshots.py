@@ -5,15 +5,18 @@
   `snapshot_every`-th, and every one of a stage with at most `snapshot_thin` live replicas) the
   stage's smallest live replica sends the stage's state (`params * state_bytes_per_param`) to each
   of the stage's two keepers (`snapshot_keepers`, as the node chooses them: the coordinator, the
-  smallest live holder, and a node of a third stage, at another location where it can), one copy
-  after the other on its uplink, over the simulated network, queued like any send; so does a
+  smallest live holder, and the node of another stage that shares the fewest failure domains
+  with the stage and the first keeper, by location and start), one copy after the other on its
+  uplink, over the simulated network, queued like any send; so does a
   stage that a death makes thin in the middle of an iteration (the state of the iteration's
   start);
-- a snapshot counts once it has fully landed: one whose sender or keeper died on the way is cut
+- a copy counts once it has fully landed: one whose sender or keeper died on the way is cut
   off and counts for nothing. A keeper replaces what it holds of the stage only then
-  (`keeper_keeps`: the newest and the newest periodic one), and every node keeps its own state of
-  the previous periodic boundary until every stage's snapshot of the newer one has reached both
-  keepers (`own_kept`; the node reports its step once both copies are through). A keeper that
+  (`keeper_keeps`: the newest and the newest periodic one). The snapshot counts as landed once
+  every keeper it was sent to holds it (`snapshot_landed`): one copy through and the other cut
+  off is not landed, and every node keeps its own state of the previous periodic boundary until
+  every stage's snapshot of the newer one has landed (`own_kept`; the node reports its step once
+  every copy is through). A keeper that
   dies takes its snapshots with it; the other keeps its copies, and the rule's next choice gets
   the stage's next snapshot. A stage left with no keeper holding anything sends its state to the
   new keepers at once (the node waits for the next due boundary instead: docs/design.md 4.6);
@@ -45,6 +48,7 @@ from gwtf.job.snapshots import (
     own_kept,
     restore_point,
     snapshot_keepers,
+    snapshot_landed,
 )
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
@@ -67,9 +71,11 @@ class StageSnapshots:
         self.kept: list[dict[SimNode, frozenset[int]]] = [{} for _ in range(sim.S)]
         """Per stage, each live keeper's iterations of its snapshots (landed ones only)."""
         self.landed_periodic: list[int | None] = [None] * sim.S
-        """Per stage, the newest periodic boundary whose snapshot reached both its keepers."""
-        self.on_way: dict[tuple[int, int, int], list[int]] = {}
-        """(stage, iteration, generation) -> [copies still on their way, copies landed]."""
+        """Per stage, the newest periodic boundary whose snapshot landed at every keeper it was
+        sent to (`snapshot_landed`)."""
+        self.on_way: dict[tuple[int, int, int], tuple[list[int], set[SimNode]]] = {}
+        """(stage, iteration, generation) -> ([copies still on their way], the keepers sent
+        to)."""
         self.generation = 0
         """Bumped by a rollback: a snapshot sent before it is of an undone iteration."""
         self.sent = 0
@@ -85,12 +91,15 @@ class StageSnapshots:
         live = {n.id: n for n in self.sim.active_nodes() if not n.detected}
         coordinator = min((i for i, n in live.items() if n.stage == 0), default="")
         ids = snapshot_keepers({i: n.stage for i, n in live.items()}, (), stage, coordinator,
-                               lambda _: True, lambda i: live[i].location)
+                               lambda _: True, lambda i: live[i].location,
+                               lambda i: live[i].started)
         return [live[i] for i in ids]
 
     def _held(self, stage: int) -> frozenset[int]:
-        """The iterations of `stage`'s snapshots any live keeper holds."""
-        return frozenset().union(*self.kept[stage].values())
+        """The iterations of `stage`'s snapshots any live keeper holds: one that died with the
+        stage in one wave holds nothing even while its death is not noticed yet (the node could
+        not fetch from it either)."""
+        return frozenset().union(*(held for k, held in self.kept[stage].items() if k.alive))
 
     def boundary(self, index: int) -> None:
         """Iteration `index` starts: send the snapshots the rule makes due."""
@@ -109,16 +118,19 @@ class StageSnapshots:
                 and it.index != self.policy.start:
             self._send(stage, it.index, min(live, key=lambda n: n.id))
 
-    def _send(self, stage: int, index: int, sender: SimNode) -> None:
-        """One copy to each of the stage's keepers that lacks it, one after the other."""
+    def _send(self, stage: int, index: int, sender: SimNode, skip: SimNode | None = None
+              ) -> None:
+        """One copy to each of the stage's keepers that lacks it (but `skip`), one after the
+        other."""
         keepers = [k for k in self._keepers_for(stage)
-                   if index not in self.kept[stage].get(k, frozenset())]
+                   if index not in self.kept[stage].get(k, frozenset()) and k is not skip]
         if not keepers:
             return
         sc = self.sim.sc
         nbytes = sc.params_per_stage[stage] * sc.state_bytes_per_param
-        key = (stage, index, self.generation)
-        self.on_way.setdefault(key, [0, 0])[0] += len(keepers)
+        way, sent_to = self.on_way.setdefault((stage, index, self.generation), ([0], set()))
+        way[0] += len(keepers)
+        sent_to.update(keepers)
         for keeper in keepers:
             self.sent += 1
             self.bytes += nbytes
@@ -132,19 +144,24 @@ class StageSnapshots:
         stage, index, sender, sender_epoch, keeper, keeper_epoch, generation = payload
         if generation != self.generation:
             return  # sent before a rollback: of an iteration undone since
-        way = self.on_way.setdefault((stage, index, generation), [1, 0])
+        way, sent_to = self.on_way.setdefault((stage, index, generation), ([1], {keeper}))
         way[0] -= 1
         if not (sender.alive and sender.epoch == sender_epoch and keeper.alive
                 and keeper.epoch == keeper_epoch and keeper.stage != stage):
             self.cut += 1  # the stream was cut off: nothing landed
+            if sender.alive and sender.epoch == sender_epoch and sender.stage == stage:
+                # The keeper died: once more to the rule's choice, its replacement (none while
+                # its death is not noticed: the node's second round would fail there too).
+                self._send(stage, index, sender, skip=keeper)
         else:
             self.landed += 1
-            way[1] += 1
             self.kept[stage][keeper] = keeper_keeps(
                 self.policy, self.kept[stage].get(keeper, frozenset()), index)
         if way[0] <= 0:
             del self.on_way[(stage, index, generation)]
-            if way[1] and self.policy.periodic(index):
+            kept = self.kept[stage]
+            if self.policy.periodic(index) and snapshot_landed(
+                    index, sent_to, lambda k: kept.get(k, frozenset())):
                 newest = self.landed_periodic[stage]
                 self.landed_periodic[stage] = index if newest is None else max(newest, index)
 
@@ -155,6 +172,12 @@ class StageSnapshots:
         iteration's start if the stage is thin, else of its latest periodic boundary), as a
         death that makes a stage thin does."""
         it = self.sim.iteration
+        if it is not None and self.policy.periodic(it.index) and it.index != self.policy.start:
+            # The stage's snapshot sender died in the iteration of a periodic boundary, maybe
+            # with a copy of it on the way: the next sender sends its own (the node's rule).
+            live = [n for n in self._live(node.stage) if n is not node]
+            if live and node.id < min(n.id for n in live):
+                self._send(node.stage, it.index, min(live, key=lambda n: n.id))
         for stage, kept in enumerate(self.kept):
             if kept.pop(node, None) is None or kept:
                 continue
@@ -165,6 +188,17 @@ class StageSnapshots:
                 self.policy.last_periodic(it.index)
             if index != self.policy.start:
                 self._send(stage, index, min(live, key=lambda n: n.id))
+
+    def carry(self, node: SimNode) -> dict[int, frozenset[int]]:
+        """`node` moves to another stage in a new life (`Churn.relocate`): what it keeps, per
+        stage, taken from it so that its leave does not drop it (`carried` gives it back)."""
+        return {stage: held for stage, kept in enumerate(self.kept)
+                if (held := kept.pop(node, None)) is not None}
+
+    def carried(self, node: SimNode, kept: dict[int, frozenset[int]]) -> None:
+        """The moved machine's new life keeps what its old one kept: the same memory."""
+        for stage, held in kept.items():
+            self.kept[stage][node] = held
 
     def source(self, stage: int) -> SimNode | None:
         """Where a joiner of `stage`, which has no live replica, downloads its state from: the

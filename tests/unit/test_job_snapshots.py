@@ -11,11 +11,13 @@ from gwtf.job.iterations import (
     StepOrder,
 )
 from gwtf.job.snapshots import (
+    LAUNCH_WINDOW_S,
     SnapshotPolicy,
     keeper_keeps,
     own_kept,
     restore_point,
     snapshot_keepers,
+    snapshot_landed,
     snapshot_sender,
 )
 
@@ -63,6 +65,33 @@ def test_two_keepers_of_other_stages_the_second_sharing_least_with_the_first() -
     assert snapshot_keepers(dict(reversed(swarm.items())), set(), 1, "h0", alive) == ("h0", "z0")
 
 
+def test_the_second_keeper_shares_least_with_the_stage_and_costs_the_data_plane_least() -> None:
+    alive = lambda p: True  # noqa: E731
+    # Five stages; stage 1's snapshots, the coordinator h0 first.
+    swarm = {"h0": 0, "a0": 1, "a1": 1, "b0": 2, "c0": 3, "c1": 3, "d0": 4}
+    # Everything else equal: not of stage 2 (next to stage 1: its sender's links to stage 2
+    # carry activations the snapshot would queue ahead of), the smallest id of the rest.
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive) == ("h0", "c0")
+    # Not at a site of the stage's own replicas (a0 in eu), before not next to it.
+    where = {"h0": "us", "a0": "eu", "a1": "us", "b0": "ap", "c0": "eu", "c1": "eu",
+             "d0": "eu"}.__getitem__
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, where) == ("h0", "b0")
+    # Not started together with the stage's replicas or the first keeper (within
+    # LAUNCH_WINDOW_S: nodes started together tend to be taken together), before the smallest
+    # id; among those started apart the smallest id, not the newest, so the choice stays put.
+    started = {"h0": 0.0, "a0": 0.0, "a1": 5.0, "b0": 0.0, "c0": 7.0, "c1": 3600.0,
+               "d0": 7200.0}.__getitem__
+    assert LAUNCH_WINDOW_S < 3600.0
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, None, started) == ("h0", "c1")
+    assert snapshot_keepers(swarm, {"c1"}, 1, "h0", alive, None, started) == ("h0", "d0")
+    close = {**{p: 0.0 for p in swarm}, "c1": LAUNCH_WINDOW_S / 2}.__getitem__
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, None, close) == ("h0", "c0")
+    # The earlier criteria come first: another stage than the first's, then another site.
+    assert snapshot_keepers({**swarm, "c1": 0}, set(), 1, "h0", alive, None,
+                            started) == ("h0", "d0")
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, where, started) == ("h0", "b0")
+
+
 def test_a_restore_takes_the_newest_usable_snapshot_of_either_keeper() -> None:
     policy = SnapshotPolicy(every=4, thin=2)
     first, second = {4, 5}, {4, 6}  # a copy of 6 cut off on its way to the first keeper
@@ -108,6 +137,22 @@ def test_nothing_is_replaced_before_a_snapshot_has_landed() -> None:
     assert restore_point(policy, 9, {4, 7}) is None  # the others dropped 4 when 8 landed
     assert restore_point(policy, 9, {4, 7}, held=own_kept(policy, 9, landed=False)) == 4
     assert restore_point(policy, 8, {8}) == 8
+
+
+def test_a_snapshot_has_landed_only_once_it_is_at_every_keeper() -> None:
+    policy = SnapshotPolicy(every=4, thin=2)
+    # Stage 1's snapshot of 8 went to h0 and z0; the sender died with the copy to z0 on its way.
+    held = {"h0": {4, 8}, "z0": {4}}
+    kept = lambda k: held.get(k, set())  # noqa: E731
+    assert not snapshot_landed(8, ("h0", "z0"), kept)
+    assert snapshot_landed(4, ("h0", "z0"), kept)
+    assert not snapshot_landed(8, (), kept)  # sent nowhere: landed nowhere
+    assert not snapshot_landed(4, ("h0", "a1"), kept)  # a keeper that died holds nothing
+    # So the other nodes keep their state of 4: the stage wiped with h0 rolls back to z0's 4.
+    landed = snapshot_landed(8, ("h0", "z0"), kept)
+    assert restore_point(policy, 9, held["z0"], own_kept(policy, 9, landed=landed)) == 4
+    # Counting the first copy's landing (the old reading) would leave nothing to go back to.
+    assert restore_point(policy, 9, held["z0"], own_kept(policy, 9, landed=True)) is None
 
 
 def run_iteration(c: IterationCoordinator) -> None:

@@ -98,6 +98,30 @@ def test_a_stage_wiped_while_its_snapshot_is_on_the_way_uses_the_previous_one(
     exact(later)
 
 
+def test_a_snapshot_that_reached_one_keeper_has_not_landed(tmp_path: Path) -> None:
+    t = starts(tmp_path, every=2)
+    # Stage 1's snapshot of 4 goes from s1a to s0a (Oregon, its own site: lands about 0.5 s
+    # after t[4]) and then to s2b (Ohio: about 4.4 s after). s1a dies 2.5 s in, with the copy
+    # to s2b on its way; 2.5 s later (once the other stages' snapshots of 4 landed at both
+    # their keepers) s1b dies with s0a, before s1a's death is noticed (5 s after it). s2b holds
+    # stage 1's snapshot of 2 only. That snapshot of 4 reached one keeper of two: it
+    # has not landed, every node still keeps its own state of 2, and the swarm goes back to 2,
+    # not to the job's start.
+    wave = f"{t[4] + 5},crash,s1b\n{t[4] + 5},crash,s0a\n{t[5] + 10},join,s1x,1,Ohio\n"
+    result = run(scenario(tmp_path, f"{t[4] + 2.5},crash,s1a\n" + wave, every=2, thin=0))
+    assert result.failed is None
+    assert result.snapshots["cut"] >= 1
+    assert [r[1:] for r in result.rollbacks] == [(1, 4, 2)]
+    assert result.rolled_back_iterations == 2
+    exact(result)
+    # Once s1a's death is noticed, s1b (the stage's sender now) sends its own state of 4: a
+    # wipe after that copy landed at s2b loses nothing.
+    later = wave.replace(f"{t[4] + 5},", f"{t[4] + 12},")
+    result = run(scenario(tmp_path, f"{t[4] + 2.5},crash,s1a\n" + later, every=2, thin=0))
+    assert result.failed is None and result.rollbacks == []
+    exact(result)
+
+
 def test_a_wipe_that_takes_the_stages_snapshots_goes_back_to_the_jobs_start(
     tmp_path: Path,
 ) -> None:
@@ -127,3 +151,18 @@ def test_a_stage_wiped_in_the_first_iteration_is_rebuilt_from_the_job(tmp_path: 
 def test_swarm_keeps_no_snapshots_and_never_rolls_back(tmp_path: Path) -> None:
     result = run(scenario(tmp_path, wipe(65, 80), every=2, thin=0), "swarm")
     assert result.rollbacks == [] and result.failed is None and result.snapshots == {}
+
+
+def test_a_keeper_moved_into_the_wiped_stage_keeps_its_snapshots(tmp_path: Path) -> None:
+    t = starts(tmp_path, every=2)
+    # Stage 1 dies with the coordinator s0a (its first keeper) once its snapshots of 4 landed,
+    # and no node joins: gwtf's placement moves s2b, the second keeper, into stage 1 in the
+    # middle of the iteration (a leave and a join under the same id). The machine's memory
+    # still holds stage 1's snapshot of 4: the stage goes on from it, nothing undone (had the
+    # move dropped it, no snapshot would be left and the swarm would go back to the start).
+    rows = "".join(f"{t[4] + 6},crash,{n}\n" for n in ("s1a", "s1b", "s0a"))
+    result = run(scenario(tmp_path, rows, every=2, thin=0), "gwtf")
+    assert result.failed is None
+    assert result.moves >= 1
+    assert result.rollbacks == []
+    assert result.iterations_completed > 5
