@@ -346,6 +346,10 @@ class IterationCoordinator:
         self.finished: set[int] = set()
         self.dropped: set[int] = set()
         self.replays: set[tuple[int, int]] = set()
+        self.unplanned: dict[str, tuple[int, int]] = {}
+        """Participants that died in (iteration, round) and whose recovery is not planned yet
+        (`plan_recovery`): no commit is ordered in that round until it is, since a commit
+        ordered before the replays are known would be prepared on sums without them."""
         """(microbatch, stage) replays (rule 3) ordered and not reported done yet."""
         self.attempt = 0
         self._members: dict[str, int] = {}
@@ -486,6 +490,7 @@ class IterationCoordinator:
     @_input
     def recovering(self, plan: CrashPlan) -> None:
         """A dead node's recovery was planned: record its drops and the replays to wait for."""
+        self.unplanned.pop(plan.dead, None)
         self.dropped |= set(plan.dropped)
         for recovery in plan.recoveries:
             if recovery.rule == Rule.REPLAY:
@@ -498,6 +503,7 @@ class IterationCoordinator:
         `reports`: the rules decide (`gwtf.recovery.plan_crash`; a dead holder's unfinished
         share is what it held), what was planned for it before in this round is left alone,
         and the new drops and replays are recorded (`recovering`). See `RecoveryOrders`."""
+        self.unplanned.pop(dead, None)
         held = self.held_by(dead) if stage == 0 else ()
         crash = plan_crash(dead, stage, self.num_stages, reports, finished=self.finished,
                            held_by_dead=held)
@@ -544,6 +550,8 @@ class IterationCoordinator:
         if self.in_commit or self.injecting >= self.iterations or self.unfinished():
             return None
         if self.replays or self.empty_stages() or not self.quorum().ok:
+            return None
+        if self.awaiting_plan():
             return None
         self.attempt += 1
         self._members = dict(self.participants)
@@ -745,8 +753,10 @@ class IterationCoordinator:
 
     @_input
     def member_down(self, node: str) -> bool:
-        """A participant died or left. True when it voided the commit attempt under way."""
-        self.participants.pop(node, None)
+        """A participant died or left. True when it voided the commit attempt under way. No
+        commit is ordered in this round before its recovery is planned (`unplanned`)."""
+        if self.participants.pop(node, None) is not None:
+            self.unplanned[node] = (self.injecting, self.round)
         voided = node in self._members
         if voided:
             self._members = {}
@@ -768,6 +778,13 @@ class IterationCoordinator:
             raise ReportError(f"stage {stage} is outside the job's 0..{self.num_stages - 1}")
         self.participants[node] = stage
 
+    def awaiting_plan(self) -> list[str]:
+        """The dead of the round in progress whose recovery is not planned yet (a node that
+        entered again since is its own, not a dead node's)."""
+        now = (self.injecting, self.round)
+        return sorted(n for n, at in self.unplanned.items()
+                      if at == now and n not in self.participants)
+
     def waiting_on(self) -> str:
         """What the iteration in progress waits for, in a few words (for a stalled one)."""
         if self.in_commit:
@@ -779,6 +796,8 @@ class IterationCoordinator:
             return f"the microbatches injected by {', '.join(late)}"
         if self.replays:
             return f"{len(self.replays)} replays"
+        if self.awaiting_plan():
+            return f"the recovery plan of {', '.join(self.awaiting_plan())}"
         return "a commit that no rule blocks"
 
     @_input
