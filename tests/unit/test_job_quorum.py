@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gwtf.job.iterations import IterationCoordinator, PreparedReport, StepOrder
 from gwtf.job.quorum import commit_quorum
+from gwtf.recovery import CrashPlan
 
 SEVEN = {"h0": 0, "a0": 1, "z0": 2, "a2": 1, "h1": 0, "a1": 1, "z1": 2}
 WEST = {"h0", "a0", "z0", "a2"}
@@ -60,6 +61,14 @@ def coordinator(participants: dict[str, int]) -> IterationCoordinator:
                                 else ("h1",))  # fmt: skip
 
 
+def down(c: IterationCoordinator, node: str) -> None:
+    """`node` dies and the coordinator plans its recovery (nothing to recover here), as the
+    node's coordinator does before it orders another commit."""
+    stage = c.participants[node]
+    c.member_down(node)
+    c.recovering(CrashPlan(node, stage, (), frozenset()))
+
+
 def step(c: IterationCoordinator) -> StepOrder:
     """Finish and commit the iteration in progress with every live participant."""
     holder = c.holders[0]
@@ -83,19 +92,19 @@ def step(c: IterationCoordinator) -> StepOrder:
 def test_each_side_of_a_partition_sees_the_other_dead_and_only_the_majority_commits() -> None:
     west, east = coordinator(SEVEN), coordinator(SEVEN)
     for node in EAST:
-        west.member_down(node)
+        down(west, node)
     for node in WEST:
-        east.member_down(node)
+        down(east, node)
     assert step(west).participants.keys() == WEST
     assert east.commit_order() is None  # 3 of 7: the east pauses, whatever its work
     assert "only 3 of the 7" in east.quorum().reason()
     # The west's next commits count against the west alone: losing one of four leaves 3 of 4.
     assert west.base == WEST
-    west.member_down("a2")
+    down(west, "a2")
     assert step(west).iteration == 1
     assert west.base == WEST - {"a2"}
-    west.member_down("a0")
-    west.member_down("z0")
+    down(west, "a0")
+    down(west, "z0")
     assert west.commit_order() is None  # 1 of 3 silent ones... until they are shown dead
     west.admit("a9", 1)
     west.admit("z9", 2)
