@@ -6,9 +6,13 @@ rewrites its own figures and leaves the others' alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -36,3 +40,14 @@ def write_section(name: str, body: str, path: Path = RESULTS) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text, encoding="utf-8")
+
+
+@contextlib.contextmanager
+def base_tree(ref: str, root: Path) -> Iterator[Path]:
+    """The tree of commit `ref` of the repository at `root`, unpacked into a temporary folder
+    (`git archive`) for a before/after benchmark in one run; removed on exit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", ref], cwd=root, capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        yield Path(tmp)

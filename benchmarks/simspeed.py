@@ -16,11 +16,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import machine, write_section
+from benchmarks.report import base_tree, machine, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = (("high_churn", "gwtf", 1800.0), ("high_churn", "swarm", 3600.0),
@@ -73,11 +72,8 @@ def run(quick: bool = False) -> str:
     rows = []
     totals = {"base": [0.0, 0.0], "this": [0.0, 0.0]}
     per_run = {label: [[0.0, 0.0] for _ in runs] for label in totals}
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True,
-                                 check=True).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        trees = {"base": Path(tmp), "this": ROOT}
+    with base_tree(ref, ROOT) as tmp:
+        trees = {"base": tmp, "this": ROOT}
         for k in range(1, rounds + 1):
             for label in ("base", "this"):
                 measured = _measure(trees[label], runs)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.report import machine, write_section
+from benchmarks.report import base_tree, machine, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ((16, 4), (32, 4), (64, 4), (256, 8), (1000, 10))
@@ -71,11 +70,8 @@ def run(quick: bool = False) -> str:
                                            "this": [[] for _ in specs]}
     digests: dict[str, list[set[str]]] = {"base": [set() for _ in specs],
                                           "this": [set() for _ in specs]}
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True,
-                                 check=True).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        trees = {"base": Path(tmp), "this": ROOT}
+    with base_tree(ref, ROOT) as tmp:
+        trees = {"base": tmp, "this": ROOT}
         for k in range(1, rounds + 1):
             for label in ("base", "this"):
                 for i, (wall, digest) in enumerate(_measure(trees[label], specs)):

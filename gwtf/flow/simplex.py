@@ -460,7 +460,6 @@ class _Simplex:
         block = int(math.ceil(math.sqrt(count)))
         blocks = (count + block - 1) // block
         w, s, t, sign, pi = self.w_np, self.s_np, self.t_np, self.sign, self.pi
-        flow, src, tgt = self.flow, self.src, self.tgt
         misses = 0
         f = 0
         while misses < blocks:
@@ -479,10 +478,7 @@ class _Simplex:
             if reduced[k] >= 0:
                 misses += 1
             else:
-                if flow[i] == 0:
-                    yield i, src[i], tgt[i]
-                else:
-                    yield i, tgt[i], src[i]
+                yield self._oriented(i)
                 misses = 0
 
     def _find_entering_edges_lists(self) -> Any:
@@ -514,11 +510,15 @@ class _Simplex:
             if i < 0:
                 misses += 1
             else:
-                if flow[i] == 0:
-                    yield i, src[i], tgt[i]
-                else:
-                    yield i, tgt[i], src[i]
+                yield self._oriented(i)
                 misses = 0
+
+    def _oriented(self, i: int) -> tuple[int, int, int]:
+        """Entering arc `i` as networkx yields it: (i, tail, head) along its residual
+        direction (reversed when it carries flow)."""
+        if self.flow[i] == 0:
+            return i, self.src[i], self.tgt[i]
+        return i, self.tgt[i], self.src[i]
 
     def residual_capacity(self, i: int, p: int) -> float:
         return self.cap[i] - self.flow[i] if self.src[i] == p else self.flow[i]
