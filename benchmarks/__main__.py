@@ -18,6 +18,8 @@ BENCHMARKS = {
     "sim": "benchmarks.sim",
     "replay": "benchmarks.replay",
     "simspeed": "benchmarks.simspeed",
+    "simbase": "benchmarks.simbase",
+    "keepers": "benchmarks.keepers",
     "solvespeed": "benchmarks.solvespeed",
     "balance": "benchmarks.balance",
     "node": "benchmarks.node_control",

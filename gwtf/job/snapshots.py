@@ -1,34 +1,38 @@
 """Stage snapshots and rollbacks (docs/design.md 4.6), pure: which iterations are snapshotted,
-who sends a stage's snapshot, and which snapshot a wiped stage is restored from.
+who sends a stage's snapshot, who keeps it, and which snapshot a wiped stage is restored from.
 
 A snapshot is a stage's weights and optimizer state at an iteration boundary. Every node keeps
 its own stage's state of its latest *periodic* boundary in memory (`periodic`: the job's first
-iteration and every multiple of `every`); one replica of each stage (`sends`: the smallest live
-id) sends it to two keepers of other stages (`snapshot_keepers`). A *thin* stage (at most
-`thin` live replicas) sends its state after every step as well, so a stage that loses its last
-replicas at once usually loses nothing. When it does lose an iteration's state (every replica of
-a stage that was not thin dies at once), the keepers' snapshots are older than the iteration in
-progress: the swarm rolls back to the stage's periodic snapshot, which every other node can
-restore from its own memory (`restore_point`, over what every live keeper holds).
+iteration and then either every multiple of `every`, or boundaries declared one at a time once
+the one before has landed everywhere, `declare_due`); one replica of each stage (`sends`: the
+smallest live id) sends it to keepers of other stages (`snapshot_keepers`, chosen across failure
+domains). A *thin* stage (at most `thin` live replicas) sends its state after every step as
+well, so a stage that loses its last replicas at once usually loses nothing. When it does lose
+an iteration's state (every replica of a stage that was not thin dies at once), the keepers'
+snapshots are older than the iteration in progress: the swarm rolls back to the stage's
+periodic snapshot, which every other node can restore from its own memory (`restore_point`,
+over what every live keeper holds).
 
 A snapshot counts once it has fully landed at every keeper it was sent to (`snapshot_landed`):
-one copy through and the other cut off (its sender or keeper died on the way) is not landed. A
-keeper keeps what it holds of a stage until a newer snapshot has fully landed with it
-(`keeper_keeps`), and every node keeps its own state of the previous periodic boundary until
-every stage's snapshot of the newer one has landed (`own_kept`): a stage wiped while its newest
-snapshot is still on its way, or wiped together with the one keeper it reached, is restored
-from the one before, which the other stages can still roll back to, instead of failing the job.
+one copy through and another cut off is not landed. A keeper keeps what it holds of a stage
+until a newer snapshot has fully landed with it (`keeper_keeps`), and every node keeps its own
+state of the previous periodic boundary until every stage's snapshot of the newer one has
+landed (`own_kept`): a stage wiped while its newest snapshot is still on its way, or wiped
+together with the keepers it reached, is restored from the one before, which the other stages
+can still roll back to, instead of failing the job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 __all__ = [
     "LAUNCH_WINDOW_S",
+    "SNAPSHOT_CHUNK_BYTES",
     "SnapshotPolicy",
+    "declare_due",
     "keeper_keeps",
     "own_kept",
     "restore_point",
@@ -45,23 +49,52 @@ launch: the instances of one spot request, or one operator's batch, come up with
 each other, booting and loading the job's code), a failure domain of `snapshot_keepers`."""
 
 
+SNAPSHOT_CHUNK_BYTES = 8 << 20
+"""A snapshot streamed in the background goes out in chunks of this size, each only when its
+sender's uplink and its keeper's downlink carry nothing of the data plane: an activation or a
+gradient waits behind at most one chunk (8 MiB: about one activation of a 2,048-token microbatch
+at hidden size 2,048, 3.4 s on a 20 Mbit/s home uplink), and the snapshot takes only the
+capacity the training leaves idle."""
+
+
 @dataclass(frozen=True)
 class SnapshotPolicy:
-    """`every`: the periodic snapshots' interval, iterations; `thin`: a stage with at most this
-    many live replicas is snapshotted after every step (gwtf.train.job explains the defaults)."""
+    """`every`: the periodic snapshots' interval, iterations (with `declared`: the least one);
+    `thin`: a stage with at most this many live replicas is snapshotted after every step
+    (gwtf.train.job explains the defaults)."""
 
     every: int
     thin: int
     start: int = 0
     """The job's first iteration (a resumed job's is its checkpoint's)."""
+    declared: tuple[int, ...] | None = None
+    """The periodic boundaries after `start`, in order, where they are declared one by one as
+    the job runs (`declare_due`: a snapshot streamed in the background, docs/design.md 4.6);
+    None: every `every`-th boundary is one (snapshots that hold the step until they land)."""
 
     def periodic(self, iteration: int) -> bool:
         """Is the boundary before `iteration` a periodic snapshot (kept by every node)?"""
-        return iteration == self.start or iteration % self.every == 0
+        if iteration == self.start:
+            return True
+        if self.declared is not None:
+            return iteration in self.declared
+        return iteration % self.every == 0
 
     def last_periodic(self, iteration: int) -> int:
         """The latest periodic boundary at or before `iteration`."""
+        if self.declared is not None:
+            return max((b for b in self.declared if b <= iteration), default=self.start)
         return max(self.start, iteration - iteration % self.every)
+
+    def declare(self, iteration: int) -> SnapshotPolicy:
+        """This policy with the boundary before `iteration` declared periodic."""
+        return replace(self, declared=(*(self.declared or ()), iteration))
+
+    def undo(self, to: int) -> SnapshotPolicy:
+        """This policy after a rollback to `to`: the boundaries after it are of undone work."""
+        if self.declared is None:
+            return self
+        return replace(self, declared=tuple(b for b in self.declared if b <= to))
 
     def previous_periodic(self, boundary: int) -> int | None:
         """The periodic boundary before the periodic `boundary` (None before the job's first)."""
@@ -75,6 +108,18 @@ class SnapshotPolicy:
     def due(self, iteration: int, live_replicas: int) -> bool:
         """Is the state at the start of `iteration` sent to the keeper?"""
         return self.periodic(iteration) or self.is_thin(live_replicas)
+
+
+def declare_due(policy: SnapshotPolicy, iteration: int, landed: Callable[[int], bool]) -> bool:
+    """Is the boundary before `iteration` declared the next periodic snapshot, where boundaries
+    are declared (`SnapshotPolicy.declared`)? When it is at least `every` iterations after the
+    latest one and that one has landed at every keeper of every stage (`landed(boundary)`,
+    `snapshot_landed` per stage). So at most one periodic snapshot is on its way at a time, and
+    the one before it has landed everywhere: the two boundaries every node keeps its own state
+    of (`own_kept`) always include one that every stage can be restored at, however long a
+    snapshot takes to stream over slow uplinks; a slow swarm snapshots less often by itself."""
+    latest = policy.last_periodic(iteration)
+    return iteration != policy.start and iteration - latest >= policy.every and landed(latest)
 
 
 def snapshot_sender(
@@ -99,47 +144,49 @@ def snapshot_keepers(
     alive: Callable[[str], bool],
     location: Callable[[str], str] | None = None,
     started: Callable[[str], float] | None = None,
+    count: int = 2,
 ) -> tuple[str, ...]:
-    """Who keeps the snapshots of `stage`, in order: at most two live participants of other
-    stages, so that one event that takes the stage and one keeper leaves the other.
+    """Who keeps the snapshots of `stage`, in order: at most `count` (at least one) live
+    participants of other stages, so that one event that takes the stage and some keepers
+    leaves another.
 
     The first is the job coordinator (it decides restores), or, for the coordinator's own
-    stage, the smallest live id of another stage. The second is the live participant of
-    another stage that shares the fewest failure domains with the stage's live replicas and
-    the first keeper (the events that wipe a stage are correlated ones) and costs the data
-    plane least, in this order: not of the first's stage if any is; not at the first's
-    `location`, then at none of the stage's, if any is; not of a stage next to `stage` (the
-    sender's links to those carry its activations and gradients, which the snapshot would
-    queue ahead of); not started (`started`: when its current incarnation started, seconds)
-    within `LAUNCH_WINDOW_S` of one of the stage's replicas or the first, as nodes started
-    together (one spot request, one operator's batch) tend to be taken together; then the
-    smallest id, so that the choice stays put while the swarm does not change. Every node
-    computes the same pair from the job's participants and their gossiped records; a keeper
-    that dies drops out and the next choice takes its place at the stage's next snapshot."""
+    stage, the smallest live id of another stage. Each next one is the live participant of
+    another stage that shares the fewest failure domains with the stage's live replicas and the
+    keepers chosen before it (the events that wipe a stage are correlated ones) and costs the
+    data plane least, in this order: not of a chosen keeper's stage if any is; not at a chosen
+    keeper's `location`, then at none of the stage's either, if any is; not of a stage next to
+    `stage` (the sender's links to those carry its activations and gradients); not started
+    (`started`: when its current incarnation started, seconds) within `LAUNCH_WINDOW_S` of one
+    of the stage's replicas or a chosen keeper, as nodes started together (one spot request,
+    one operator's batch) tend to be taken together; then the smallest id, so that the choice
+    stays put while the swarm does not change. Every node computes the same keepers from the
+    job's participants and their gossiped records; a keeper that dies drops out and the next
+    choice takes its place at the stage's next snapshot."""
     live = sorted(p for p, s in participants.items()
                   if s != stage and p not in departed and alive(p))
     if not live:
         return ()
-    first = coordinator if coordinator in live else live[0]
-    rest = [p for p in live if p != first]
-    if not rest:
-        return (first,)
+    chosen = [coordinator if coordinator in live else live[0]]
     where = location if location is not None else (lambda _: "")
     when = started if started is not None else (lambda _: 0.0)
-    near = [first, *(p for p, s in participants.items()
-                      if s == stage and p not in departed and alive(p))]
-    sites = {where(p) for p in near}
-    starts = [when(p) for p in near]
-
-    def together(p: str) -> bool:
-        """Was `p` started within `LAUNCH_WINDOW_S` of the stage's replicas or the first?"""
-        t = when(p)
-        return any(abs(t - u) < LAUNCH_WINDOW_S for u in starts)
-
-    second = min(rest, key=lambda p: (participants[p] == participants[first],
-                                      where(p) == where(first), where(p) in sites,
-                                      abs(participants[p] - stage) == 1, together(p), p))
-    return (first, second)
+    replicas = [p for p, s in participants.items()
+                if s == stage and p not in departed and alive(p)]
+    while len(chosen) < count:
+        rest = [p for p in live if p not in chosen]
+        if not rest:
+            break
+        near = [*chosen, *replicas]
+        sites = {where(p) for p in near}
+        starts = [when(p) for p in near]
+        stages = {participants[p] for p in chosen}
+        places = {where(p) for p in chosen}
+        chosen.append(min(
+            (participants[p] in stages, where(p) in places, where(p) in sites,
+             abs(participants[p] - stage) == 1,
+             any(abs(when(p) - u) < LAUNCH_WINDOW_S for u in starts), p)
+            for p in rest)[-1])
+    return tuple(chosen)
 
 
 def keeper_keeps(

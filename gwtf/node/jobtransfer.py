@@ -191,6 +191,7 @@ class StateTransfer:
         return snapshot_keepers(
             active.participants, active.departed, stage, active.coordinator,
             lambda p: p == host.node_id or host.member(p) is not None, location, started,
+            count=active.job.snapshot_keepers,
         )
 
     def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:

@@ -56,6 +56,17 @@ class Network:
         link = self.link(a, b) or self.intra
         return link.rtt_ms / 2000 + nbytes * 8 / (self.gbps(a, b) * 1e9)
 
+    def idle_at(self, a: NodeInfo, b: NodeInfo) -> float:
+        """When everything queued from `a` to `b`, on `a`'s uplink and on `b`'s downlink has
+        gone: from then on a background send (a snapshot's next chunk) delays nothing queued
+        before it."""
+        free = self._pipe.get((a.id, b.id), 0.0)
+        if math.isfinite(a.uplink_gbps):
+            free = max(free, self._up.get(a.id, 0.0))
+        if math.isfinite(b.downlink_gbps):
+            free = max(free, self._down.get(b.id, 0.0))
+        return free
+
     def transfer(self, now: float, a: NodeInfo, b: NodeInfo, nbytes: float) -> float:
         """Arrival time of `nbytes` sent at `now` from `a` to `b`, behind the pair's earlier
         sends and, where the nodes have access links, behind `a`'s uplink and `b`'s downlink

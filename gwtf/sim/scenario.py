@@ -26,7 +26,7 @@ Layout (every key but the ones marked required has a default; unknown keys are e
                                         # or every N microbatches (0: off); docs/design.md 4.9
     snapshot_every = 4                  # stage snapshots every K iterations, and after every
     snapshot_thin = 2                   # step of a stage of at most T replicas (4.6; the node's
-                                        # defaults, gwtf/train/job.py)
+    snapshot_keepers = 4                # defaults, gwtf/train/job.py), each kept by 4 nodes
 
     [network]
     matrix = "../gwtf/data/geo10_aws.csv"   # src,dst,rtt_ms,bandwidth_gbps (relative to this file)
@@ -181,6 +181,7 @@ class Scenario:
     """Microbatches between shipments of partial sums (0: off; REPLAY_AUTO: adaptive)."""
     snapshot_every: int = 4
     snapshot_thin: int = 2
+    snapshot_keepers: int = 4
     routing: str = "local"
     """How the gwtf policies route (docs/design.md 5): "local", by local solves on each node's
     membership view as the node does by default (`gwtf node --routing local`), or "relax", by
@@ -240,7 +241,7 @@ _SECTIONS = {
               "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param",
               "compute", "utilisation"),
     "training": ("iterations", "microbatches_per_iteration", "memory_slots", "replay_bound",
-                 "snapshot_every", "snapshot_thin"),
+                 "snapshot_every", "snapshot_thin", "snapshot_keepers"),
     "network": ("matrix", "intra_rtt_ms", "intra_bandwidth_gbps"),
     "nodes": ("count", "gpus", "locations", "uplink_gbps", "downlink_gbps"),
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
@@ -395,6 +396,7 @@ def parse_scenario(
 
     snapshot_every = training.integer("snapshot_every", 4, minimum=1)
     snapshot_thin = training.integer("snapshot_thin", 2)
+    snapshot_keepers = training.integer("snapshot_keepers", 4, minimum=1)
 
     network = _section(where, doc, "network")
     matrix = network.text("matrix", str(data_path("geo10_aws.csv")))
@@ -621,6 +623,7 @@ def parse_scenario(
         replay_bound=replay_bound,
         snapshot_every=snapshot_every,
         snapshot_thin=snapshot_thin,
+        snapshot_keepers=snapshot_keepers,
         routing=routing,
         route_quiet_s=route_quiet_s,
     )

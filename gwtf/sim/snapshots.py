@@ -1,38 +1,49 @@
 """Stage snapshots in the simulation (docs/design.md 4.6), driven by the pure rules of
 `gwtf.job.snapshots`:
 
-- at every iteration boundary the rule makes due after the job's first (every
-  `snapshot_every`-th, and every one of a stage with at most `snapshot_thin` live replicas) the
-  stage's smallest live replica sends the stage's state (`params * state_bytes_per_param`) to each
-  of the stage's two keepers (`snapshot_keepers`, as the node chooses them: the coordinator, the
-  smallest live holder, and the node of another stage that shares the fewest failure domains
-  with the stage and the first keeper, by location and start), one copy after the other on its
-  uplink, over the simulated network, queued like any send; so does a
-  stage that a death makes thin in the middle of an iteration (the state of the iteration's
-  start);
+- the periodic boundaries are declared one at a time (`declare_due`): at the first boundary at
+  least `snapshot_every` iterations after the latest one, once the latest one's snapshot has
+  landed at every keeper of every stage (and every stage has a live replica to send it). At a
+  declared boundary every stage's smallest live replica (`snapshot_sender`) sends the stage's
+  state (`params * state_bytes_per_param`) to each of the stage's keepers (`snapshot_keepers`,
+  `snapshot_keepers` of them, as the node chooses them: the coordinator, then nodes of other
+  stages sharing the fewest failure domains, by stage, location and start, with those chosen);
+  a thin stage (at most `snapshot_thin` live replicas) sends its state at every other boundary
+  too, and when a death makes it thin mid-iteration (the state of the iteration's start), each
+  unless one of its snapshots is still on its way;
+- a copy streams in the background: in chunks of `SNAPSHOT_CHUNK_BYTES`, each sent only once
+  the sender's uplink, the keeper's downlink and the pair's link carry nothing queued before it
+  (`Network.idle_at`), so the data plane waits behind at most one chunk and the snapshot takes
+  the capacity the training leaves idle; the iterations go on meanwhile;
 - a copy counts once it has fully landed: one whose sender or keeper died on the way is cut
   off and counts for nothing. A keeper replaces what it holds of the stage only then
   (`keeper_keeps`: the newest and the newest periodic one). The snapshot counts as landed once
-  every keeper it was sent to holds it (`snapshot_landed`): one copy through and the other cut
-  off is not landed, and every node keeps its own state of the previous periodic boundary until
-  every stage's snapshot of the newer one has landed (`own_kept`; the node reports its step once
-  every copy is through). A keeper that
-  dies takes its snapshots with it; the other keeps its copies, and the rule's next choice gets
-  the stage's next snapshot. A stage left with no keeper holding anything sends its state to the
-  new keepers at once (the node waits for the next due boundary instead: docs/design.md 4.6);
+  every keeper it was sent to holds it (`snapshot_landed`; a keeper that died on the way drops
+  out and its replacement gets a copy): one copy through and another cut off by its sender's
+  death is not landed. Every node keeps its own state of the previous periodic boundary until
+  every stage's snapshot of the newer one has landed (`own_kept`), which with declared
+  boundaries is always one that landed everywhere. A keeper that dies takes its snapshots with
+  it; the others keep theirs, and the rule's next choice gets the stage's next snapshot. A stage
+  left with no keeper holding anything sends its state to the new keepers at once. A sender that
+  dies before its stage's latest periodic snapshot landed is replaced by the stage's next
+  sender, which sends its own state of that boundary;
 - when the last replica of a stage is gone (its death noticed), the stage is restored from the
   newest usable snapshot any live keeper holds (`restore_point` over their union): the snapshot
   of the iteration in progress loses nothing (the rules replay the stage's work on the joiners);
   an older one the other stages still keep rolls the swarm back to it (`Simulation.rollback`,
-  reported in the result, the iterations undone counted as lost progress); none fails the job
-  with its reason (`Simulation.fail`). A joiner of a wiped stage downloads the state from a
-  keeper holding it;
+  reported in the result, the iterations undone counted as lost progress; a stage whose snapshot
+  of that boundary had not landed sends it again); none fails the job with its reason
+  (`Simulation.fail`). A joiner of a wiped stage downloads the state from a keeper holding it;
 - the state of the job's first iteration is the job's own: every node builds it from the job's
   model and seed (the simulated jobs are fresh, never resumed), so it is not sent, and it is
-  always a restore point (`restore_point(rebuilt=True)`): a stage wiped together with both
-  keepers of its snapshots sends the whole swarm back to the job's start, reported as a
+  always a restore point (`restore_point(rebuilt=True)`): a stage wiped together with every
+  keeper of its snapshots sends the whole swarm back to the job's start, reported as a
   rollback, rather than failing the job. The node sends it all the same, as its joiners cannot
   rebuild a stage yet, and fails such a job (docs/design.md 4.6).
+
+The node does not stream in the background yet: it sends every `snapshot_every`-th boundary's
+snapshot before it reports its step, which is the declared rule with every snapshot landed by
+the next step (docs/design.md 4.6 says what differs).
 
 Only `RuleRecovery` (the policies that recover by the rules) keeps snapshots; the baselines'
 joiners of an empty stage load a checkpoint stored near them, as before.
@@ -40,10 +51,13 @@ joiners of an empty stage load a checkpoint stored near them, as before.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gwtf.job.snapshots import (
+    SNAPSHOT_CHUNK_BYTES,
     SnapshotPolicy,
+    declare_due,
     keeper_keeps,
     own_kept,
     restore_point,
@@ -56,8 +70,26 @@ from gwtf.sim.simulator import Simulation
 
 __all__ = ["StageSnapshots"]
 
-Sent = tuple[int, int, SimNode, int, SimNode, int, int]
-"""(stage, iteration, sender, its epoch, keeper, its epoch, generation) of a snapshot on its way."""
+
+@dataclass
+class Stream:
+    """One copy of a stage's snapshot on its way from its sender to a keeper, in chunks."""
+
+    stage: int
+    index: int
+    sender: SimNode
+    sender_epoch: int
+    keeper: SimNode
+    keeper_epoch: int
+    generation: int
+    left: float
+    """Bytes not sent yet."""
+
+    def through(self) -> bool:
+        """Are both ends the lives it was sent between, the keeper still of another stage?"""
+        return (self.sender.alive and self.sender.epoch == self.sender_epoch
+                and self.keeper.alive and self.keeper.epoch == self.keeper_epoch
+                and self.keeper.stage != self.stage)
 
 
 class StageSnapshots:
@@ -67,7 +99,7 @@ class StageSnapshots:
         self.sim = sim
         self.sink = sim.sink
         sc = sim.sc
-        self.policy = SnapshotPolicy(sc.snapshot_every, sc.snapshot_thin)
+        self.policy = SnapshotPolicy(sc.snapshot_every, sc.snapshot_thin, declared=())
         self.kept: list[dict[SimNode, frozenset[int]]] = [{} for _ in range(sim.S)]
         """Per stage, each live keeper's iterations of its snapshots (landed ones only)."""
         self.landed_periodic: list[int | None] = [None] * sim.S
@@ -76,15 +108,23 @@ class StageSnapshots:
         self.on_way: dict[tuple[int, int, int], tuple[list[int], set[SimNode]]] = {}
         """(stage, iteration, generation) -> ([copies still on their way], the keepers sent
         to)."""
+        self.streams: list[Stream] = []
+        """The copies on their way."""
         self.generation = 0
         """Bumped by a rollback: a snapshot sent before it is of an undone iteration."""
         self.sent = 0
         self.landed = 0
         self.cut = 0
         self.bytes = 0.0
+        self.declared = 0
 
     def _live(self, stage: int) -> list[SimNode]:
         return [n for n in self.sim.active_nodes(stage) if not n.detected]
+
+    def _sender(self, stage: int, but: SimNode | None = None) -> SimNode | None:
+        """The stage's snapshot sender (`snapshot_sender`: its smallest live id)."""
+        return min((n for n in self._live(stage) if n is not but), key=lambda n: n.id,
+                   default=None)
 
     def _keepers_for(self, stage: int) -> list[SimNode]:
         """The stage's keepers by the node's rule, over the live nodes as the swarm sees them."""
@@ -92,7 +132,7 @@ class StageSnapshots:
         coordinator = min((i for i, n in live.items() if n.stage == 0), default="")
         ids = snapshot_keepers({i: n.stage for i, n in live.items()}, (), stage, coordinator,
                                lambda _: True, lambda i: live[i].location,
-                               lambda i: live[i].started)
+                               lambda i: live[i].started, count=self.sim.sc.snapshot_keepers)
         return [live[i] for i in ids]
 
     def _held(self, stage: int) -> frozenset[int]:
@@ -101,29 +141,51 @@ class StageSnapshots:
         not fetch from it either)."""
         return frozenset().union(*(held for k, held in self.kept[stage].items() if k.alive))
 
+    def _landed_everywhere(self, boundary: int) -> bool:
+        """Has every stage's snapshot of the periodic `boundary` landed (`declare_due`)?"""
+        return boundary == self.policy.start or all(
+            b is not None and b >= boundary for b in self.landed_periodic)
+
+    def _streaming(self, stage: int) -> bool:
+        return any(s == stage and g == self.generation for s, _, g in self.on_way)
+
     def boundary(self, index: int) -> None:
-        """Iteration `index` starts: send the snapshots the rule makes due."""
+        """Iteration `index` starts: declare the next periodic snapshot if it is due
+        (`declare_due`; only while every stage has a sender) and send it, else send the thin
+        stages' snapshots that are not already streaming one."""
         if index == self.policy.start:
             return  # the job's initial state (module doc)
-        for stage in range(self.sim.S):
-            live = self._live(stage)
-            if live and self.policy.due(index, len(live)):
-                self._send(stage, index, min(live, key=lambda n: n.id))
+        senders = [self._sender(stage) for stage in range(self.sim.S)]
+        if all(senders) and declare_due(self.policy, index, self._landed_everywhere):
+            self.policy = self.policy.declare(index)
+            self.declared += 1
+            for stage, sender in enumerate(senders):
+                assert sender is not None
+                self._send(stage, index, sender)
+            return
+        for stage, sender in enumerate(senders):
+            if sender is not None and self.policy.is_thin(len(self._live(stage))) \
+                    and not self._streaming(stage):
+                self._send(stage, index, sender)
 
     def thinned(self, stage: int) -> None:
         """A death left `stage` with few replicas: send the state of the iteration's start."""
         it = self.sim.iteration
-        live = self._live(stage)
-        if it is not None and live and self.policy.is_thin(len(live)) \
-                and it.index != self.policy.start:
-            self._send(stage, it.index, min(live, key=lambda n: n.id))
+        sender = self._sender(stage)
+        if it is not None and sender is not None and it.index != self.policy.start \
+                and self.policy.is_thin(len(self._live(stage))) and not self._streaming(stage):
+            self._send(stage, it.index, sender)
 
     def _send(self, stage: int, index: int, sender: SimNode, skip: SimNode | None = None
               ) -> None:
-        """One copy to each of the stage's keepers that lacks it (but `skip`), one after the
-        other."""
+        """Stream one copy to each of the stage's keepers that lacks it and is not being sent
+        it (but `skip`), all at once, each in the background (`SNAPSHOT_CHUNK_BYTES`)."""
+        busy = {st.keeper for st in self.streams
+                if (st.stage, st.index, st.generation) == (stage, index, self.generation)
+                and st.through()}
         keepers = [k for k in self._keepers_for(stage)
-                   if index not in self.kept[stage].get(k, frozenset()) and k is not skip]
+                   if index not in self.kept[stage].get(k, frozenset()) and k is not skip
+                   and k not in busy]
         if not keepers:
             return
         sc = self.sim.sc
@@ -134,24 +196,58 @@ class StageSnapshots:
         for keeper in keepers:
             self.sent += 1
             self.bytes += nbytes
-            arrive = self.sim.transfer(sender, keeper, nbytes)
-            self.sink.emit(arrive, Kind.ARRIVE, self._on_arrive,
-                           (stage, index, sender, sender.epoch, keeper, keeper.epoch,
-                            self.generation))
+            stream = Stream(stage, index, sender, sender.epoch, keeper, keeper.epoch,
+                            self.generation, nbytes)
+            self.streams.append(stream)
+            self.sink.emit(self.sim.engine.now, Kind.ARRIVE, self._chunk, stream)
 
     @returns_events
-    def _on_arrive(self, payload: Sent) -> None:
-        stage, index, sender, sender_epoch, keeper, keeper_epoch, generation = payload
-        if generation != self.generation:
+    def _chunk(self, stream: Stream) -> None:
+        """The stream's next chunk goes once the links carry nothing queued before it (the
+        data plane goes first); the last one's arrival lands the copy."""
+        if stream.generation != self.generation:
+            self.streams.remove(stream)
+            return  # of an iteration a rollback undid
+        if not stream.through():
+            self._ended(stream, False)
+            return
+        sim = self.sim
+        now = sim.engine.now
+        free = sim.network.idle_at(stream.sender.info, stream.keeper.info)
+        if free > now:
+            self.sink.emit(free, Kind.ARRIVE, self._chunk, stream)
+            return
+        chunk = min(stream.left, SNAPSHOT_CHUNK_BYTES)
+        arrive = sim.transfer(stream.sender, stream.keeper, chunk)
+        stream.left -= chunk
+        if stream.left > 0:
+            self.sink.emit(sim.network.idle_at(stream.sender.info, stream.keeper.info),
+                           Kind.ARRIVE, self._chunk, stream)
+        else:
+            self.sink.emit(arrive, Kind.ARRIVE, self._on_arrive, stream)
+
+    @returns_events
+    def _on_arrive(self, stream: Stream) -> None:
+        if stream.generation != self.generation:
+            self.streams.remove(stream)
             return  # sent before a rollback: of an iteration undone since
+        self._ended(stream, stream.through())
+
+    def _ended(self, stream: Stream, through: bool) -> None:
+        """A copy landed (`through`) or was cut off."""
+        self.streams.remove(stream)
+        stage, index, sender, keeper = stream.stage, stream.index, stream.sender, stream.keeper
+        generation = stream.generation
         way, sent_to = self.on_way.setdefault((stage, index, generation), ([1], {keeper}))
         way[0] -= 1
-        if not (sender.alive and sender.epoch == sender_epoch and keeper.alive
-                and keeper.epoch == keeper_epoch and keeper.stage != stage):
+        if not through:
             self.cut += 1  # the stream was cut off: nothing landed
-            if sender.alive and sender.epoch == sender_epoch and sender.stage == stage:
-                # The keeper died: once more to the rule's choice, its replacement (none while
-                # its death is not noticed: the node's second round would fail there too).
+            if sender.alive and sender.epoch == stream.sender_epoch and sender.stage == stage:
+                # The keeper died: it is no keeper the snapshot must land at any more (the
+                # node's rule names live keepers only); once more to the rule's choice, its
+                # replacement (none while its death is not noticed: the node's second round
+                # would fail there too).
+                sent_to.discard(keeper)
                 self._send(stage, index, sender, skip=keeper)
         else:
             self.landed += 1
@@ -166,28 +262,37 @@ class StageSnapshots:
                 self.landed_periodic[stage] = index if newest is None else max(newest, index)
 
     def died(self, node: SimNode) -> None:
-        """`node` is gone: the snapshots it kept are gone with it. A stage whose other keeper
-        still holds some waits for its next snapshot to reach the rule's new choice; one left
-        with none sends the new keepers what its nodes hold at once (the state of the
-        iteration's start if the stage is thin, else of its latest periodic boundary), as a
-        death that makes a stage thin does."""
+        """`node` is gone: the snapshots it kept are gone with it, and those it was sending
+        are cut off. A periodic snapshot it was sending, or one of the iteration in progress,
+        the stage's next sender sends again from its own state of that boundary (the node's
+        rule). A stage whose other keeper still holds some waits for its next snapshot to reach
+        the rule's new choice; one left with none sends the new keepers what its nodes hold at
+        once (the state of the iteration's start if the stage is thin, else of its latest
+        periodic boundary), as a death that makes a stage thin does."""
         it = self.sim.iteration
-        if it is not None and self.policy.periodic(it.index) and it.index != self.policy.start:
-            # The stage's snapshot sender died in the iteration of a periodic boundary, maybe
-            # with a copy of it on the way: the next sender sends its own (the node's rule).
-            live = [n for n in self._live(node.stage) if n is not node]
-            if live and node.id < min(n.id for n in live):
-                self._send(node.stage, it.index, min(live, key=lambda n: n.id))
+        sender = self._sender(node.stage, but=node)
+        if it is not None and sender is not None and node.id < sender.id:
+            # It was its stage's sender: the stage's latest periodic snapshot, if it has not
+            # landed, and one of the iteration in progress it was sending, go again.
+            latest = self.policy.last_periodic(it.index)
+            newest = self.landed_periodic[node.stage]
+            again = {it.index} if any(st.sender is node and st.index == it.index
+                                      for st in self.streams) else set()
+            if newest is None or newest < latest:
+                again.add(latest)
+            for index in sorted(again - {self.policy.start}):
+                self._send(node.stage, index, sender)
         for stage, kept in enumerate(self.kept):
             if kept.pop(node, None) is None or kept:
                 continue
-            live = [n for n in self._live(stage) if n is not node]
-            if it is None or not live:
+            sender = self._sender(stage, but=node)
+            if it is None or sender is None:
                 continue
-            index = it.index if self.policy.is_thin(len(live)) else \
+            live = len([n for n in self._live(stage) if n is not node])
+            index = it.index if self.policy.is_thin(live) else \
                 self.policy.last_periodic(it.index)
             if index != self.policy.start:
-                self._send(stage, index, min(live, key=lambda n: n.id))
+                self._send(stage, index, sender)
 
     def carry(self, node: SimNode) -> dict[int, frozenset[int]]:
         """`node` moves to another stage in a new life (`Churn.relocate`): what it keeps, per
@@ -239,7 +344,21 @@ class StageSnapshots:
         self.kept = [{k: frozenset(i for i in held if i <= to) for k, held in kept.items()}
                      for kept in self.kept]
         self.landed_periodic = [b if b is None or b <= to else to for b in self.landed_periodic]
+        self.policy = self.policy.undo(to)
+        if to == self.policy.start:
+            return
+        for stage, newest in enumerate(self.landed_periodic):
+            if newest is not None and newest >= to:
+                continue
+            sender = self._sender(stage)
+            if sender is None:
+                # The wiped stage, restored from `to`, which a live keeper holds.
+                self.landed_periodic[stage] = to
+            else:
+                # Its snapshot of `to` had not landed yet: its nodes are back at `to`, so its
+                # sender sends it again, and the next periodic one is declared after it lands.
+                self._send(stage, to, sender)
 
     def totals(self) -> dict[str, Any]:
         return {"sent": self.sent, "landed": self.landed, "cut": self.cut,
-                "bytes": self.bytes}
+                "bytes": self.bytes, "declared": self.declared}

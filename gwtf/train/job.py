@@ -109,6 +109,7 @@ __all__ = [
     "PRESETS",
     "ROPE_THETA",
     "SNAPSHOT_EVERY",
+    "SNAPSHOT_KEEPERS",
     "SNAPSHOT_THIN",
     "JobConfig",
     "JobError",
@@ -133,8 +134,18 @@ GRAD_ACCUM_DTYPES = ("float64", "float32")
 # replicas is thin: one spot wave or one rack takes both (the measured case of issue 16), so it is
 # snapshotted after every step, 12 bytes per parameter per iteration, and a wipe costs no
 # rollback; a stage of 3 or more is left to the periodic snapshot.
+#
+# Each snapshot goes to SNAPSHOT_KEEPERS nodes of other stages, chosen across failure domains
+# (gwtf.job.snapshots.snapshot_keepers). A correlated event (a spot wave) that takes a share p of
+# the swarm takes all k keepers with a chance of about p^k: for the waves of
+# simulations/spot_waves.toml (three nodes in four), 0.56 with two keepers, 0.42 with three and
+# 0.32 with four. Measured there (seeds 0-7, `benchmarks/RESULTS.md` "snapshot-keepers"), two and
+# three keepers sent the swarm back to the job's start in 4 of 8 runs, four in 1 of 8. A copy
+# costs the training little once snapshots stream in the background on idle links, and a keeper
+# holds at most two snapshots per stage it keeps.
 SNAPSHOT_EVERY = 4
 SNAPSHOT_THIN = 2
+SNAPSHOT_KEEPERS = 4
 AGGREGATION_RULES = ("mean", "trimmed-mean", "centered-clip")
 DATA_ORDERS = ("random", "sequential")
 # The MLP activations of each kind, its default first.
@@ -394,6 +405,8 @@ class JobConfig:
     the job's first): docs/design.md 4.6."""
     snapshot_thin: int = SNAPSHOT_THIN
     """A stage with at most this many live replicas is snapshotted after every step as well."""
+    snapshot_keepers: int = SNAPSHOT_KEEPERS
+    """How many nodes of other stages keep each snapshot (fewer where fewer exist)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelConfig):
@@ -419,6 +432,7 @@ class JobConfig:
         for key in ("iterations", "microbatches", "microbatch_size", "snapshot_every"):
             _check_int(key, getattr(self, key), minimum=1)
         _check_int("snapshot_thin", self.snapshot_thin, minimum=0)
+        _check_int("snapshot_keepers", self.snapshot_keepers, minimum=1)
         _check_int("seed", self.seed, minimum=0)
         if self.data is not None and (not isinstance(self.data, str) or not self.data):
             raise JobError(f"data must be a non-empty path string, got {self.data!r}")
@@ -454,6 +468,8 @@ class JobConfig:
             del out["snapshot_every"]
         if self.snapshot_thin == SNAPSHOT_THIN:
             del out["snapshot_thin"]
+        if self.snapshot_keepers == SNAPSHOT_KEEPERS:
+            del out["snapshot_keepers"]
         # The default is left out, so that a job that does not choose keeps its id.
         if self.aggregation == AggregationConfig():
             del out["aggregation"]
@@ -475,6 +491,7 @@ _TOP_KEYS = {
     "data_order",
     "snapshot_every",
     "snapshot_thin",
+    "snapshot_keepers",
     "grad_accum",
     "model",
     "optimizer",

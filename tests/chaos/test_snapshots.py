@@ -18,6 +18,9 @@ stage) and trains one short tiny-gpt job, killing nodes by pid with SIGKILL whil
 - both keepers of stage 1's snapshots with both stage-1 nodes: no snapshot can restore stage 1,
   and the job fails at once saying so.
 
+The last two cases keep each snapshot at two nodes (`snapshot_keepers = 2`); by default every
+other node of this swarm keeps each stage's snapshots.
+
 Each ends with the loss curve and parameters of `gwtf.train.train_reference` over the same
 microbatches, bit for bit (the iterations a rollback undid are trained again with the same data,
 so they count once), and with what happened on the job's record.
@@ -161,7 +164,7 @@ def test_a_stage_wiped_with_the_coordinator_rolls_back_to_the_second_keepers_sna
     # Stage 1's snapshots are kept at the coordinator h0 and at z0 (a third stage's node): killed
     # with both stage-1 nodes, h0 takes its copies along. The next holder, h1, coordinates, finds
     # z0's snapshot of iteration 4, and the joiner of stage 1 restores it from z0.
-    job = job_for("second-keeper", 10, snapshot_every=4, snapshot_thin=1)
+    job = job_for("second-keeper", 10, snapshot_every=4, snapshot_thin=1, snapshot_keepers=2)
     client = GwtfClient(swarm.procs["z1"].address)
     job_id = client.submit(job)
     wait_for(lambda: client.progress(job_id).iterations_completed >= 5, WAIT_S, "5 iterations")
@@ -184,7 +187,7 @@ def test_a_wiped_stage_with_no_snapshot_fails_the_job_with_its_reason(
     # nodes take every copy along. The next holder coordinates, finds stage 1 empty with no
     # snapshot at any live keeper, and the job fails at once with that reason instead of
     # waiting for a joiner.
-    job = job_for("no-snapshot", 8)
+    job = job_for("no-snapshot", 8, snapshot_keepers=2)
     client = GwtfClient(swarm.procs["z1"].address)
     job_id = client.submit(job)
     wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S, "2 iterations")

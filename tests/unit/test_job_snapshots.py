@@ -13,6 +13,7 @@ from gwtf.job.iterations import (
 from gwtf.job.snapshots import (
     LAUNCH_WINDOW_S,
     SnapshotPolicy,
+    declare_due,
     keeper_keeps,
     own_kept,
     restore_point,
@@ -34,6 +35,46 @@ def test_periodic_boundaries_thin_stages_and_the_sender() -> None:
     assert snapshot_sender(PARTICIPANTS, set(), 1, alive) == ("a0", 2)
     assert snapshot_sender(PARTICIPANTS, {"a0"}, 1, alive) == ("a1", 1)
     assert snapshot_sender(PARTICIPANTS, set(), 1, lambda p: False) == ("", 0)
+
+
+def test_declared_boundaries_come_one_at_a_time_after_the_last_landed_everywhere() -> None:
+    policy = SnapshotPolicy(every=2, thin=0, start=1, declared=())
+    landed: set[int] = {1}
+    # Not before `every` iterations since the latest (the job's start counts as one).
+    assert not declare_due(policy, 1, landed.__contains__)
+    assert not declare_due(policy, 2, landed.__contains__)
+    assert declare_due(policy, 3, landed.__contains__)
+    policy = policy.declare(3)
+    assert [k for k in range(1, 12) if policy.periodic(k)] == [1, 3]
+    # The snapshot of 3 has not landed at every stage yet: no new boundary, however long it
+    # takes; the nodes keep their own state of 1 and 3 meanwhile.
+    assert not any(declare_due(policy, k, landed.__contains__) for k in range(4, 12))
+    assert own_kept(policy, 9, landed=False) == {1, 3}
+    assert policy.last_periodic(9) == 3 and policy.previous_periodic(3) == 1
+    landed.add(3)
+    assert declare_due(policy, 9, landed.__contains__)
+    policy = policy.declare(9)
+    assert own_kept(policy, 10, landed=True) == {9}
+    assert restore_point(policy, 10, kept={3}, held=own_kept(policy, 10, landed=False)) == 3
+    # A rollback to 3 forgets the boundaries after it.
+    assert policy.undo(3).declared == (3,) and policy.undo(3).last_periodic(9) == 3
+    # Undeclared, every `every`-th boundary, as before.
+    assert SnapshotPolicy(every=2, thin=0).undo(0).periodic(4)
+
+
+def test_more_keepers_each_sharing_least_with_those_chosen_before() -> None:
+    swarm = {"h0": 0, "h1": 0, "a0": 1, "a1": 1, "z0": 2, "z1": 2, "y0": 3, "y1": 3}
+    alive = lambda p: True  # noqa: E731
+    where = {"h0": "us", "h1": "eu", "a0": "us", "a1": "eu", "z0": "us", "z1": "ap",
+             "y0": "us", "y1": "us"}.__getitem__
+    # Stage 1 (in us and eu): the coordinator h0 (us); then, of a stage none chosen holds and
+    # at a place neither the chosen nor the stage are at, z1 (ap), though stage 2 is next to
+    # stage 1; then y0 of stage 3, the one stage left, before a second node of a chosen stage.
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, where, count=3) == ("h0", "z1", "y0")
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, where, count=2) == ("h0", "z1")
+    # As many as there are nodes of other stages, at most.
+    assert len(snapshot_keepers(swarm, set(), 1, "h0", alive, where, count=9)) == 6
+    assert snapshot_keepers(swarm, set(), 1, "h0", alive, where, count=1) == ("h0",)
 
 
 def test_two_keepers_of_other_stages_the_second_sharing_least_with_the_first() -> None:

@@ -1,0 +1,109 @@
+"""gwtf against swarm in the simulator, this tree against a base commit in one run: every
+scenario of simulations/, seeds 0-2, full length (issue 16: a change to a rule must show what it
+does to every scenario, not the one it was made for).
+
+`python -m benchmarks simbase [--quick]` (`GWTF_SIMBASE_BASE=REF` for another base than `main`,
+`GWTF_SIMBASE_SEEDS=0,1,2,3` for other seeds, `GWTF_SIMBASE_SCENARIOS=a,b` for some scenarios
+only): the base is exported with `git archive` into a temporary folder; each (tree, scenario,
+seed) runs gwtf and swarm in a fresh process on that tree's own scenario files, two at a time
+(one core each: the simulator is deterministic, so the load does not change a figure). Writes
+the `simbase` section of benchmarks/RESULTS.md: per scenario and seed, gwtf's committed
+throughput over swarm's on each tree and the rollbacks gwtf made (stage wiped at iteration ->
+restored at). `--quick` runs seed 0 of the two shortest scenarios.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.report import base_tree, machine, write_section
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = ("gwtf", "swarm")
+QUICK = (("fidelity", "volunteer_sessions"), (0,))
+WORKERS = 2
+
+CHILD = """
+import json, sys
+from gwtf.sim.policies import simulation
+from gwtf.sim.scenario import load_scenario
+sc = load_scenario(sys.argv[1], seed=int(sys.argv[2]))
+out = {}
+for policy in sys.argv[3:]:
+    r = simulation(sc, policy).run()
+    out[policy] = {"mb_s": r.throughput_mean, "iterations": r.iterations_completed,
+                   "rollbacks": [[int(b), int(t)] for _, _, b, t in r.rollbacks],
+                   "failed": r.failed}
+print(json.dumps(out))
+"""
+
+
+def _scenarios() -> list[str]:
+    chosen = os.environ.get("GWTF_SIMBASE_SCENARIOS")
+    if chosen:
+        return [s for s in chosen.split(",") if s]
+    return sorted(p.stem for p in (ROOT / "simulations").glob("*.toml"))
+
+
+def _seeds() -> tuple[int, ...]:
+    return tuple(int(s) for s in os.environ.get("GWTF_SIMBASE_SEEDS", "0,1,2").split(","))
+
+
+def _one(tree: str, name: str, seed: int) -> dict[str, dict[str, Any]]:
+    """gwtf's and swarm's results on `name` at `seed`, simulated by the package of `tree`."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, f"{tree}/simulations/{name}.toml", str(seed), *POLICIES],
+        cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{tree}: {name} seed {seed}: {done.stderr.strip()[-400:]}")
+    result: dict[str, dict[str, Any]] = json.loads(done.stdout)
+    return result
+
+
+def _cell(result: dict[str, dict[str, Any]]) -> str:
+    gwtf, swarm = result["gwtf"], result["swarm"]
+    ratio = gwtf["mb_s"] / swarm["mb_s"]
+    back = " ".join(f"{b}->{t}" for b, t in gwtf["rollbacks"]) or "-"
+    failed = " FAILED" if gwtf["failed"] else ""
+    return f"{ratio:.3f} ({gwtf['mb_s']:.3f}; {back}){failed}"
+
+
+def run(quick: bool = False) -> str:
+    base_ref = os.environ.get("GWTF_SIMBASE_BASE", "main")
+    names, seeds = (list(QUICK[0]), QUICK[1]) if quick else (_scenarios(), _seeds())
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
+    base_rev = subprocess.run(["git", "rev-parse", "--short", base_ref], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    with base_tree(base_ref, ROOT) as base:
+        trees = {"base": str(base), "this": str(ROOT)}
+        jobs = [(label, name, seed) for name in names for seed in seeds for label in trees]
+        with ProcessPoolExecutor(WORKERS) as pool:
+            futures = {job: pool.submit(_one, trees[job[0]], job[1], job[2]) for job in jobs}
+            results = {job: future.result() for job, future in futures.items()}
+    lines = [
+        f"gwtf's committed throughput over swarm's, and in brackets gwtf's own (mb/s) and its "
+        f"rollbacks (iteration wiped at -> restored at), on the base `{base_ref}` "
+        f"({base_rev}) and on this tree ({head or 'working tree'}, uncommitted changes "
+        "included), full length.",
+        "",
+        "| scenario | seed | base: gwtf / swarm | this tree: gwtf / swarm |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        for seed in seeds:
+            lines.append(f"| {name} | {seed} | {_cell(results[('base', name, seed)])} "
+                         f"| {_cell(results[('this', name, seed)])} |")
+    body = ("## gwtf against swarm, this tree against a base commit "
+            "(`python -m benchmarks simbase`)\n\n"
+            f"Measured {time.strftime('%Y-%m-%d')} on {machine()}. " + "\n".join(lines) + "\n")
+    write_section("simbase", body)
+    return body
