@@ -5,10 +5,11 @@
 Per policy, the mean over committed iterations of: the compute phase (iteration start to the
 last microbatch done), the holders' tail within it (the first holder's last microbatch done to
 the last one: the fixed shares of 3.7), and the commit (last microbatch done to the next
-iteration's start); for the exact policies the commit split into its legs as
-`two_phase_commit_s` charges them: the reports and the order, the slowest stage's exchange, the
-prepared reports and the step order. It wraps the simulator's own methods to observe them and
-changes nothing they compute.
+iteration's start, when the coordinator orders the step); for the exact policies the commit
+split as `commit_timeline` times it: until the last member has the commit order (the last
+report and the order), then the exchange and the prepared reports, and how long after the
+step order the first holder has it (it injects from then; docs/design.md 5). It wraps the
+simulator's own methods to observe them and changes nothing they compute.
 """
 
 from __future__ import annotations
@@ -27,32 +28,20 @@ from gwtf.sim.scenario import load_scenario
 def breakdown(path: str, seed: int, policies: list[str]) -> list[str]:
     current: dict[str, Any] = {}
     done: list[dict[str, Any]] = []
-    commit_s = recovering.two_phase_commit_s
+    timeline = recovering.commit_timeline
     stage_done = simulator.Simulation._stage_done
     complete = simulator.Simulation.maybe_complete
     start = simulator.Simulation._start_iteration
 
-    def legs(network: net.Network, coordinator: Any, holders: Any, stages: Any,
+    def legs(network: net.Network, coordinator: Any, reported: Any, stages: Any,
              sum_bytes: Any, message_bytes: float, moves: Any = None,
-             whole: Any = ()) -> float:
-        members = [m for stage in stages for m in stage]
-        exchange = 0.0
-        for s, stage in enumerate(stages):
-            if s in whole:
-                exchange = max(exchange, net.leg_s(network, stage,
-                                                   net.whole_moves(stage, sum_bytes[s])))
-                continue
-            scatter, gather = moves[s] if moves else net.fresh_moves(stage, sum_bytes[s])
-            exchange = max(exchange, net.leg_s(network, stage, scatter)
-                           + net.leg_s(network, stage, gather))
-        current["legs"] = (net.order_s(network, coordinator, holders, members, message_bytes),
-                           exchange,
-                           net.order_s(network, coordinator, members, members, message_bytes))
-        # Passed on only when some stage goes all to all: the module then also runs against
-        # a tree from before the choice of exchange (copied in), for a same-run comparison.
-        extra = (whole,) if whole else ()
-        return commit_s(network, coordinator, holders, stages, sum_bytes, message_bytes, moves,
-                        *extra)
+             whole: Any = ()) -> net.CommitTimeline:
+        out = timeline(network, coordinator, reported, stages, sum_bytes, message_bytes, moves,
+                       whole)
+        # The last call of a commit is the one charged (the first only times the order).
+        current["legs"] = (out.ordered_s, out.decided_s - out.ordered_s,
+                           min(out.step_s[h.id] for h in stages[0]) - out.decided_s)
+        return out
 
     def on_stage_done(self: Any, node: Any, mb: Any, s: int) -> None:
         if s == 0:
@@ -75,7 +64,7 @@ def breakdown(path: str, seed: int, policies: list[str]) -> list[str]:
         current.clear()
         start(self, index)
 
-    recovering.two_phase_commit_s = legs  # type: ignore[assignment]
+    recovering.commit_timeline = legs
     simulator.Simulation._stage_done = on_stage_done  # type: ignore[method-assign]
     simulator.Simulation.maybe_complete = on_complete  # type: ignore[method-assign]
     simulator.Simulation._start_iteration = on_start  # type: ignore[method-assign]
@@ -94,11 +83,12 @@ def breakdown(path: str, seed: int, policies: list[str]) -> list[str]:
             charged = [d["legs"] for d in its if d["legs"] is not None]
             if charged:
                 line += (f" = reports+order {mean(c[0] for c in charged):.3f}"
-                         f" + exchange {mean(c[1] for c in charged):.3f}"
-                         f" + prepared+step {mean(c[2] for c in charged):.3f}")
+                         f" + exchange+prepared {mean(c[1] for c in charged):.3f}"
+                         f"; then the step reaches the first holder"
+                         f" {mean(c[2] for c in charged):.3f} later")
             lines.append(line)
     finally:
-        recovering.two_phase_commit_s = commit_s
+        recovering.commit_timeline = timeline
         simulator.Simulation._stage_done = stage_done  # type: ignore[method-assign]
         simulator.Simulation.maybe_complete = complete  # type: ignore[method-assign]
         simulator.Simulation._start_iteration = start  # type: ignore[method-assign]

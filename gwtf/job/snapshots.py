@@ -110,16 +110,24 @@ class SnapshotPolicy:
         return self.periodic(iteration) or self.is_thin(live_replicas)
 
 
-def declare_due(policy: SnapshotPolicy, iteration: int, landed: Callable[[int], bool]) -> bool:
+def declare_due(
+    policy: SnapshotPolicy, iteration: int, landed: Callable[[int], bool], *, stuck: bool = False
+) -> bool:
     """Is the boundary before `iteration` declared the next periodic snapshot, where boundaries
     are declared (`SnapshotPolicy.declared`)? When it is at least `every` iterations after the
     latest one and that one has landed at every keeper of every stage (`landed(boundary)`,
     `snapshot_landed` per stage). So at most one periodic snapshot is on its way at a time, and
     the one before it has landed everywhere: the two boundaries every node keeps its own state
     of (`own_kept`) always include one that every stage can be restored at, however long a
-    snapshot takes to stream over slow uplinks; a slow swarm snapshots less often by itself."""
+    snapshot takes to stream over slow uplinks; a slow swarm snapshots less often by itself.
+
+    `stuck`: some stage's snapshot of the latest one can never land (no node keeps its own state
+    of it any more: every replica the stage had then has died, and its copies with them). Then
+    the next one is declared all the same, and the nodes keep the newest one that landed at
+    every stage instead of the latest (`own_kept` with `floor`)."""
     latest = policy.last_periodic(iteration)
-    return iteration != policy.start and iteration - latest >= policy.every and landed(latest)
+    return (iteration != policy.start and iteration - latest >= policy.every
+            and (stuck or landed(latest)))
 
 
 def snapshot_sender(
@@ -216,15 +224,23 @@ def snapshot_landed(
 
 
 def own_kept(
-    policy: SnapshotPolicy, iteration: int, *, landed: bool | None = None
+    policy: SnapshotPolicy, iteration: int, *, landed: bool | None = None,
+    floor: int | None = None,
 ) -> frozenset[int]:
     """The periodic boundaries whose own state every node at `iteration` keeps in memory: the
     latest at or before it, and the one before that until every stage's snapshot of the latest
     has fully landed at every keeper it was sent to (`landed`, `snapshot_landed`). By default
     the latest has landed once an iteration after it started: a node reports its step only
     after its snapshot landed at every keeper (docs/design.md 4.6), so the step that starts the
-    next iteration comes after every landing."""
+    next iteration comes after every landing.
+
+    `floor` (declared boundaries, `declare_due`): the newest periodic boundary whose snapshot
+    landed at every stage; the latest and that one are kept (one only once the latest landed
+    everywhere). It is the one before the latest, unless the latest was declared over a
+    snapshot that could never land (`stuck`)."""
     latest = policy.last_periodic(iteration)
+    if floor is not None:
+        return frozenset({latest, policy.last_periodic(floor)})
     if landed is None:
         landed = iteration > latest
     previous = policy.previous_periodic(latest)

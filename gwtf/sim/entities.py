@@ -36,7 +36,8 @@ class SimNode:
         "id", "info", "stage", "compute_s", "f_s", "b_s", "location", "alive", "active",
         "detected", "epoch", "slots", "slot_mbs", "busy", "job", "job_start", "bwd_q", "fwd_q",
         "ledger", "iter_compute", "ready", "tokens", "tokens_t", "inject_at", "wrr", "quota",
-        "dtfm_next", "balancer", "pending_resp", "move_to", "left", "started",
+        "dtfm_next", "balancer", "pending_resp", "move_to", "left", "started", "ready_at",
+        "wake_at",
     )
 
     def __init__(self, info: NodeInfo, compute_s: float, slots: int, epoch: int) -> None:
@@ -61,6 +62,10 @@ class SimNode:
         self.tokens = float(slots)
         self.tokens_t = 0.0
         self.inject_at: float | None = None
+        self.ready_at = 0.0
+        """When the step order of the last commit reaches it (docs/design.md 3.7): it takes no
+        work of the next iteration before, as the node waits to reach an iteration."""
+        self.wake_at: float | None = None
         self.wrr: dict[str, float] = {}
         self.quota = 0
         self.dtfm_next: SimNode | None = None
@@ -112,6 +117,9 @@ class Iteration:
     incomplete: int = 0
     aggregating: bool = False
     agg_token: int = 0
+    reported: dict[str, tuple[NodeInfo, float]] = field(default_factory=dict)
+    """Per node that finished a microbatch's last stage (a holder, or a replayer), the time
+    of its last one: when it reported it to the coordinator."""
 
 @dataclass
 class SimResult:

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from gwtf.flow.topology import LinkSpec
 from gwtf.job.exchange import Link, choose
 from gwtf.sim.scenario import NodeInfo
 
 __all__ = [
-    "Moves", "Network", "exchange_of", "fresh_moves", "leg_s", "order_s", "two_phase_commit_s",
-    "whole_moves",
+    "CommitTimeline", "Moves", "Network", "commit_timeline", "exchange_of", "fresh_moves",
+    "leg_s", "order_s", "two_phase_commit_s", "whole_moves",
 ]
 
 
@@ -182,3 +183,95 @@ def order_s(
     back = max((network.one_way(m, coordinator, message_bytes) for m in senders), default=0.0)
     out = max((network.one_way(coordinator, m, message_bytes) for m in members), default=0.0)
     return back + out
+
+
+@dataclass(frozen=True)
+class CommitTimeline:
+    """When the node's two-phase commit reaches each member (docs/design.md 3.7, 4.3 rule 6),
+    in seconds from the moment the iteration's last microbatch finished."""
+
+    decided_s: float
+    """The coordinator holds every member's `prepared` report and orders the step (a death
+    before this voids the attempt)."""
+    ordered_s: float
+    """The last member has the commit order (the exchange cannot begin later than this)."""
+    step_s: Mapping[str, float]
+    """Per member, when the step order reaches it: it steps and starts the next iteration
+    there, holders injecting and the others taking microbatches, each on its own."""
+
+
+def commit_timeline(
+    network: Network,
+    coordinator: NodeInfo,
+    reported: Mapping[str, tuple[NodeInfo, float]],
+    stages: Sequence[Sequence[NodeInfo]],
+    sum_bytes: Sequence[float],
+    message_bytes: float,
+    moves: Sequence[tuple[Moves, Moves]] | None = None,
+    whole: Collection[int] = (),
+) -> CommitTimeline:
+    """The node's commit message by message, as `two_phase_commit_s` charges it in legs, but
+    each message timed from when its sender had what it sends, as the node sends it: a holder
+    (or a replayer) reports each microbatch when it finishes (`reported`: per reporter, its
+    last report's time, at most 0, relative to now), so only the last report is on the way;
+    each member gets the commit order on its own link from the coordinator and starts its
+    exchange then; a replica has its stage's sums when the last of its peers' sends arrives
+    (per pair, the sender's start plus the pair's latency plus the sender's sends, `leg_s`'s
+    terms); the owners of a reduce-scatter send their reduced slice once they hold every
+    partial for it; each member reports `prepared` when it holds the sum; the step order
+    leaves the coordinator when the last report arrives and reaches each member on its own
+    link. The slowest path of this is at most `two_phase_commit_s` (same moves, same links),
+    which charges every leg at its slowest message."""
+    members = [m for stage in stages for m in stage]
+
+    def msg(a: NodeInfo, b: NodeInfo) -> float:
+        return 0.0 if a.id == b.id else network.one_way(a, b, message_bytes)  # a local call
+
+    got = max((t + msg(node, coordinator) for node, t in reported.values()), default=0.0)
+    got = max(got, 0.0)
+    ordered = {m.id: got + msg(coordinator, m) for m in members}
+    held: dict[str, float] = {}
+    for s, stage in enumerate(stages):
+        start = {m.id: ordered[m.id] for m in stage}
+        if s in whole:
+            legs: list[Moves] = [whole_moves(stage, sum_bytes[s])]
+        else:
+            legs = list(moves[s] if moves is not None else fresh_moves(stage, sum_bytes[s]))
+        for leg in legs:
+            start = _leg_arrivals(network, stage, leg, start)
+        held.update(start)
+    decided = max((held[m.id] + msg(m, coordinator) for m in members), default=got)
+    return CommitTimeline(
+        decided_s=decided,
+        ordered_s=max(ordered.values(), default=got),
+        step_s={m.id: decided + msg(coordinator, m) for m in members},
+    )
+
+
+def _leg_arrivals(
+    network: Network, stage: Sequence[NodeInfo], moves: Moves, start: Mapping[str, float]
+) -> dict[str, float]:
+    """When each replica of `stage` holds what one leg of the exchange sends it, every replica
+    `a` sending its `moves` from `start[a]` on: per pair, `a`'s start, the pair's latency and
+    `a`'s sends (through a shared uplink one after the other, on pair links the one to this
+    receiver), or what the receiver takes in through its shared downlink, whichever is longer
+    (the terms of `leg_s`)."""
+    out: dict[str, float] = {}
+    for b in stage:
+        at = start[b.id]
+        for a in stage:
+            if a.id == b.id:
+                continue
+            peers = [c for c in stage if c.id != a.id]
+            sends = [moves.get((a.id, c.id), 0.0) * 8 / (network.gbps(a, c) * 1e9)
+                     for c in peers]
+            up = (sum(sends) if math.isfinite(a.uplink_gbps)
+                  else moves.get((a.id, b.id), 0.0) * 8 / (network.gbps(a, b) * 1e9))
+            down = 0.0
+            if math.isfinite(b.downlink_gbps):
+                down = sum(moves.get((c.id, b.id), 0.0) for c in stage
+                           if c.id != b.id) * 8 / (b.downlink_gbps * 1e9)
+            latency = (network.link(a, b) or network.intra).rtt_ms / 2000
+            at = max(at, start[a.id] + latency + max(up, down))
+        out[b.id] = at
+    return out

@@ -38,7 +38,7 @@ from gwtf.sim.entities import (
     SimulationError,
 )
 from gwtf.sim.exchange import ExchangeLedger
-from gwtf.sim.network import exchange_of, order_s, two_phase_commit_s
+from gwtf.sim.network import commit_timeline, exchange_of
 from gwtf.sim.simulator import Simulation
 from gwtf.sim.snapshots import StageSnapshots
 
@@ -61,39 +61,53 @@ class RuleRecovery:
         """Per stage, the microbatches whose recovery waits for a node of the stage."""
         self.exchanges = ExchangeLedger()
         """What the commit's exchanges of the iteration delivered so far (reruns reuse it)."""
+        self._step_delays: dict[str, float] = {}
 
     # ------------------------------------------------------------------ the commit
 
     def commit_s(self) -> float:
-        """Seconds the commit takes: the node's two-phase commit (docs/design.md 3.7; reports,
-        order, sums exchanged within each stage all to all or by reduce-scatter and all-gather
-        as gwtf.job.exchange chooses, prepared, step), measured in section `fidelity` of
-        benchmarks/RESULTS.md as the cost the real swarm pays; a ring all-reduce (two legs)
-        under-charged it. A rerun of a reduce-scatter and all-gather after a death moves only
+        """Seconds until the coordinator orders the step: the node's two-phase commit
+        (docs/design.md 3.7; reports, order, sums exchanged within each stage all to all or by
+        reduce-scatter and all-gather as gwtf.job.exchange chooses, prepared), each message
+        timed from when its sender had it (`commit_timeline`), measured in section `fidelity`
+        of benchmarks/RESULTS.md as the cost the real swarm pays; a ring all-reduce (two legs)
+        under-charged it. The step order then reaches each member on its own link
+        (`step_delays`). A rerun of a reduce-scatter and all-gather after a death moves only
         what the earlier attempts did not deliver (`gwtf.sim.exchange`); an all-to-all one
         moves every sum again."""
         sim = self.sim
+        self._step_delays = {}
         members = [sim.policy.aggregation_members(s) for s in range(self.S)]
         if not members[0]:
             return self.allreduce_commit_s()
         sc = sim.sc
         it = sim.iteration
+        now = sim.engine.now
         coordinator = min((n.info for n in members[0]), key=lambda i: i.id)
         stages = [[n.info for n in m] for m in members]
-        everyone = [i for stage in stages for i in stage]
         sums = [p * sc.grad_bytes_per_param for p in sc.params_per_stage]
         whole = {s for s, stage in enumerate(stages)
                  if exchange_of(sim.network, stage, sums[s]) == WHOLE}
+        reported = ({} if it is None else
+                    {n: (info, t - now) for n, (info, t) in it.reported.items()})
+        ordered = commit_timeline(sim.network, coordinator, reported, stages, sums,
+                                  sc.message_bytes, whole=whole).ordered_s
         moves = self.exchanges.moves(
-            sim.engine.now, (it.index, it.start_s) if it is not None else (-1, 0.0), sim.network,
+            now, (it.index, it.start_s) if it is not None else (-1, 0.0), sim.network,
             stages,
             {n.id: frozenset(n.ledger.contributions()) for m in members for n in m},
-            [int(p) for p in sc.params_per_stage], sc.grad_bytes_per_param,
-            order_s(sim.network, coordinator, stages[0], everyone, sc.message_bytes), whole,
+            [int(p) for p in sc.params_per_stage], sc.grad_bytes_per_param, ordered, whole,
         )
-        return two_phase_commit_s(
-            sim.network, coordinator, stages[0], stages, sums, sc.message_bytes, moves, whole,
-        )
+        timeline = commit_timeline(sim.network, coordinator, reported, stages, sums,
+                                   sc.message_bytes, moves, whole)
+        self._step_delays = {n: t - timeline.decided_s for n, t in timeline.step_s.items()}
+        return timeline.decided_s
+
+    def step_delays(self) -> dict[str, float]:
+        """Per member of the last commit, how long after the coordinator's step order it
+        reaches it (empty for the baselines' all-reduce, after which every node goes on at
+        once)."""
+        return self._step_delays
 
     def allreduce_commit_s(self) -> float:
         """Seconds of the slowest stage's ring all-reduce (the baselines' commit)."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -137,6 +137,8 @@ class RecoveryHooks(Protocol):
     def verify_commit(self, it: Iteration) -> None: ...
 
     def commit_s(self) -> float: ...
+
+    def step_delays(self) -> Mapping[str, float]: ...
 
     def conserve(self, it: Iteration) -> None: ...
 
@@ -451,6 +453,13 @@ class Simulation:
         if self.committed == self.sc.iterations and self.time_to_iterations is None:
             self.time_to_iterations = self.engine.now
         self.policy.on_commit(it)
+        # The step order reaches each member on its own link (docs/design.md 3.7): a node
+        # takes no work of the next iteration before it has stepped.
+        now = self.engine.now
+        for node_id, delay in self.recovery.step_delays().items():
+            node = self.nodes.get(node_id)
+            if node is not None:
+                node.ready_at = now + delay
         if self.policy.activate_at_commit:
             self.activate_pending()
         self._start_iteration(it.index + 1)
@@ -473,6 +482,9 @@ class Simulation:
         it = self.iteration
         now = self.engine.now
         if it is None or it.aggregating or now < self.paused_until:
+            return
+        if holder.ready_at > now:
+            self._wake_later(holder)
             return
         while (
             holder.alive and holder.active and holder.stage == 0
@@ -519,10 +531,30 @@ class Simulation:
         holder.inject_at = None
         self.try_inject(holder)
 
+    def _wake_later(self, node: SimNode) -> None:
+        """Take up `node`'s work when the last step order reaches it."""
+        if node.wake_at == node.ready_at:
+            return
+        node.wake_at = node.ready_at
+        self.sink.emit(node.ready_at, Kind.INJECT, self._on_ready, (node, node.ready_at))
+
+    @returns_events
+    def _on_ready(self, payload: tuple[SimNode, float]) -> None:
+        node, at = payload
+        if node.wake_at != at:
+            return
+        node.wake_at = None
+        self.start_next(node)
+        if node.stage == 0:
+            self.try_inject(node)
+
     # ------------------------------------------------------------------ compute
 
     def start_next(self, node: SimNode) -> None:
         if node.busy or not node.alive:
+            return
+        if node.ready_at > self.engine.now:
+            self._wake_later(node)
             return
         while True:
             if node.bwd_q:
@@ -593,6 +625,7 @@ class Simulation:
             if it is not None and mb.iteration == it.index:
                 it.finished.add(mb.id)
         if mb.done_count == self.S and it is not None and mb.iteration == it.index:
+            it.reported[node.id] = (node.info, self.engine.now)
             it.incomplete -= 1
             self._pump(mb)
             self.maybe_complete()

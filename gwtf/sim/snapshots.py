@@ -10,7 +10,10 @@
   stages sharing the fewest failure domains, by stage, location and start, with those chosen);
   a thin stage (at most `snapshot_thin` live replicas) sends its state at every other boundary
   too, and when a death makes it thin mid-iteration (the state of the iteration's start), each
-  unless one of its snapshots is still on its way;
+  unless one of its snapshots is still on its way. A stage whose copies of the latest periodic
+  snapshot were cut off sends it again at the next boundary, from a node that keeps its own
+  state of it (`holders`); when none is left, it can never land and the next one is declared
+  over it (`declare_due(stuck=True)`);
 - a copy streams in the background: in chunks of `SNAPSHOT_CHUNK_BYTES`, each sent only once
   the sender's uplink, the keeper's downlink and the pair's link carry nothing queued before it
   (`Network.idle_at`), so the data plane waits behind at most one chunk and the snapshot takes
@@ -102,9 +105,12 @@ class StageSnapshots:
         self.policy = SnapshotPolicy(sc.snapshot_every, sc.snapshot_thin, declared=())
         self.kept: list[dict[SimNode, frozenset[int]]] = [{} for _ in range(sim.S)]
         """Per stage, each live keeper's iterations of its snapshots (landed ones only)."""
-        self.landed_periodic: list[int | None] = [None] * sim.S
-        """Per stage, the newest periodic boundary whose snapshot landed at every keeper it was
-        sent to (`snapshot_landed`)."""
+        self.landed_periodic: list[set[int]] = [{self.policy.start} for _ in range(sim.S)]
+        """Per stage, the periodic boundaries whose snapshot landed at every keeper it was sent
+        to (`snapshot_landed`; the job's start: every node rebuilds it)."""
+        self.holders: list[set[tuple[SimNode, int]]] = [set() for _ in range(sim.S)]
+        """Per stage, the node lives that keep their own state of the latest periodic boundary:
+        those of the stage when it was declared (or rolled back to)."""
         self.on_way: dict[tuple[int, int, int], tuple[list[int], set[SimNode]]] = {}
         """(stage, iteration, generation) -> ([copies still on their way], the keepers sent
         to)."""
@@ -143,8 +149,7 @@ class StageSnapshots:
 
     def _landed_everywhere(self, boundary: int) -> bool:
         """Has every stage's snapshot of the periodic `boundary` landed (`declare_due`)?"""
-        return boundary == self.policy.start or all(
-            b is not None and b >= boundary for b in self.landed_periodic)
+        return all(boundary in landed for landed in self.landed_periodic)
 
     def _streaming(self, stage: int) -> bool:
         return any(s == stage and g == self.generation for s, _, g in self.on_way)
@@ -155,10 +160,27 @@ class StageSnapshots:
         stages' snapshots that are not already streaming one."""
         if index == self.policy.start:
             return  # the job's initial state (module doc)
+        latest = self.policy.last_periodic(index)
+        stuck = False
+        for stage, landed in enumerate(self.landed_periodic):
+            if latest in landed or self._streaming(stage):
+                continue
+            # Its copies were cut off (a sender or keepers died): a node that keeps its own
+            # state of `latest` sends it again; when none does (every node of the stage then
+            # has died since), it can never land, and a new one is declared over it.
+            holder = min((n for n, epoch in self.holders[stage]
+                          if n.alive and n.epoch == epoch and n.stage == stage and not n.detected),
+                         key=lambda n: n.id, default=None)
+            if holder is None:
+                stuck = True
+            else:
+                self._send(stage, latest, holder)
         senders = [self._sender(stage) for stage in range(self.sim.S)]
-        if all(senders) and declare_due(self.policy, index, self._landed_everywhere):
+        if all(senders) and declare_due(self.policy, index, self._landed_everywhere, stuck=stuck):
             self.policy = self.policy.declare(index)
             self.declared += 1
+            self.holders = [{(n, n.epoch) for n in self._live(stage)}
+                            for stage in range(self.sim.S)]
             for stage, sender in enumerate(senders):
                 assert sender is not None
                 self._send(stage, index, sender)
@@ -258,8 +280,7 @@ class StageSnapshots:
             kept = self.kept[stage]
             if self.policy.periodic(index) and snapshot_landed(
                     index, sent_to, lambda k: kept.get(k, frozenset())):
-                newest = self.landed_periodic[stage]
-                self.landed_periodic[stage] = index if newest is None else max(newest, index)
+                self.landed_periodic[stage].add(index)
 
     def died(self, node: SimNode) -> None:
         """`node` is gone: the snapshots it kept are gone with it, and those it was sending
@@ -275,10 +296,10 @@ class StageSnapshots:
             # It was its stage's sender: the stage's latest periodic snapshot, if it has not
             # landed, and one of the iteration in progress it was sending, go again.
             latest = self.policy.last_periodic(it.index)
-            newest = self.landed_periodic[node.stage]
             again = {it.index} if any(st.sender is node and st.index == it.index
                                       for st in self.streams) else set()
-            if newest is None or newest < latest:
+            if latest not in self.landed_periodic[node.stage] \
+                    and (sender, sender.epoch) in self.holders[node.stage]:
                 again.add(latest)
             for index in sorted(again - {self.policy.start}):
                 self._send(node.stage, index, sender)
@@ -312,11 +333,11 @@ class StageSnapshots:
         return max(kept, key=lambda k: (max(kept[k]), k.id), default=None)
 
     def held(self, current: int) -> frozenset[int]:
-        """The periodic boundaries every node at `current` keeps its own state of."""
-        latest = self.policy.last_periodic(current)
-        landed = latest == self.policy.start or all(
-            b is not None and b >= latest for b in self.landed_periodic)
-        return own_kept(self.policy, current, landed=landed)
+        """The periodic boundaries every node at `current` keeps its own state of: the latest,
+        and the newest one whose snapshot landed at every stage (`own_kept`)."""
+        floor = max(b for b in self.landed_periodic[0]
+                    if all(b in landed for landed in self.landed_periodic) and b <= current)
+        return own_kept(self.policy, current, floor=floor)
 
     def wiped(self, stage: int) -> None:
         """The last replica of `stage` is gone: restore, roll back or fail (module doc)."""
@@ -343,17 +364,17 @@ class StageSnapshots:
         self.on_way.clear()
         self.kept = [{k: frozenset(i for i in held if i <= to) for k, held in kept.items()}
                      for kept in self.kept]
-        self.landed_periodic = [b if b is None or b <= to else to for b in self.landed_periodic]
+        self.landed_periodic = [{b for b in landed if b <= to} for landed in self.landed_periodic]
         self.policy = self.policy.undo(to)
-        if to == self.policy.start:
-            return
-        for stage, newest in enumerate(self.landed_periodic):
-            if newest is not None and newest >= to:
+        # Every node is back at `to`: each keeps its own state of it.
+        self.holders = [{(n, n.epoch) for n in self._live(stage)} for stage in range(self.sim.S)]
+        for stage, landed in enumerate(self.landed_periodic):
+            if to in landed:
                 continue
             sender = self._sender(stage)
             if sender is None:
                 # The wiped stage, restored from `to`, which a live keeper holds.
-                self.landed_periodic[stage] = to
+                landed.add(to)
             else:
                 # Its snapshot of `to` had not landed yet: its nodes are back at `to`, so its
                 # sender sends it again, and the next periodic one is declared after it lands.

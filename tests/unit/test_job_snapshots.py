@@ -58,6 +58,14 @@ def test_declared_boundaries_come_one_at_a_time_after_the_last_landed_everywhere
     assert restore_point(policy, 10, kept={3}, held=own_kept(policy, 10, landed=False)) == 3
     # A rollback to 3 forgets the boundaries after it.
     assert policy.undo(3).declared == (3,) and policy.undo(3).last_periodic(9) == 3
+    # A snapshot of 9 that can never land (every node of a stage that kept its own state of 9
+    # died): 13 is declared over it, and the nodes keep 13 and 3, the newest landed everywhere.
+    assert not declare_due(policy, 13, landed.__contains__)
+    assert declare_due(policy, 13, landed.__contains__, stuck=True)
+    assert not declare_due(policy, 10, landed.__contains__, stuck=True)  # `every` still holds
+    policy = policy.declare(13)
+    assert own_kept(policy, 14, floor=3) == {13, 3} and own_kept(policy, 14, floor=13) == {13}
+    assert restore_point(policy, 14, kept={9, 3}, held=own_kept(policy, 14, floor=3)) == 3
     # Undeclared, every `every`-th boundary, as before.
     assert SnapshotPolicy(every=2, thin=0).undo(0).periodic(4)
 

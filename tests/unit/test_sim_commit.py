@@ -9,7 +9,7 @@ import pytest
 
 from gwtf.flow.topology import LinkSpec
 from gwtf.sim.exchange import ExchangeLedger
-from gwtf.sim.network import Network, two_phase_commit_s
+from gwtf.sim.network import Network, commit_timeline, two_phase_commit_s
 from gwtf.sim.scenario import NodeInfo
 
 
@@ -126,3 +126,60 @@ def test_an_all_to_all_stage_keeps_nothing_for_a_rerun() -> None:
     again = ledger.moves(10.0, (0, 0.0), net, [s0, s1], ids, [300, 300], 1e6, 0.0, whole={0})
     assert again[0] == ({}, {})
     assert set(again[1][0].values()) == {0.0}
+
+
+def fidelity_swarm() -> tuple[Network, list[list[NodeInfo]]]:
+    """simulations/fidelity.toml's first six nodes on its links (one way: Virginia-Oregon
+    33.5 ms, Virginia-Frankfurt 45 ms, Oregon-Frankfurt 71.5 ms; 0.5 ms within a region)."""
+    links = {
+        frozenset(("V", "O")): LinkSpec(67.0, 0.79),
+        frozenset(("V", "F")): LinkSpec(90.0, 0.6),
+        frozenset(("O", "F")): LinkSpec(143.0, 0.404),
+    }
+    net = Network(links, LinkSpec(1.0, 10.0))
+    return net, [[node("f0", 0, "V"), node("f1", 0, "O")],
+                 [node("f2", 1, "V"), node("f3", 1, "F")],
+                 [node("f4", 2, "O"), node("f5", 2, "F")]]
+
+
+def test_the_timeline_times_each_message_from_when_its_sender_had_it() -> None:
+    net, stages = fidelity_swarm()
+    f0, f1 = stages[0]
+    whole = {0, 1, 2}
+    # The last microbatch finished at the coordinator itself: no report is on the way.
+    mine = commit_timeline(net, f0, {"f0": (f0, 0.0), "f1": (f1, -0.2)}, stages, [0.0] * 3,
+                           0.0, whole=whole)
+    assert mine.ordered_s == pytest.approx(0.045)  # the order reaches Frankfurt last
+    # Stage 2: f4 has the order at 33.5 ms, f5 at 45 ms; each holds the other's sum one
+    # Oregon-Frankfurt leg after the other started; f5 reports from Frankfurt (45 ms), f4 from
+    # Oregon (33.5 ms): the coordinator decides at 0.045 + 0.0715 + 0.0335 (both 0.150).
+    assert mine.decided_s == pytest.approx(0.150)
+    assert mine.step_s["f0"] == pytest.approx(mine.decided_s)  # its own step: a local call
+    assert mine.step_s["f2"] == pytest.approx(0.150 + 0.0005)
+    assert mine.step_s["f5"] == pytest.approx(0.150 + 0.045)
+    # The last one finished at f1 in Oregon: its report is on the way first.
+    theirs = commit_timeline(net, f0, {"f0": (f0, -0.2), "f1": (f1, 0.0)}, stages, [0.0] * 3,
+                             0.0, whole=whole)
+    assert theirs.decided_s == pytest.approx(0.0335 + 0.150)
+    # Charged leg by leg at each leg's slowest message it was five legs: 33.5 ms of reports,
+    # 45 of order, 71.5 of exchange, 45 of prepared and 45 of step.
+    legs = two_phase_commit_s(net, f0, stages[0], stages, [0.0] * 3, 0.0, whole=whole)
+    assert legs == pytest.approx(0.0335 + 0.045 + 0.0715 + 0.045 + 0.045)
+    assert max(theirs.step_s.values()) < legs
+
+
+@pytest.mark.parametrize("whole", [set(), {0}, {0, 1, 2}])
+@pytest.mark.parametrize("nbytes", [0.0, 4e5, 1e9])
+def test_the_timeline_never_takes_longer_than_the_legs(whole: set[int], nbytes: float) -> None:
+    net, stages = fidelity_swarm()
+    f0, f1 = stages[0]
+    timeline = commit_timeline(net, f0, {"f0": (f0, 0.0), "f1": (f1, 0.0)}, stages,
+                               [nbytes] * 3, 100.0, whole=whole)
+    legs = two_phase_commit_s(net, f0, stages[0], stages, [nbytes] * 3, 100.0, whole=whole)
+    assert timeline.decided_s <= max(timeline.step_s.values()) <= legs + 1e-12
+    # The same on shared uplinks, where a sender's slices go one after the other.
+    up = [[node(n.id, n.stage, n.location, uplink=0.1) for n in stage] for stage in stages]
+    timeline = commit_timeline(net, up[0][0], {"f1": (up[0][1], 0.0)}, up, [nbytes] * 3,
+                               100.0, whole=whole)
+    legs = two_phase_commit_s(net, up[0][0], up[0], up, [nbytes] * 3, 100.0, whole=whole)
+    assert max(timeline.step_s.values()) <= legs + 1e-12
