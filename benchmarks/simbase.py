@@ -3,17 +3,20 @@ scenario of simulations/, seeds 0-2, full length (issue 16: a change to a rule m
 does to every scenario, not the one it was made for).
 
 `python -m benchmarks simbase [--quick]` (`GWTF_SIMBASE_BASE=REF` for another base than `main`,
+`GWTF_SIMBASE_BASE=none` for this tree alone,
 `GWTF_SIMBASE_SEEDS=0,1,2,3` for other seeds, `GWTF_SIMBASE_SCENARIOS=a,b` for some scenarios
 only): the base is exported with `git archive` into a temporary folder; each (tree, scenario,
-seed) runs gwtf and swarm in a fresh process on that tree's own scenario files, two at a time
+seed) runs gwtf, swarm and swarm-rebalance in a fresh process on that tree's own scenario
+files, two at a time
 (one core each: the simulator is deterministic, so the load does not change a figure). Writes
 the `simbase` section of benchmarks/RESULTS.md: per scenario and seed, gwtf's committed
-throughput over swarm's on each tree and the rollbacks gwtf made (stage wiped at iteration ->
-restored at). `--quick` runs seed 0 of the two shortest scenarios.
+throughput over swarm's and over swarm-rebalance's on each tree and the rollbacks gwtf made
+(iteration wiped at -> restored at). `--quick` runs seed 0 of the two shortest scenarios.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -26,7 +29,7 @@ from typing import Any
 from benchmarks.report import base_tree, machine, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ("gwtf", "swarm")
+POLICIES = ("gwtf", "swarm", "swarm-rebalance")
 QUICK = (("fidelity", "volunteer_sessions"), (0,))
 WORKERS = 2
 
@@ -69,11 +72,12 @@ def _one(tree: str, name: str, seed: int) -> dict[str, dict[str, Any]]:
 
 
 def _cell(result: dict[str, dict[str, Any]]) -> str:
-    gwtf, swarm = result["gwtf"], result["swarm"]
-    ratio = gwtf["mb_s"] / swarm["mb_s"]
+    gwtf = result["gwtf"]
+    ratio = gwtf["mb_s"] / result["swarm"]["mb_s"]
+    rebalance = gwtf["mb_s"] / result["swarm-rebalance"]["mb_s"]
     back = " ".join(f"{b}->{t}" for b, t in gwtf["rollbacks"]) or "-"
     failed = " FAILED" if gwtf["failed"] else ""
-    return f"{ratio:.3f} ({gwtf['mb_s']:.3f}; {back}){failed}"
+    return f"{ratio:.3f} / {rebalance:.3f} ({gwtf['mb_s']:.3f}; {back}){failed}"
 
 
 def run(quick: bool = False) -> str:
@@ -81,27 +85,31 @@ def run(quick: bool = False) -> str:
     names, seeds = (list(QUICK[0]), QUICK[1]) if quick else (_scenarios(), _seeds())
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()
-    base_rev = subprocess.run(["git", "rev-parse", "--short", base_ref], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    with base_tree(base_ref, ROOT) as base:
-        trees = {"base": str(base), "this": str(ROOT)}
+    alone = base_ref == "none"
+    base_rev = "" if alone else subprocess.run(
+        ["git", "rev-parse", "--short", base_ref], cwd=ROOT, capture_output=True, text=True,
+        check=True).stdout.strip()
+    with contextlib.nullcontext(None) if alone else base_tree(base_ref, ROOT) as base:
+        trees = {"this": str(ROOT)} if base is None else {"base": str(base), "this": str(ROOT)}
         jobs = [(label, name, seed) for name in names for seed in seeds for label in trees]
         with ProcessPoolExecutor(WORKERS) as pool:
             futures = {job: pool.submit(_one, trees[job[0]], job[1], job[2]) for job in jobs}
             results = {job: future.result() for job, future in futures.items()}
+    where = f"this tree ({head or 'working tree'}, uncommitted changes included)"
     lines = [
-        f"gwtf's committed throughput over swarm's, and in brackets gwtf's own (mb/s) and its "
-        f"rollbacks (iteration wiped at -> restored at), on the base `{base_ref}` "
-        f"({base_rev}) and on this tree ({head or 'working tree'}, uncommitted changes "
-        "included), full length.",
+        "gwtf's committed throughput over swarm's / over swarm-rebalance's, and in brackets "
+        "gwtf's own (mb/s) and its rollbacks (iteration wiped at -> restored at), on "
+        + (where if alone else f"the base `{base_ref}` ({base_rev}) and on {where}")
+        + ", full length.",
         "",
-        "| scenario | seed | base: gwtf / swarm | this tree: gwtf / swarm |",
-        "|---|---|---|---|",
+        "| scenario | seed | " + ("" if alone else "base: gwtf / swarm, / rebalance | ")
+        + "this tree: gwtf / swarm, / rebalance |",
+        "|---|---|" + ("" if alone else "---|") + "---|",
     ]
     for name in names:
         for seed in seeds:
-            lines.append(f"| {name} | {seed} | {_cell(results[('base', name, seed)])} "
-                         f"| {_cell(results[('this', name, seed)])} |")
+            cells = [_cell(results[(label, name, seed)]) for label in trees]
+            lines.append(f"| {name} | {seed} | " + " | ".join(cells) + " |")
     body = ("## gwtf against swarm, this tree against a base commit "
             "(`python -m benchmarks simbase`)\n\n"
             f"Measured {time.strftime('%Y-%m-%d')} on {machine()}. " + "\n".join(lines) + "\n")
