@@ -269,7 +269,7 @@ class Joiner:
                 except RuntimeError:
                     continue
                 if state[0] in (top, at):
-                    break  # stage 0 has two keepers: the other may hold what this one lacks
+                    break  # stage 0 has several keepers: another may hold what this one lacks
                 state = None
             if state is not None:
                 break

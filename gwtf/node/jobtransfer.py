@@ -2,7 +2,7 @@
 
     fetch_state     streams this node's stage state (a live replica's, or a snapshot it keeps)
                     to a joiner; `fetch_from` is the joiner's side
-    keep_backup     a stage's snapshot sender sends its state to its two keepers (4.6);
+    keep_backup     a stage's snapshot sender sends its state to its keepers (4.6);
                     `backup` is the keeper's side, `keepers_of` and `snapshot_iterations`
                     what the coordinator asks of it
     resume          a client's checkpoint of this node's stage (gwtf submit --resume), kept until
@@ -239,7 +239,7 @@ class StateTransfer:
         self.host.spawn(send(), "backup")
 
     async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
-        """Send a stage's snapshot to both its keepers (`snapshot_keepers`) at once and return
+        """Send a stage's snapshot to all its keepers (`snapshot_keepers`) at once and return
         when it has landed at every keeper the rule names (`snapshot_landed`) or no more can
         be tried: a step is reported only after its snapshot landed everywhere, so `own_kept`'s
         reading (a later step means every snapshot landed) holds for every keeper. A copy that
