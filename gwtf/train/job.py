@@ -139,8 +139,9 @@ GRAD_ACCUM_DTYPES = ("float64", "float32")
 # (gwtf.job.snapshots.snapshot_keepers). A correlated event (a spot wave) that takes a share p of
 # the swarm takes all k keepers with a chance of about p^k: for the waves of
 # simulations/spot_waves.toml (three nodes in four), 0.56 with two keepers, 0.42 with three and
-# 0.32 with four. Measured there (seeds 0-7, `benchmarks/RESULTS.md` "snapshot-keepers"), two and
-# three keepers sent the swarm back to the job's start in 4 of 8 runs, four in 1 of 8. A copy
+# 0.32 with four. Measured there (seeds 0-7, `python -m benchmarks keepers`, benchmarks/RESULTS.md
+# "keepers"), two keepers sent the swarm back to the job's start in 4 of 8 runs, three in 5 or 6
+# (two runs), four in 1 of 8. A copy
 # costs the training little once snapshots stream in the background on idle links, and a keeper
 # holds at most two snapshots per stage it keeps.
 SNAPSHOT_EVERY = 4
