@@ -111,11 +111,11 @@ class StageSnapshots:
         self.holders: list[set[tuple[SimNode, int]]] = [set() for _ in range(sim.S)]
         """Per stage, the node lives that keep their own state of the latest periodic boundary:
         those of the stage when it was declared (or rolled back to)."""
-        self.on_way: dict[tuple[int, int, int], tuple[list[int], set[SimNode]]] = {}
-        """(stage, iteration, generation) -> ([copies still on their way], the keepers sent
-        to)."""
         self.streams: list[Stream] = []
         """The copies on their way."""
+        self.sent_to: dict[tuple[int, int, int], set[SimNode]] = {}
+        """(stage, iteration, generation) of a snapshot with copies on their way -> the keepers
+        it must land at (`snapshot_landed`) once the last of them ends."""
         self.generation = 0
         """Bumped by a rollback: a snapshot sent before it is of an undone iteration."""
         self.sent = 0
@@ -152,7 +152,8 @@ class StageSnapshots:
         return all(boundary in landed for landed in self.landed_periodic)
 
     def _streaming(self, stage: int) -> bool:
-        return any(s == stage and g == self.generation for s, _, g in self.on_way)
+        return any(st.stage == stage and st.generation == self.generation
+                   for st in self.streams)
 
     def boundary(self, index: int) -> None:
         """Iteration `index` starts: declare the next periodic snapshot if it is due
@@ -212,9 +213,7 @@ class StageSnapshots:
             return
         sc = self.sim.sc
         nbytes = sc.params_per_stage[stage] * sc.state_bytes_per_param
-        way, sent_to = self.on_way.setdefault((stage, index, self.generation), ([0], set()))
-        way[0] += len(keepers)
-        sent_to.update(keepers)
+        self.sent_to.setdefault((stage, index, self.generation), set()).update(keepers)
         for keeper in keepers:
             self.sent += 1
             self.bytes += nbytes
@@ -259,9 +258,8 @@ class StageSnapshots:
         """A copy landed (`through`) or was cut off."""
         self.streams.remove(stream)
         stage, index, sender, keeper = stream.stage, stream.index, stream.sender, stream.keeper
-        generation = stream.generation
-        way, sent_to = self.on_way.setdefault((stage, index, generation), ([1], {keeper}))
-        way[0] -= 1
+        key = (stage, index, stream.generation)
+        sent_to = self.sent_to.setdefault(key, {keeper})
         if not through:
             self.cut += 1  # the stream was cut off: nothing landed
             if sender.alive and sender.epoch == stream.sender_epoch and sender.stage == stage:
@@ -275,8 +273,8 @@ class StageSnapshots:
             self.landed += 1
             self.kept[stage][keeper] = keeper_keeps(
                 self.policy, self.kept[stage].get(keeper, frozenset()), index)
-        if way[0] <= 0:
-            del self.on_way[(stage, index, generation)]
+        if not any((st.stage, st.index, st.generation) == key for st in self.streams):
+            del self.sent_to[key]  # its last copy ended (a resend above is a copy on its way)
             kept = self.kept[stage]
             if self.policy.periodic(index) and snapshot_landed(
                     index, sent_to, lambda k: kept.get(k, frozenset())):
@@ -361,7 +359,7 @@ class StageSnapshots:
     def rolled_back(self, to: int) -> None:
         """The swarm goes back to `to`: snapshots of later iterations are of undone work."""
         self.generation += 1
-        self.on_way.clear()
+        self.sent_to.clear()
         self.kept = [{k: frozenset(i for i in held if i <= to) for k, held in kept.items()}
                      for kept in self.kept]
         self.landed_periodic = [{b for b in landed if b <= to} for landed in self.landed_periodic]
