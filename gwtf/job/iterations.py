@@ -66,6 +66,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from gwtf.job.nexthop import SmoothRoundRobin
 from gwtf.job.quorum import QuorumVerdict, commit_quorum
+from gwtf.job.snapshots import Boundaries, SnapshotPolicy
 from gwtf.recovery import CrashPlan, NeighbourReport, Rule, check_commit, plan_crash
 
 __all__ = [
@@ -184,6 +185,11 @@ class StepOrder:
     at its new stage as a joiner. Empty: no move."""
     mover_from: int = -1
     move_to: int = -1
+    periodic: bool = False
+    """The boundary after this iteration is declared a periodic snapshot (`Boundaries.step`)."""
+    floor: int | None = None
+    """The newest periodic boundary whose snapshot landed at every stage: every node keeps its
+    own state of it and of the latest (`own_kept`). None: no boundaries are declared."""
 
     def weights(self) -> dict[str, int] | None:
         return weights_of(self.next_holders, self.next_weights)
@@ -198,6 +204,12 @@ class CommittedReport:
     stage: int
     checksum: str
     digests: Mapping[str, str] = field(default_factory=dict)
+    snapshots_landed: tuple[int, ...] = ()
+    """Its stage's snapshot sender: the periodic boundaries whose snapshot it landed at every
+    keeper (docs/design.md 4.6)."""
+    snapshot_lacking: int | None = None
+    """Its stage's snapshot sender: the latest boundary, which it holds no state of and whose
+    snapshot it has not landed."""
 
 
 @dataclass(frozen=True)
@@ -311,6 +323,23 @@ class _Stepping:
     reports: dict[str, CommittedReport] = field(default_factory=dict)
 
 
+def _outliers(members: Mapping[str, int], reports: Sequence[PreparedReport], num_stages: int
+              ) -> dict[str, tuple[int, int, int]]:
+    """Members named out of bounds by a strict majority of their stage's members."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for stage in range(num_stages):
+        voters = [r for r in reports if r.stage == stage]
+        votes: dict[str, int] = {}
+        for r in voters:
+            for node in r.outliers:
+                if members.get(node) == stage:
+                    votes[node] = votes.get(node, 0) + 1
+        for node in sorted(votes):
+            if 2 * votes[node] > len(voters):
+                out[node] = (stage, votes[node], len(voters))
+    return out
+
+
 class IterationCoordinator:
     """The coordinator's bookkeeping for one job."""
 
@@ -326,9 +355,15 @@ class IterationCoordinator:
         iteration: int = 0,
         round_: int = 0,
         base: Iterable[str] | None = None,
+        snapshot_every: int = 0,
+        snapshot_start: int = 0,
+        declared: Sequence[int] = (),
+        floor: int | None = None,
     ) -> None:
         """`base`: the members of the last commit before `iteration` (default: `participants`,
-        those the job starts with)."""
+        those the job starts with). `snapshot_every` (0: none): the step orders declare the
+        periodic boundaries after `snapshot_start`, the job's first iteration, as they land
+        (`Boundaries`); `declared`: those declared before, `floor`: the last step order's."""
         if iterations < 1 or microbatches < 1:
             raise ValueError("a job needs at least one iteration and one microbatch")
         self.iterations = iterations
@@ -374,12 +409,18 @@ class IterationCoordinator:
         self.journal: Journal | None = None
         self._journaling = False
         self._fed = False
+        self.boundaries: Boundaries | None = None
+        if snapshot_every > 0:
+            policy = SnapshotPolicy(snapshot_every, 0, snapshot_start, tuple(declared))
+            self.boundaries = (Boundaries(policy, num_stages) if floor is None
+                               else Boundaries.after(policy, num_stages, floor))
         self._start: dict[str, Any] = {
             "iterations": iterations, "microbatches": microbatches,
             "participants": dict(participants), "num_stages": num_stages,
             "holders": tuple(holders), "weights": dict(weights) if weights else None,
             "iteration": iteration, "round_": round_,
-            "base": tuple(sorted(self.base)),
+            "base": tuple(sorted(self.base)), "snapshot_every": snapshot_every,
+            "snapshot_start": snapshot_start, "declared": tuple(declared), "floor": floor,
         }
 
     def attach(self, journal: Journal) -> None:
@@ -585,7 +626,7 @@ class IterationCoordinator:
         if set(self._prepared) != set(self._members):
             return None
         reports = list(self._prepared.values())
-        outliers = self._outliers(reports)
+        outliers = _outliers(self._members, reports, self.num_stages)
         if outliers:
             self._members = {}
             self._prepared = {}
@@ -617,6 +658,8 @@ class IterationCoordinator:
         loss = sum(losses[m] for m in sorted(losses)) / len(losses) if losses else float("nan")
         final = self.injecting == self.iterations - 1
         next_holders = () if final else self.live_holders()
+        periodic, floor = (False, None) if self.boundaries is None or final else \
+            self.boundaries.step(self.injecting)
         order = StepOrder(
             iteration=self.injecting,
             round=self.round,
@@ -629,6 +672,8 @@ class IterationCoordinator:
             dropped=tuple(sorted(self.dropped)),
             next_weights=self.next_weights(next_holders),
             next_round=self.round_floor,
+            periodic=periodic,
+            floor=floor,
         )
         self._stepping[self.injecting] = _Stepping(
             order, set(self._members), routes,
@@ -637,21 +682,6 @@ class IterationCoordinator:
         self.base = frozenset(self._members)
         self._next_iteration(order.next_holders, order.weights())
         return order
-
-    def _outliers(self, reports: Sequence[PreparedReport]) -> dict[str, tuple[int, int, int]]:
-        """Members named out of bounds by a strict majority of their stage's members."""
-        out: dict[str, tuple[int, int, int]] = {}
-        for stage in range(self.num_stages):
-            voters = [r for r in reports if r.stage == stage]
-            votes: dict[str, int] = {}
-            for r in voters:
-                for node in r.outliers:
-                    if self._members.get(node) == stage:
-                        votes[node] = votes.get(node, 0) + 1
-            for node in sorted(votes):
-                if 2 * votes[node] > len(voters):
-                    out[node] = (stage, votes[node], len(voters))
-        return out
 
     def _next_iteration(self, holders: Sequence[str], weights: Mapping[str, int] | None
                         ) -> None:
@@ -706,6 +736,8 @@ class IterationCoordinator:
             )
         stepping.reports[report.sender] = report
         stepping.waiting.discard(report.sender)
+        if self.boundaries is not None:
+            self.boundaries.report(stage, report.snapshots_landed, report.snapshot_lacking)
         return self._complete()
 
     @_input
@@ -851,6 +883,8 @@ class IterationCoordinator:
         self.stalled = 0
         self.completed = iteration
         self._stepping = {}
+        if self.boundaries is not None:
+            self.boundaries.undo(iteration)
         # Every participant restores its own state of `iteration`, or refuses and fails the job.
         self.base = frozenset(self.participants)
         self.round = top  # restart() moves it on to the floor

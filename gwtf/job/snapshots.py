@@ -24,12 +24,13 @@ can still roll back to, instead of failing the job.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 __all__ = [
     "LAUNCH_WINDOW_S",
+    "Boundaries",
     "SNAPSHOT_CHUNK_BYTES",
     "SnapshotPolicy",
     "declare_due",
@@ -128,6 +129,61 @@ def declare_due(
     latest = policy.last_periodic(iteration)
     return (iteration != policy.start and iteration - latest >= policy.every
             and (stuck or landed(latest)))
+
+
+@dataclass
+class Boundaries:
+    """The job coordinator's record of the periodic boundaries it declares (docs/design.md 4.6):
+    which stages' snapshots of which boundaries have landed, as their senders report with their
+    steps, and the declaration of the next one with a step order (`step`). Every node takes the
+    declaration and the floor from the step order, so all agree on what they keep.
+
+    `landed[stage]`: the periodic boundaries whose snapshot of `stage` landed at every keeper it
+    was sent to. `lacking[stage]`: the latest boundary the stage's sender reported it holds no
+    state of (it joined after it) while its snapshot had not landed: unless another replica
+    sends it, it never lands, and the next one is declared over it (`declare_due(stuck=True)`).
+    """
+
+    policy: SnapshotPolicy
+    stages: int
+    landed: dict[int, set[int]] = field(default_factory=dict)
+    lacking: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def after(cls, policy: SnapshotPolicy, stages: int, floor: int) -> Boundaries:
+        """A coordinator taking the job over, which knows the `floor` of the last step order:
+        what landed before it is taken as landed at `floor`, no more."""
+        return cls(policy, stages, {s: {floor} for s in range(stages)})
+
+    def report(self, stage: int, landed: Iterable[int], lacking: int | None) -> None:
+        """A participant of `stage` stepped: the snapshots it landed, and the boundary it lacks."""
+        self.landed.setdefault(stage, set()).update(b for b in landed if self.policy.periodic(b))
+        if lacking is not None:
+            self.lacking[stage] = lacking
+
+    def floor(self, current: int) -> int:
+        """The newest periodic boundary at or before `current` whose snapshot landed at every
+        stage (the job's first iteration when none has)."""
+        common = set.intersection(*(self.landed.get(s, set()) for s in range(self.stages)))
+        return max((b for b in common if b <= current), default=self.policy.start)
+
+    def step(self, iteration: int) -> tuple[bool, int]:
+        """The step of `iteration` is ordered: (the boundary after it is declared periodic, the
+        floor every node keeps its own state of until the next step, `own_kept`)."""
+        boundary = iteration + 1
+        latest = self.policy.last_periodic(boundary)
+        stuck = any(self.lacking.get(s) == latest and latest not in self.landed.get(s, ())
+                    for s in range(self.stages))
+        periodic = declare_due(self.policy, boundary, lambda b: self.floor(b) >= b, stuck=stuck)
+        if periodic:
+            self.policy = self.policy.declare(boundary)
+        return periodic, self.floor(boundary)
+
+    def undo(self, to: int) -> None:
+        """The swarm rolled back to `to`: the boundaries after it are of undone work."""
+        self.policy = self.policy.undo(to)
+        self.landed = {s: {b for b in bs if b <= to} for s, bs in self.landed.items()}
+        self.lacking = {s: b for s, b in self.lacking.items() if b <= to}
 
 
 def snapshot_sender(

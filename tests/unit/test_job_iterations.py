@@ -453,3 +453,68 @@ def test_plan_recovery_restarts_a_round_whose_input_died_too() -> None:
     c.member_down("h0")  # a's upstream died too: only z reports what a held
     orders = c.plan_recovery("a", 1, [NeighbourReport("z", 2, ((1, Evidence.FORWARD_DONE),))])
     assert orders.sources == () and "microbatch 1 of a has no live node" in orders.restart
+
+
+def _declaring(every: int = 2, **kw: object) -> IterationCoordinator:
+    return IterationCoordinator(iterations=12, microbatches=2, participants=PARTICIPANTS,
+                                num_stages=3, holders=("h0", "h1"), snapshot_every=every,
+                                **kw)  # type: ignore[arg-type]
+
+
+def _iterate(c: IterationCoordinator, landed: dict[str, tuple[int, ...]] | None = None,
+             lacking: dict[str, int] | None = None) -> StepOrder:
+    """One iteration through to its step and every committed report (the senders reporting
+    what `landed` and `lacking` say)."""
+    c.done("h0", c.injecting, c.round, [0, 1])
+    assert c.commit_order() is not None
+    order = all_prepared(c, [0, 1])
+    for sender in PARTICIPANTS:
+        committed(c, order.iteration, sender,
+                  snapshots_landed=(landed or {}).get(sender, ()),
+                  snapshot_lacking=(lacking or {}).get(sender))
+    return order
+
+
+def test_a_periodic_boundary_is_declared_once_the_last_one_landed_at_every_stage() -> None:
+    c = _declaring(every=2)
+    first = _iterate(c)
+    assert (first.periodic, first.floor) == (False, 0)
+    # Boundary 2 is due and the job's start counts as landed: declared with the step of 1.
+    second = _iterate(c)
+    assert (second.periodic, second.floor) == (True, 0)
+    # Its snapshots land at stages 0 and 1 only: no new boundary, the floor stays at 0.
+    landed = {"h0": (2,), "a": (2,)}
+    for _ in range(3):
+        order = _iterate(c, landed)
+        assert (order.periodic, order.floor) == (False, 0)
+    # The last stage's lands, reported with the step of 5 (ordered before the reports):
+    # the step of 6 declares 7, floor 2.
+    assert not _iterate(c, {"z": (2,)}).periodic
+    order = _iterate(c)
+    assert (order.iteration, order.periodic, order.floor) == (6, True, 2)
+    assert c.boundaries is not None and c.boundaries.policy.declared == (2, 7)
+
+
+def test_a_boundary_no_sender_can_send_is_declared_over() -> None:
+    c = _declaring(every=2)
+    _iterate(c)
+    assert _iterate(c).periodic  # 2 declared
+    order = _iterate(c, {"h0": (2,), "a": (2,)}, lacking={"z": 2})
+    # Stage 2's sender joined after 2 and holds nothing of it: 4 is declared all the same,
+    # and the floor stays where every stage landed (the start).
+    assert (order.iteration, order.periodic, order.floor) == (2, False, 0)
+    order = _iterate(c, lacking={"z": 2})
+    assert (order.iteration, order.periodic, order.floor) == (3, True, 0)
+
+
+def test_a_rollback_undoes_the_boundaries_after_it_and_a_new_coordinator_keeps_the_floor(
+) -> None:
+    c = _declaring(every=1)
+    everyone = {p: (1, 2, 3) for p in PARTICIPANTS}
+    orders = [_iterate(c, everyone) for _ in range(3)]
+    assert [o.periodic for o in orders] == [True, True, True]
+    assert c.boundaries is not None and c.boundaries.floor(3) == 3
+    c.rollback(2)
+    assert c.boundaries.policy.declared == (1, 2) and c.boundaries.floor(3) == 2
+    taken = _declaring(every=1, iteration=3, declared=(1, 2, 3), floor=2)
+    assert taken.boundaries is not None and taken.boundaries.floor(3) == 2
