@@ -148,12 +148,20 @@ class Boundaries:
     stages: int
     landed: dict[int, set[int]] = field(default_factory=dict)
     lacking: dict[int, int] = field(default_factory=dict)
+    ordered: int | None = None
+    """The floor of the last step order (None: the job's start): what the nodes keep."""
 
     @classmethod
     def after(cls, policy: SnapshotPolicy, stages: int, floor: int) -> Boundaries:
         """A coordinator taking the job over, which knows the `floor` of the last step order:
         what landed before it is taken as landed at `floor`, no more."""
-        return cls(policy, stages, {s: {floor} for s in range(stages)})
+        return cls(policy, stages, {s: {floor} for s in range(stages)}, ordered=floor)
+
+    def kept(self, current: int) -> frozenset[int]:
+        """The periodic boundaries every node at `current` keeps its own state of (`own_kept`
+        with the floor of the last step order)."""
+        floor = self.policy.start if self.ordered is None else self.ordered
+        return own_kept(self.policy, current, floor=floor)
 
     def report(self, stage: int, landed: Iterable[int], lacking: int | None) -> None:
         """A participant of `stage` stepped: the snapshots it landed, and the boundary it lacks."""
@@ -177,13 +185,16 @@ class Boundaries:
         periodic = declare_due(self.policy, boundary, lambda b: self.floor(b) >= b, stuck=stuck)
         if periodic:
             self.policy = self.policy.declare(boundary)
-        return periodic, self.floor(boundary)
+        self.ordered = self.floor(boundary)
+        return periodic, self.ordered
 
     def undo(self, to: int) -> None:
         """The swarm rolled back to `to`: the boundaries after it are of undone work."""
         self.policy = self.policy.undo(to)
         self.landed = {s: {b for b in bs if b <= to} for s, bs in self.landed.items()}
         self.lacking = {s: b for s, b in self.lacking.items() if b <= to}
+        if self.ordered is not None:
+            self.ordered = min(self.ordered, to)
 
 
 def snapshot_sender(

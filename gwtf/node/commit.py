@@ -326,7 +326,9 @@ class CommitParticipant:
         began = time.monotonic()
         expected = commit.microbatches
         me = ctx.host.node_id
-        keep, send = self._snapshot_plan(order.participants, order.iteration + 1, order.final)
+        boundary = order.iteration + 1
+        ctx.declare(boundary if order.periodic else None, order.floor)
+        keep, send = self._snapshot_plan(order.participants, boundary, order.final)
 
         rule = ctx.job.aggregation
         noise = ctx.fault.weight_noise(order.iteration) if ctx.fault is not None else None
@@ -349,8 +351,7 @@ class CommitParticipant:
                 checksum = self._corrupt(noise, order.iteration)
             digests = executor.digests() if order.final else {}
             # A snapshot of the new state (docs/design.md 4.6) is taken before anything of the
-            # next iteration runs, and one that goes to a keeper lands before this node
-            # reports the step: a node joining the stage after it was wiped starts from there.
+            # next iteration runs; one that goes to the keepers streams in the background.
             state = executor.state_bytes() if keep or send else None
             return checksum, digests, state
 
@@ -364,27 +365,30 @@ class CommitParticipant:
                 f"{me}: {err}"
             )
             return
-        self.last_step = LastStep(order.iteration, order.loss, order.trained, order.dropped)
+        self.last_step = LastStep(order.iteration, order.loss, order.trained, order.dropped,
+                                  order.periodic)
         ctx.host.log.info(
             "job %s iteration %d stepped at stage %d (round %d): checksum %s",
             ctx.job_id, order.iteration, ctx.stage, order.round, checksum,
         )
         self._observe_step(order, time.monotonic() - began)
-        report = CommittedReport(
+        ctx.participants.update(order.participants)
+        ctx.keep_snapshot(boundary, state if keep else None)
+        self._advance(order)
+        lacking = None
+        if send and state is not None:
+            self._stream(boundary, state)
+        elif not order.final:
+            lacking = self._send_latest(order.participants, boundary)
+        ctx.host.report_committed(ctx.job_id, CommittedReport(
             sender=me,
             iteration=it.number,
             stage=ctx.stage,
             checksum=checksum,
             digests=digests,
-        )
-        ctx.participants.update(order.participants)
-        ctx.keep_snapshot(order.iteration + 1, state if keep else None)
-        if state is not None and send:
-            await ctx.host.keep_backup(ctx.job_id, ctx.stage, order.iteration + 1, state)
-            if not ctx.current(it):
-                return  # a rollback came meanwhile: this node is at its iteration now
-        self._advance(order)
-        ctx.host.report_committed(ctx.job_id, report)
+            snapshots_landed=tuple(sorted(b for b in ctx.landed if b >= ctx.floor)),
+            snapshot_lacking=lacking,
+        ))
 
     # ------------------------------------------------------------------ snapshots (4.6)
 
@@ -397,19 +401,63 @@ class CommitParticipant:
         if final:
             return False, False
         ctx = self._ctx
+        sender, live = self._sender(participants)
+        return ctx.policy.periodic(iteration), sender and ctx.policy.due(iteration, live)
+
+    def _sender(self, participants: Mapping[str, int]) -> tuple[bool, int]:
+        """(this node sends its stage's snapshots, how many live replicas the stage has)."""
+        ctx = self._ctx
         me = ctx.host.node_id
         sender, live = snapshot_sender(
             participants, ctx.departed, ctx.stage,
             lambda p: p == me or ctx.host.member(p) is not None,
         )
-        return ctx.policy.periodic(iteration), sender == me and ctx.policy.due(iteration, live)
+        return sender == me, live
+
+    def _stream(self, boundary: int, state: bytes) -> None:
+        """Stream this stage's state at `boundary` to its keepers in the background (docs/design.md
+        4.6: the iterations go on meanwhile); a periodic one that lands at every keeper is
+        reported with the next step. A thin stage's snapshot waits for the one on its way."""
+        ctx = self._ctx
+        periodic = ctx.policy.periodic(boundary)
+        if not periodic and ctx.sending:
+            return
+        ctx.sending.add(boundary)
+
+        async def stream() -> None:
+            try:
+                landed = await ctx.host.keep_backup(ctx.job_id, ctx.stage, boundary, state,
+                                                    periodic)
+            finally:
+                ctx.sending.discard(boundary)
+            if landed and periodic and ctx.policy.periodic(boundary):
+                ctx.landed.add(boundary)
+
+        ctx.spawn(stream(), f"snapshot {boundary}")
+
+    def _send_latest(self, participants: Mapping[str, int], boundary: int) -> int | None:
+        """As the stage's sender at `boundary`, with no snapshot due: the latest periodic
+        boundary if its snapshot of this stage has not landed everywhere (its copies were cut
+        off, or its sender died) is sent again from this node's own state of it; the boundary
+        it holds no state of, which it then cannot send (`Boundaries.lacking`), else None."""
+        ctx = self._ctx
+        latest = ctx.policy.last_periodic(boundary)
+        if latest >= boundary or ctx.floor >= latest or latest in ctx.landed:
+            return None
+        if not self._sender(participants)[0] or latest in ctx.sending:
+            return None
+        state = ctx.snapshots.get(latest)
+        if state is None:
+            return latest
+        self._stream(latest, state)
+        return None
 
     async def snapshot_start(self) -> None:
         """The stage starts here (the job's start, or this node entering it): its state now is
-        this node's snapshot, sent to the keeper by the stage's snapshot sender."""
+        this node's snapshot, sent to the keepers by the stage's snapshot sender."""
         ctx = self._ctx
         number = ctx.it.number
-        _, send = self._snapshot_plan(ctx.participants, number, number >= ctx.job.iterations)
+        send = self._sender(ctx.participants)[0] and number < ctx.job.iterations
         try:
             state = await self._runtime.compute(COMMIT, ctx.executor.state_bytes)
         except WorkerStopped:
@@ -418,7 +466,7 @@ class CommitParticipant:
             return  # it stepped meanwhile: that step took the snapshot its turn called for
         ctx.keep_snapshot(number, state)
         if send:
-            await ctx.host.keep_backup(ctx.job_id, ctx.stage, number, state)
+            self._stream(number, state)
 
     def _observe_step(self, order: StepOrder, seconds: float) -> None:
         job, metrics = self._ctx.job_id, self._ctx.metrics

@@ -188,6 +188,9 @@ class JobCalls:
             stage=request.stage,
             checksum=request.checksum,
             digests={d.name: d.digest for d in request.digests},
+            snapshots_landed=tuple(request.snapshots_landed),
+            snapshot_lacking=(request.snapshot_lacking if request.HasField("snapshot_lacking")
+                              else None),
         )
         try:
             outcomes = coord.committed(report)
@@ -297,6 +300,7 @@ class JobCalls:
             mover=move.node if move is not None else "",
             mover_from=move.from_stage if move is not None else -1,
             move_to=move.stage if move is not None else -1,
+            periodic=request.periodic, floor=request.floor,
         ))
         return job_pb2.StepReply()
 

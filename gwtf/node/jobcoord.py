@@ -73,6 +73,7 @@ class ActiveJob(Protocol):
     participants: dict[str, int]
     departed: set[str]
     base: set[str]
+    worker: Any  # gwtf.node.worker.StageWorker: its `declared()` boundaries at a takeover
 
 
 class Manager(Protocol):
@@ -353,6 +354,7 @@ class JobCoordinator:
             loss=order.loss, trained=order.trained, next_weights=order.next_weights,
             dropped=order.dropped, excluded=self.manager.excluded(self.job_id),
             next_round=order.next_round, move=self.moves.message(order),
+            periodic=order.periodic, floor=order.floor or 0,
         )
         for node in sorted({*order.participants, *([order.mover] if order.mover else [])}):
             self.spawn(
@@ -692,6 +694,7 @@ class JobCoordinator:
                         attempt=reply.attempt, final=top >= job.iterations,
                         next_holders=holders, participants=participants_pb(live),
                         loss=last.stepped_loss, trained=last.stepped_trained,
+                        periodic=last.stepped_periodic, floor=last.floor,
                     )
                     if node == me:
                         manager.step(step)
@@ -719,10 +722,14 @@ class JobCoordinator:
             # started now would restart rounds nobody follows, and its record would name it.
             return None
         round_ = max((r.round for r in replies.values() if r.iteration == top), default=0)
+        # The periodic boundaries the job declared, as this node's stage knows them (every
+        # participant has all of them, from the step orders and its entry).
+        declared, floor = active.worker.declared() if active.worker is not None else ((), 0)
         plan = IterationCoordinator(
             iterations=job.iterations, microbatches=job.microbatches, participants=live,
             num_stages=host.num_stages(), holders=holders, iteration=top, round_=round_,
-            base=active.base or active.participants,
+            base=active.base or active.participants, snapshot_every=job.snapshot_every,
+            snapshot_start=progress.resumed_from, declared=declared, floor=floor,
         )
         coordinator = cls(manager, active, plan)
         host.log.warning("job %s: %s coordinates from iteration %d", active.job_id, me, top)

@@ -207,6 +207,7 @@ class Joiner:
             if active is None:
                 await worker.stop()
                 return
+            worker.boundaries(reply.declared, reply.floor, record.resumed_from)
             active.worker = worker
             active.participants = {p.id: p.stage for p in reply.participants}
             active.coordinator = reply.coordinator
@@ -258,11 +259,14 @@ class Joiner:
             return False  # another holder took it over: enter through it
         top = max(r.iteration for _, r in replies.values())
         record = self.book.records[job.job_id]
-        policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin, start=record.resumed_from)
+        # The boundaries declared so far, as the participant that knows the most of them says.
+        known = max(replies.values(), key=lambda r: (len(r[1].declared), r[1].floor))[1]
+        policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin, start=record.resumed_from,
+                                declared=tuple(sorted(known.declared)))
         # Stage 0's snapshot of the iteration in progress, else the newest periodic one the
         # other stages hold too: the swarm then rolls back to it (docs/design.md 4.6).
         state: tuple[int, bytes] | None = None
-        for at in (None, *sorted(own_kept(policy, top), reverse=True)):
+        for at in (None, *sorted(own_kept(policy, top, floor=known.floor), reverse=True)):
             for member in sorted(live, key=lambda m: m.id):
                 try:
                     state = await self.transfer.fetch_from(member.id, job.job_id, 0, at)
@@ -293,6 +297,7 @@ class Joiner:
         participants = {node: s for node, (s, _) in replies.items()}
         participants[me] = 0
         round_ = max((r.round for _, r in replies.values() if r.iteration == top), default=0)
+        worker.boundaries(known.declared, known.floor, record.resumed_from)
         active.worker = worker
         active.participants = participants
         active.coordinator = me

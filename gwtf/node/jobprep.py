@@ -394,6 +394,7 @@ class JobLauncher:
                 holders=holders,
                 weights=dict(zip(holders, weights, strict=True)) if weights else None,
                 iteration=progress.resumed_from,
+                snapshot_every=job.snapshot_every, snapshot_start=progress.resumed_from,
             ))
             active.coord.start()
         worker = active.worker

@@ -103,8 +103,8 @@ class Entrance:
     def __init__(self, coord: Coordinating) -> None:
         self.coord = coord
         job = coord.job
-        self.policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin,
-                                     start=coord.progress().resumed_from)
+        self._policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin,
+                                      start=coord.progress().resumed_from)
         self.fetching: dict[str, tuple[int, float]] = {}
         """Joiners given donors that the commit waits for: the iteration, and until when."""
         self._held: set[str] = set()
@@ -116,6 +116,18 @@ class Entrance:
         self.wanted: dict[int, int] = {}
         """Stage -> the snapshot iteration its joiners fetch from another keeper once the
         newest one proved unusable."""
+
+    @property
+    def policy(self) -> SnapshotPolicy:
+        """The job's snapshot policy with the periodic boundaries declared so far."""
+        boundaries = self.coord.plan.boundaries
+        return self._policy if boundaries is None else boundaries.policy
+
+    def _kept(self, injecting: int) -> frozenset[int]:
+        """The periodic boundaries every node keeps its own state of (`own_kept`)."""
+        boundaries = self.coord.plan.boundaries
+        return own_kept(self._policy, injecting) if boundaries is None else \
+            boundaries.kept(injecting)
 
     def holds_commit(self) -> bool:
         """Does a joiner fetching the state of the iteration in progress hold its commit?"""
@@ -140,7 +152,8 @@ class Entrance:
             kept |= probed[1]
         if reported is not None:
             kept.add(reported)
-        return keepers, restore_point(self.policy, coord.plan.injecting, kept)
+        injecting = coord.plan.injecting
+        return keepers, restore_point(self.policy, injecting, kept, self._kept(injecting))
 
     def _others(self, keepers: list[str]) -> list[str]:
         return [k for k in keepers if k != self.coord.host.node_id]
@@ -165,7 +178,7 @@ class Entrance:
             why = (f"the snapshots of it kept at {', '.join(keepers)} are of iterations "
                    f"{sorted(self._known(stage))}, and neither iteration {injecting} nor a "
                    "periodic one the other stages keep "
-                   f"({sorted(own_kept(self.policy, injecting))}) is among them")
+                   f"({sorted(self._kept(injecting))}) is among them")
         else:
             why = "no live node keeps a snapshot of it"
         coord.manager.fail(
@@ -190,7 +203,7 @@ class Entrance:
             member = host.member(keeper)
             if member is None:
                 continue
-            for at in sorted({injecting, *own_kept(self.policy, injecting)}, reverse=True):
+            for at in sorted({injecting, *self._kept(injecting)}, reverse=True):
                 request = job_pb2.StateRequest(sender=host.node_id, job_id=coord.job_id,
                                                stage=stage, exact=True, iteration=at)
                 call = host.stubs(member).jobs.FetchState(
@@ -222,6 +235,9 @@ class Entrance:
         reply = job_pb2.EnterReply(
             iteration=plan.injecting, round=plan.round, coordinator=coord.host.node_id,
         )
+        if plan.boundaries is not None:
+            reply.declared.extend(plan.boundaries.policy.declared or ())
+            reply.floor = plan.boundaries.ordered or plan.boundaries.policy.start
         donors = sorted(p for p, s in live.items() if s == stage and p != request.sender)
         point: int | None = plan.injecting
         if donors:
@@ -244,7 +260,7 @@ class Entrance:
                 keepers = self._others(keepers)
                 want = self.wanted.get(stage)
                 if reported is not None:
-                    want = self.wanted[stage] = max(own_kept(self.policy, plan.injecting))
+                    want = self.wanted[stage] = max(self._kept(plan.injecting))
                 if want is not None:
                     reply.rollback = want < plan.injecting
                     reply.snapshot_iteration = want

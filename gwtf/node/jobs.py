@@ -239,8 +239,9 @@ class JobManager:
     def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:
         return self.transfer.snapshot_iterations(job_id, stage)
 
-    async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
-        await self.transfer.keep_backup(job_id, stage, iteration, data)
+    async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes,
+                          periodic: bool = False) -> bool:
+        return await self.transfer.keep_backup(job_id, stage, iteration, data, periodic)
 
     async def catch_up(self, address: str) -> None:
         """A joiner learns the jobs its bootstrap node knows, and enters a running one."""
@@ -408,6 +409,8 @@ class JobManager:
             checksum=report.checksum,
             digests=[job_pb2.DigestEntry(name=n, digest=d) for n, d in sorted(
                 report.digests.items())],
+            snapshots_landed=report.snapshots_landed,
+            snapshot_lacking=report.snapshot_lacking,
         )
         self.wire.to_coordinator(
             job_id, lambda stubs, t: stubs.jobs.Committed(request, timeout=t),
@@ -695,8 +698,9 @@ class _WorkerHost:
     def report_committed(self, job_id: str, report: CommittedReport) -> None:
         self._manager.report_committed(job_id, report)
 
-    async def keep_backup(self, job_id: str, stage: int, iteration: int, state: bytes) -> None:
-        await self._manager.keep_backup(job_id, stage, iteration, state)
+    async def keep_backup(self, job_id: str, stage: int, iteration: int, state: bytes,
+                          periodic: bool = False) -> bool:
+        return await self._manager.keep_backup(job_id, stage, iteration, state, periodic)
 
     def fail(self, job_id: str, reason: str) -> None:
         self._manager.fail(job_id, reason)

@@ -49,7 +49,8 @@ choice for a keeper whose copy failed (docs/design.md 4.6)."""
 
 
 def _chunks(
-    data: bytes, stage: int, iteration: int, job_id: str = "", sender: str = ""
+    data: bytes, stage: int, iteration: int, job_id: str = "", sender: str = "",
+    periodic: bool = False,
 ) -> Iterator[job_pb2.StateChunk]:
     """`data` as a stream of chunks (one empty chunk for no data: the first carries the
     header)."""
@@ -57,6 +58,7 @@ def _chunks(
         yield job_pb2.StateChunk(
             seq=seq, stage=stage, iteration=iteration, total_bytes=len(data),
             payload=parts[0].tobytes() if parts else b"", job_id=job_id, sender=sender,
+            periodic=periodic,
         )
 
 
@@ -94,6 +96,8 @@ class StateTransfer:
         self.periodic: dict[tuple[str, int], tuple[int, bytes]] = {}
         """(job, stage) -> its newest periodic snapshot: what the swarm rolls back to when the
         newest is older than the iteration in progress."""
+        self.declared: dict[tuple[str, int], set[int]] = {}
+        """(job, stage) -> the iterations of the snapshots held that are of periodic boundaries."""
         self.resumes: dict[str, tuple[int, bytes]] = {}
         """job id -> (iteration, this stage's state) a client sent to resume from (Resume)."""
         self._final_weights: tuple[str, int, asyncio.Future[tuple[int, bytes]]] | None = None
@@ -209,8 +213,14 @@ class StateTransfer:
         ) != first.stage:
             raise InvalidMessage(f"{first.sender[:40]!r} is no stage-{first.stage} participant")
         key = (first.job_id, first.stage)
+        # Which snapshots are of periodic boundaries, as their senders said (the step order
+        # that declared one may reach this node after the snapshot does).
+        declared = self.declared.setdefault(key, set())
+        if first.periodic:
+            declared.add(first.iteration)
         policy = SnapshotPolicy(active.job.snapshot_every, active.job.snapshot_thin,
-                                start=self.book.records[first.job_id].resumed_from)
+                                start=self.book.records[first.job_id].resumed_from,
+                                declared=tuple(sorted(declared)))
         # Only a snapshot read to its end replaces anything (`keeper_keeps`).
         held = dict(k for k in (self.backups.get(key), self.periodic.get(key)) if k is not None)
         held[first.iteration] = data
@@ -219,6 +229,7 @@ class StateTransfer:
         self.backups[key] = (newest, held[newest])
         periodic = max((i for i in keep if policy.periodic(i)), default=newest)
         self.periodic[key] = (periodic, held[periodic])
+        declared &= keep
         self.host.log.info("job %s: keeping stage %d's state of iteration %d (from %s)",
                            first.job_id, first.stage, first.iteration, first.sender)
         return job_pb2.BackupAck(received_bytes=len(data))
@@ -238,29 +249,34 @@ class StateTransfer:
 
         self.host.spawn(send(), "backup")
 
-    async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes) -> None:
+    async def keep_backup(self, job_id: str, stage: int, iteration: int, data: bytes,
+                          periodic: bool = False) -> bool:
         """Send a stage's snapshot to all its keepers (`snapshot_keepers`) at once and return
-        when it has landed at every keeper the rule names (`snapshot_landed`) or no more can
-        be tried: a step is reported only after its snapshot landed everywhere, so `own_kept`'s
-        reading (a later step means every snapshot landed) holds for every keeper. A copy that
-        failed (its keeper died on the way) goes once more to the rule's choice then, which is
-        the dead keeper's replacement."""
+        whether it landed at every keeper the rule names (`snapshot_landed`), once it has or
+        no more can be tried. It streams in the background (docs/design.md 4.6): the sender
+        reports a periodic one that landed with its next step, and the coordinator declares
+        the next periodic boundary only once every stage's landed. A copy that failed (its
+        keeper died on the way) goes once more to the rule's choice then, which is the dead
+        keeper's replacement."""
         active = self.book.current(job_id)
         if active is None or iteration >= active.job.iterations:
-            return
+            return False
         held: set[str] = set()
+        landed = False
         for _ in range(BACKUP_ROUNDS):
             keepers = [k for k in self._keepers(active, stage) if k != self.host.node_id]
-            if not keepers or snapshot_landed(iteration, keepers,
-                                              lambda k: (iteration,) if k in held else ()):
+            landed = bool(keepers) and snapshot_landed(
+                iteration, keepers, lambda k: (iteration,) if k in held else ())
+            if not keepers or landed:
                 break
-            landed = await self._send_backup(job_id, stage, iteration, data,
-                                             [k for k in keepers if k not in held])
-            held.update(landed)
+            held.update(await self._send_backup(job_id, stage, iteration, data,
+                                                [k for k in keepers if k not in held],
+                                                periodic))
         active.keepers[stage] = tuple(sorted(held))
+        return landed
 
     async def _send_backup(self, job_id: str, stage: int, iteration: int, data: bytes,
-                           keepers: list[str]) -> list[str]:
+                           keepers: list[str], periodic: bool) -> list[str]:
         """Stream the snapshot to `keepers` at once; those it landed at."""
 
         async def send(keeper: str) -> bool:
@@ -269,7 +285,7 @@ class StateTransfer:
                 return False
             try:
                 await self.host.stubs(member).jobs.Backup(
-                    _chunks(data, stage, iteration, job_id, self.host.node_id),
+                    _chunks(data, stage, iteration, job_id, self.host.node_id, periodic),
                     timeout=self.host.config.prepare_timeout_s,
                 )
             except aio.AioRpcError as err:

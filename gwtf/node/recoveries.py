@@ -256,6 +256,7 @@ class RecoveryHandler:
             self._commit.forget(number + 1)
         else:
             self._commit.forget_all()
+            ctx.rolled_back(number)
         ctx.ledger.reset(number)
         stale, ctx.free = ctx.free, asyncio.Semaphore(ctx.slots)
         for _ in range(ctx.slots):

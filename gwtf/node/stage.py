@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from torch import Tensor
@@ -89,6 +89,8 @@ class LastStep:
     loss: float
     trained: int
     dropped: tuple[int, ...]
+    periodic: bool = False
+    """Its order declared the boundary after it periodic (docs/design.md 4.6)."""
 
 
 class WorkerHost(Protocol):
@@ -146,10 +148,11 @@ class WorkerHost(Protocol):
         """This node committed an iteration: tell the coordinator."""
         ...
 
-    async def keep_backup(self, job_id: str, stage: int, iteration: int, state: bytes) -> None:
-        """Keep this stage's snapshot (its state at the start of `iteration`) at another node,
-        so that a node joining the stage finds it if every replica dies (docs/design.md 4.6);
-        returns once it is kept (or could not be)."""
+    async def keep_backup(self, job_id: str, stage: int, iteration: int, state: bytes,
+                          periodic: bool = False) -> bool:
+        """Keep this stage's snapshot (its state at the start of `iteration`, a `periodic`
+        boundary or not) at other nodes, so that a node joining the stage finds it if every
+        replica dies (docs/design.md 4.6); returns once it is kept, True, or could not be."""
         ...
 
     def fail(self, job_id: str, reason: str) -> None:
@@ -215,24 +218,52 @@ class StageContext:
         self.it = Iteration(executor.iteration)
         self.ledger = Ledger(host.node_id, self.stage, executor.iteration)
         self.policy = SnapshotPolicy(job.snapshot_every, job.snapshot_thin,
-                                     start=executor.iteration)
+                                     start=executor.iteration, declared=())
+        """The periodic boundaries are those the step orders declare (docs/design.md 4.6)."""
+        self.floor = executor.iteration
+        """The newest periodic boundary whose snapshot landed at every stage, as the last step
+        order said (`StepOrder.floor`)."""
         self.snapshots: dict[int, bytes] = {}
         """This stage's own states at the start of iterations, what it restores in a rollback
         (docs/design.md 4.6): of its latest periodic boundary (or of the iteration it entered
-        at), and of the one before until the stage snapshots of the latest have landed
+        at), and of the floor until the stage snapshots of the latest have landed everywhere
         (`keep_snapshot`)."""
+        self.landed: set[int] = set()
+        """Periodic boundaries whose snapshot of this stage this node sent and landed at every
+        keeper (it reports them with its steps)."""
+        self.sending: set[int] = set()
+        """Boundaries whose snapshot of this stage this node is streaming to its keepers."""
         self.stopped = False
         self.tasks: set[asyncio.Task[Any]] = set()
 
+    def boundaries(self, declared: Iterable[int], floor: int, start: int) -> None:
+        """The job's periodic boundaries declared so far, its floor and its first iteration, as
+        its coordinator says (a node entering a running job)."""
+        self.policy = replace(self.policy, start=start, declared=tuple(sorted(declared)))
+        self.floor = floor
+
+    def declare(self, boundary: int | None, floor: int | None) -> None:
+        """A step order declared `boundary` periodic (None: none) and names the floor."""
+        if boundary is not None and not self.policy.periodic(boundary):
+            self.policy = self.policy.declare(boundary)
+        if floor is not None:
+            self.floor = floor
+
+    def rolled_back(self, to: int) -> None:
+        """The swarm rolled back to `to`: the boundaries after it are of undone work."""
+        self.policy = self.policy.undo(to)
+        self.floor = min(self.floor, to)
+        self.landed = {b for b in self.landed if b <= to}
+
     def keep_snapshot(self, iteration: int, state: bytes | None) -> None:
         """This stage is at the start of `iteration` (stepped or entered), with `state` its own
-        snapshot of it to keep (None: none due). It keeps the boundaries `own_kept` names and
-        anything newer: the previous periodic state stays until the next step, which comes after
-        every stage's snapshot of the new boundary has landed, so that a stage wiped while its
+        snapshot of it to keep (None: none due). It keeps the boundaries `own_kept` names (the
+        latest and the floor) and anything newer: the previous periodic state stays until every
+        stage's snapshot of the new boundary has landed, so that a stage wiped while its
         snapshot was on its way can still be rolled back to the one before."""
         if state is not None:
             self.snapshots[iteration] = state
-        floor = min(own_kept(self.policy, iteration))
+        floor = min(own_kept(self.policy, iteration, floor=self.floor))
         self.snapshots = {i: s for i, s in self.snapshots.items() if floor <= i <= iteration}
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str, it: Iteration | None = None

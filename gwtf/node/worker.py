@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
@@ -248,6 +248,16 @@ class StageWorker:
         ctx.spawn(self._commit.snapshot_start(), "snapshot of the start")
         self._pipeline.begin(holders, weights)
 
+    def boundaries(self, declared: Sequence[int], floor: int, start: int) -> None:
+        """The job's declared periodic boundaries, floor and first iteration (docs/design.md
+        4.6), for a node entering a running job: before `start`."""
+        self._ctx.boundaries(declared, floor, start)
+
+    def declared(self) -> tuple[tuple[int, ...], int]:
+        """(the periodic boundaries declared so far, the floor of the last step order)."""
+        ctx = self._ctx
+        return ctx.policy.declared or (), ctx.floor
+
     def admit(self, participants: Mapping[str, int]) -> None:
         """Who takes part now (a node joined the job)."""
         self._ctx.participants.update(participants)
@@ -393,7 +403,10 @@ class StageWorker:
             reply.stepped_iteration = last.iteration
             reply.stepped_loss = last.loss
             reply.stepped_trained = last.trained
+            reply.stepped_periodic = last.periodic
             if last.dropped:
                 reply.stepped_dropped.append(job_pb2.IterationMicrobatches(
                     iteration=last.iteration, microbatches=last.dropped))
+        declared, reply.floor = self.declared()
+        reply.declared.extend(declared)
         return reply

@@ -302,20 +302,24 @@ class DigestEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class CommittedRequest(_message.Message):
-    __slots__ = ("sender", "job_id", "iteration", "stage", "checksum", "digests")
+    __slots__ = ("sender", "job_id", "iteration", "stage", "checksum", "digests", "snapshots_landed", "snapshot_lacking")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_LANDED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_LACKING_FIELD_NUMBER: _ClassVar[int]
     sender: str
     job_id: str
     iteration: int
     stage: int
     checksum: str
     digests: _containers.RepeatedCompositeFieldContainer[DigestEntry]
-    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ..., checksum: _Optional[str] = ..., digests: _Optional[_Iterable[_Union[DigestEntry, _Mapping]]] = ...) -> None: ...
+    snapshots_landed: _containers.RepeatedScalarFieldContainer[int]
+    snapshot_lacking: int
+    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ..., checksum: _Optional[str] = ..., digests: _Optional[_Iterable[_Union[DigestEntry, _Mapping]]] = ..., snapshots_landed: _Optional[_Iterable[int]] = ..., snapshot_lacking: _Optional[int] = ...) -> None: ...
 
 class CommittedReply(_message.Message):
     __slots__ = ()
@@ -354,7 +358,7 @@ class PreparedReply(_message.Message):
     def __init__(self) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("sender", "job_id", "iteration", "round", "attempt", "final", "next_holders", "participants", "loss", "trained", "next_weights", "dropped", "excluded", "next_round", "move")
+    __slots__ = ("sender", "job_id", "iteration", "round", "attempt", "final", "next_holders", "participants", "loss", "trained", "next_weights", "dropped", "excluded", "next_round", "move", "periodic", "floor")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +374,8 @@ class StepRequest(_message.Message):
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     NEXT_ROUND_FIELD_NUMBER: _ClassVar[int]
     MOVE_FIELD_NUMBER: _ClassVar[int]
+    PERIODIC_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
     sender: str
     job_id: str
     iteration: int
@@ -385,7 +391,9 @@ class StepRequest(_message.Message):
     excluded: _containers.RepeatedScalarFieldContainer[str]
     next_round: int
     move: Move
-    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., final: _Optional[bool] = ..., next_holders: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., loss: _Optional[float] = ..., trained: _Optional[int] = ..., next_weights: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ..., excluded: _Optional[_Iterable[str]] = ..., next_round: _Optional[int] = ..., move: _Optional[_Union[Move, _Mapping]] = ...) -> None: ...
+    periodic: bool
+    floor: int
+    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., final: _Optional[bool] = ..., next_holders: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., loss: _Optional[float] = ..., trained: _Optional[int] = ..., next_weights: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ..., excluded: _Optional[_Iterable[str]] = ..., next_round: _Optional[int] = ..., move: _Optional[_Union[Move, _Mapping]] = ..., periodic: _Optional[bool] = ..., floor: _Optional[int] = ...) -> None: ...
 
 class Move(_message.Message):
     __slots__ = ("node", "from_stage", "stage", "iteration", "flow", "gain")
@@ -542,7 +550,7 @@ class SyncRequest(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class SyncReply(_message.Message):
-    __slots__ = ("iteration", "round", "prepared", "attempt", "stepped", "stepped_iteration", "stepped_loss", "stepped_trained", "stepped_dropped", "coordinator")
+    __slots__ = ("iteration", "round", "prepared", "attempt", "stepped", "stepped_iteration", "stepped_loss", "stepped_trained", "stepped_dropped", "coordinator", "declared", "floor", "stepped_periodic")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PREPARED_FIELD_NUMBER: _ClassVar[int]
@@ -553,6 +561,9 @@ class SyncReply(_message.Message):
     STEPPED_TRAINED_FIELD_NUMBER: _ClassVar[int]
     STEPPED_DROPPED_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    STEPPED_PERIODIC_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     round: int
     prepared: bool
@@ -563,7 +574,10 @@ class SyncReply(_message.Message):
     stepped_trained: int
     stepped_dropped: _containers.RepeatedCompositeFieldContainer[IterationMicrobatches]
     coordinator: str
-    def __init__(self, iteration: _Optional[int] = ..., round: _Optional[int] = ..., prepared: _Optional[bool] = ..., attempt: _Optional[int] = ..., stepped: _Optional[bool] = ..., stepped_iteration: _Optional[int] = ..., stepped_loss: _Optional[float] = ..., stepped_trained: _Optional[int] = ..., stepped_dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., coordinator: _Optional[str] = ...) -> None: ...
+    declared: _containers.RepeatedScalarFieldContainer[int]
+    floor: int
+    stepped_periodic: bool
+    def __init__(self, iteration: _Optional[int] = ..., round: _Optional[int] = ..., prepared: _Optional[bool] = ..., attempt: _Optional[int] = ..., stepped: _Optional[bool] = ..., stepped_iteration: _Optional[int] = ..., stepped_loss: _Optional[float] = ..., stepped_trained: _Optional[int] = ..., stepped_dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., coordinator: _Optional[str] = ..., declared: _Optional[_Iterable[int]] = ..., floor: _Optional[int] = ..., stepped_periodic: _Optional[bool] = ...) -> None: ...
 
 class EnterRequest(_message.Message):
     __slots__ = ("sender", "job_id", "stage", "has_state", "state_iteration")
@@ -580,7 +594,7 @@ class EnterRequest(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., stage: _Optional[int] = ..., has_state: _Optional[bool] = ..., state_iteration: _Optional[int] = ...) -> None: ...
 
 class EnterReply(_message.Message):
-    __slots__ = ("admitted", "iteration", "round", "donors", "participants", "holders", "coordinator", "rollback", "snapshot_iteration")
+    __slots__ = ("admitted", "iteration", "round", "donors", "participants", "holders", "coordinator", "rollback", "snapshot_iteration", "declared", "floor")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -590,6 +604,8 @@ class EnterReply(_message.Message):
     COORDINATOR_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     iteration: int
     round: int
@@ -599,7 +615,9 @@ class EnterReply(_message.Message):
     coordinator: str
     rollback: bool
     snapshot_iteration: int
-    def __init__(self, admitted: _Optional[bool] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., donors: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., holders: _Optional[_Iterable[str]] = ..., coordinator: _Optional[str] = ..., rollback: _Optional[bool] = ..., snapshot_iteration: _Optional[int] = ...) -> None: ...
+    declared: _containers.RepeatedScalarFieldContainer[int]
+    floor: int
+    def __init__(self, admitted: _Optional[bool] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., donors: _Optional[_Iterable[str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., holders: _Optional[_Iterable[str]] = ..., coordinator: _Optional[str] = ..., rollback: _Optional[bool] = ..., snapshot_iteration: _Optional[int] = ..., declared: _Optional[_Iterable[int]] = ..., floor: _Optional[int] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
     __slots__ = ("sender", "job_id", "participants")
@@ -630,7 +648,7 @@ class StateRequest(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., stage: _Optional[int] = ..., exact: _Optional[bool] = ..., iteration: _Optional[int] = ...) -> None: ...
 
 class StateChunk(_message.Message):
-    __slots__ = ("seq", "stage", "iteration", "total_bytes", "payload", "job_id", "sender")
+    __slots__ = ("seq", "stage", "iteration", "total_bytes", "payload", "job_id", "sender", "periodic")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -638,6 +656,7 @@ class StateChunk(_message.Message):
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
+    PERIODIC_FIELD_NUMBER: _ClassVar[int]
     seq: int
     stage: int
     iteration: int
@@ -645,7 +664,8 @@ class StateChunk(_message.Message):
     payload: bytes
     job_id: str
     sender: str
-    def __init__(self, seq: _Optional[int] = ..., stage: _Optional[int] = ..., iteration: _Optional[int] = ..., total_bytes: _Optional[int] = ..., payload: _Optional[bytes] = ..., job_id: _Optional[str] = ..., sender: _Optional[str] = ...) -> None: ...
+    periodic: bool
+    def __init__(self, seq: _Optional[int] = ..., stage: _Optional[int] = ..., iteration: _Optional[int] = ..., total_bytes: _Optional[int] = ..., payload: _Optional[bytes] = ..., job_id: _Optional[str] = ..., sender: _Optional[str] = ..., periodic: _Optional[bool] = ...) -> None: ...
 
 class BackupAck(_message.Message):
     __slots__ = ("received_bytes",)
