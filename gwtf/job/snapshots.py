@@ -297,9 +297,8 @@ def own_kept(
     """The periodic boundaries whose own state every node at `iteration` keeps in memory: the
     latest at or before it, and the one before that until every stage's snapshot of the latest
     has fully landed at every keeper it was sent to (`landed`, `snapshot_landed`). By default
-    the latest has landed once an iteration after it started: a node reports its step only
-    after its snapshot landed at every keeper (docs/design.md 4.6), so the step that starts the
-    next iteration comes after every landing.
+    the latest has landed once an iteration after it started (snapshots that hold the step
+    until they land, `SnapshotPolicy.declared` None).
 
     `floor` (declared boundaries, `declare_due`): the newest periodic boundary whose snapshot
     landed at every stage; the latest and that one are kept (one only once the latest landed

@@ -10,8 +10,11 @@ and all-gather (gwtf.node.exchange, gwtf.node.slices; two legs, fewer bytes). Wi
 aggregation always all to all: the node screens the sums and names the out-of-bounds peers.
 Phase two (`step`): once every member is prepared, the node divides the sum exactly as
 `combine_contributions` would (or combines by the job's robust rule), steps AdamW, and reports
-its stage checksum. A member that dies in phase one voids the attempt and the coordinator
-orders another; a reduce-scatter and all-gather then moves only what this one did not deliver.
+its stage checksum at once. The step order declares whether the boundary after it is a periodic
+snapshot and names the floor (docs/design.md 4.6); the stage's snapshot sender streams the new
+state to its keepers in the background and reports the periodic ones that landed with its next
+step. A member that dies in phase one voids the attempt and the coordinator orders another; a
+reduce-scatter and all-gather then moves only what this one did not deliver.
 """
 
 from __future__ import annotations

@@ -245,7 +245,8 @@ class StateTransfer:
 
         async def send() -> None:
             iteration, data = await worker.state_bytes()
-            await self.keep_backup(job_id, worker.stage, iteration, data)
+            await self.keep_backup(job_id, worker.stage, iteration, data,
+                                   iteration in worker.declared()[0])
 
         self.host.spawn(send(), "backup")
 

@@ -44,9 +44,8 @@
   rollback, rather than failing the job. The node sends it all the same, as its joiners cannot
   rebuild a stage yet, and fails such a job (docs/design.md 4.6).
 
-The node does not stream in the background yet: it sends every `snapshot_every`-th boundary's
-snapshot before it reports its step, which is the declared rule with every snapshot landed by
-the next step (docs/design.md 4.6 says what differs).
+The node streams its snapshots in the background by the same rule: its job coordinator declares
+the boundaries (`gwtf.job.snapshots.Boundaries`) on its senders' reports (docs/design.md 4.6).
 
 Only `RuleRecovery` (the policies that recover by the rules) keeps snapshots; the baselines'
 joiners of an empty stage load a checkpoint stored near them, as before.

@@ -11,7 +11,10 @@ stage) and trains one short tiny-gpt job, killing nodes by pid with SIGKILL whil
 - both data holders at once, the coordinator among them, in the same job: a holder that joins
   adopts the job from stage 0's snapshot and the swarm rolls back to it;
 - both stage-1 nodes at once with the default policy, where a stage of two replicas is thin and
-  snapshotted after every step: the joiner restores the iteration in progress, no rollback;
+  snapshotted after every step, at a moment its newest snapshot has landed at every keeper
+  (snapshots stream in the background, so the test stops the stage's nodes first and kills them
+  once it sees that in the keepers' logs): the joiner restores the iteration in progress, no
+  rollback;
 - one node of stage 1 and one of stage 2 at once: no stage is wiped, the iteration starts over;
 - the coordinator, one keeper of the other stages' snapshots, with both stage-1 nodes: the next
   holder coordinates and the joiner of stage 1 restores it from the second keeper's snapshot;
@@ -29,6 +32,7 @@ so they count once), and with what happened on the job's record.
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -88,14 +92,42 @@ def assert_equals_reference(result: JobResult, job: JobConfig) -> None:
     assert result.param_checksum == ref.param_checksum
 
 
-def wipe_stage_1_and_join(swarm: LocalSwarm, job: JobConfig, kill_after: int) -> JobResult:
-    """Train `job`; once `kill_after` iterations completed, SIGKILL both stage-1 nodes at once;
-    once the job pauses for want of stage 1, start a new stage-1 node. The job's result."""
+def kill_once_landed(swarm: LocalSwarm, stage: int, *node_ids: str) -> None:
+    """SIGKILL `node_ids`, every replica of `stage`, at a moment the stage's snapshot of the
+    iteration they are at has landed at every other node (each keeps it by default): stop them
+    (SIGSTOP: the stage cannot step on meanwhile), kill them if every other node's log shows
+    that snapshot kept, else let them go on a moment and look again."""
+    stepped = re.compile(rf"iteration (\d+) stepped at stage {stage} ")
+    procs = [swarm.procs[n] for n in node_ids]
+    keepers = [p for p in swarm.live() if p.id not in node_ids]
+    for _ in range(200):
+        for proc in procs:
+            proc.popen.send_signal(signal.SIGSTOP)
+        at = 1 + max((int(m) for p in procs for m in stepped.findall(p.log.read_text())),
+                     default=-1)
+        kept = f"keeping stage {stage}'s state of iteration {at} "
+        if all(kept in p.log.read_text() for p in keepers):
+            kill_at_once(swarm, *node_ids)
+            return
+        for proc in procs:
+            proc.popen.send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"stage {stage}'s snapshots never landed at every other node")
+
+
+def wipe_stage_1_and_join(swarm: LocalSwarm, job: JobConfig, kill_after: int, *,
+                          landed: bool = False) -> JobResult:
+    """Train `job`; once `kill_after` iterations completed, SIGKILL both stage-1 nodes at once
+    (with `landed`, at a moment stage 1's newest snapshot is at every keeper); once the job
+    pauses for want of stage 1, start a new stage-1 node. The job's result."""
     client = GwtfClient(swarm.procs["z0"].address)
     job_id = client.submit(job)
     wait_for(lambda: client.progress(job_id).iterations_completed >= kill_after, WAIT_S,
              f"{kill_after} iterations")
-    kill_at_once(swarm, "a0", "a1")
+    if landed:
+        kill_once_landed(swarm, 1, "a0", "a1")
+    else:
+        kill_at_once(swarm, "a0", "a1")
     wait_for(lambda: "stage 1 has no live node" in client.progress(job_id).paused, 30,
              "the job to pause for stage 1")
     swarm.join("a9", 1, 0.07)
@@ -139,9 +171,10 @@ def test_wiped_data_holders_roll_back_when_a_holder_joins(swarm: LocalSwarm) -> 
 
 def test_a_wiped_thin_stage_resumes_where_it_was(swarm: LocalSwarm) -> None:
     # The measured case of issue 16: with two replicas, stage 1 is thin by default and sends its
-    # state after every step, so the joiner restores the very iteration in progress.
+    # state after every step, so the joiner restores the very iteration in progress once that
+    # snapshot landed (a wipe while it streams rolls back to the latest periodic one instead).
     job = job_for("thin", 6)
-    result = wipe_stage_1_and_join(swarm, job, kill_after=2)
+    result = wipe_stage_1_and_join(swarm, job, kill_after=2, landed=True)
     assert_equals_reference(result, job)
     assert (result.crashes, result.joins) == (2, 1)
     assert result.rollbacks == ()
