@@ -54,7 +54,10 @@ class JobsHost(Protocol):
 
     def stubs_at(self, address: str) -> Stubs: ...
 
-    def wan_delay(self, member: MemberInfo, nbytes: int) -> float: ...
+    def wan_delay(self, member: MemberInfo, nbytes: int, *, bulk: bool = False) -> float:
+        """Seconds the emulated WAN holds `nbytes` to `member` (0 without emulation); `bulk`:
+        a stage snapshot, queued apart from the data plane."""
+        ...
 
     def link(self, a: MemberInfo, b: MemberInfo) -> LinkSpec | None:
         """The link matrix's link between two members (None: unknown)."""

@@ -284,6 +284,8 @@ class StateTransfer:
             member = self.host.member(keeper)
             if member is None:
                 return False
+            # The emulated WAN (docs/design.md 3.6): the copy's bytes and the link's latency.
+            await asyncio.sleep(self.host.wan_delay(member, len(data), bulk=True))
             try:
                 await self.host.stubs(member).jobs.Backup(
                     _chunks(data, stage, iteration, job_id, self.host.node_id, periodic),

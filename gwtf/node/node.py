@@ -303,8 +303,8 @@ class Node:
     def hear_verdicts(self, infos: list[MemberInfo]) -> None:
         self._control.hear_verdicts(infos)
 
-    def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
-        return self._peers.wan_delay(member, nbytes)
+    def wan_delay(self, member: MemberInfo, nbytes: int, *, bulk: bool = False) -> float:
+        return self._peers.wan_delay(member, nbytes, bulk=bulk)
 
     def link(self, a: MemberInfo, b: MemberInfo) -> LinkSpec | None:
         return self._peers.link(a, b)

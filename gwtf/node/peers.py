@@ -87,12 +87,12 @@ class Peers:
 
     # ------------------------------------------------------------------ the emulated WAN
 
-    def wan_delay(self, member: MemberInfo, nbytes: int) -> float:
+    def wan_delay(self, member: MemberInfo, nbytes: int, *, bulk: bool = False) -> float:
         """How long the emulated WAN holds `nbytes` to `member` (streams are not intercepted:
-        their senders wait this long before the first chunk)."""
+        their senders wait this long before the first chunk); `bulk`: a stage snapshot."""
         if self.wan is None:
             return 0.0
-        return self.wan.delay(member.id, member.location, nbytes)
+        return self.wan.delay(member.id, member.location, nbytes, bulk=bulk)
 
     def link(self, a: MemberInfo, b: MemberInfo) -> LinkSpec | None:
         """The link matrix's link between two members' locations (None: no emulated WAN, or

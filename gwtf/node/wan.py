@@ -144,6 +144,7 @@ class WanEmulator:
         self._intra = intra
         # Per peer: when the outgoing link to it has finished serialising what was queued.
         self._free_at: dict[str, float] = {}
+        self._bulk_free_at: dict[str, float] = {}
         self._stack: deque[float] = deque(maxlen=CALIBRATION_WINDOW)
 
     def calibrate(self, rtt_s: float) -> None:
@@ -178,16 +179,19 @@ class WanEmulator:
             return self._intra
         return self._links.get(frozenset((loc_a, loc_b)))
 
-    def delay(self, peer: str, location: str, nbytes: int) -> float:
+    def delay(self, peer: str, location: str, nbytes: int, *, bulk: bool = False) -> float:
         """Seconds to hold a message of `nbytes` to `peer` at `location`, from now; 0 when the
-        peer's location is unknown (a client with no location, such as `gwtf status`)."""
+        peer's location is unknown (a client with no location, such as `gwtf status`).
+        `bulk`: a stage snapshot, streamed in the background (docs/design.md 4.6): it queues
+        behind the snapshots sent to `peer` before it, not with the data plane's messages."""
         link = self.link_to(location) if location else None
         if link is None:
             return 0.0
         now = self._clock()
         serialise = nbytes * 8 / (link.bandwidth_gbps * 1e9)
-        departed = max(now, self._free_at.get(peer, now)) + serialise
-        self._free_at[peer] = departed
+        queue = self._bulk_free_at if bulk else self._free_at
+        departed = max(now, queue.get(peer, now)) + serialise
+        queue[peer] = departed
         one_way = max(0.0, link.rtt_ms / 2000 - self.stack_rtt_s / 2)
         return departed - now + one_way
 
@@ -201,3 +205,4 @@ class WanEmulator:
 
     def forget(self, peer: str) -> None:
         self._free_at.pop(peer, None)
+        self._bulk_free_at.pop(peer, None)

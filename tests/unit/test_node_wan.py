@@ -58,6 +58,15 @@ def test_messages_to_one_peer_queue_behind_each_other() -> None:
     assert first == pytest.approx(0.064)
 
 
+def test_snapshots_queue_behind_each_other_apart_from_the_data_plane() -> None:
+    wan = WanEmulator("Oregon", LINKS, Clock())
+    # A 10 MB snapshot: 160 ms on the wire, after the snapshot before it, not in the way of
+    # the activations to the same peer (docs/design.md 4.6, *Background*).
+    assert wan.delay("t", "Tokyo", 10_000_000, bulk=True) == pytest.approx(0.160 + 0.048)
+    assert wan.delay("t", "Tokyo", 0) == pytest.approx(0.048)
+    assert wan.delay("t", "Tokyo", 10_000_000, bulk=True) == pytest.approx(0.320 + 0.048)
+
+
 def test_calibration_subtracts_the_local_stack_once_measured_enough() -> None:
     wan = WanEmulator("Oregon", LINKS, Clock())
     for _ in range(CALIBRATION_MIN - 1):
