@@ -248,6 +248,7 @@ class StageContext:
             self.policy = self.policy.declare(boundary)
         if floor is not None:
             self.floor = floor
+            self.landed = {b for b in self.landed if b >= floor}
 
     def rolled_back(self, to: int) -> None:
         """The swarm rolled back to `to`: the boundaries after it are of undone work."""
