@@ -33,6 +33,7 @@ BENCHMARKS = {
     "load": "benchmarks.load",
     "device": "benchmarks.device",
     "moves": "benchmarks.moves",
+    "snapshots": "benchmarks.snapshots_node",
 }
 
 
