@@ -378,11 +378,11 @@ class CommitParticipant:
         ctx.participants.update(order.participants)
         ctx.keep_snapshot(boundary, state if keep else None)
         self._advance(order)
-        lacking = None
         if send and state is not None:
             self._stream(boundary, state)
-        elif not order.final:
-            lacking = self._send_latest(order.participants, boundary)
+        # The latest periodic snapshot, if its copies were cut off, goes again (a thin stage
+        # sends its state every step, but only the periodic one lets the next be declared).
+        lacking = None if order.final else self._send_latest(order.participants, boundary)
         ctx.host.report_committed(ctx.job_id, CommittedReport(
             sender=me,
             iteration=it.number,
@@ -439,7 +439,7 @@ class CommitParticipant:
         ctx.spawn(stream(), f"snapshot {boundary}")
 
     def _send_latest(self, participants: Mapping[str, int], boundary: int) -> int | None:
-        """As the stage's sender at `boundary`, with no snapshot due: the latest periodic
+        """As the stage's sender at `boundary`: the latest periodic
         boundary if its snapshot of this stage has not landed everywhere (its copies were cut
         off, or its sender died) is sent again from this node's own state of it; the boundary
         it holds no state of, which it then cannot send (`Boundaries.lacking`), else None."""
