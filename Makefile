@@ -28,7 +28,7 @@ help:
 	@echo "make lint    ruff on gwtf tests benchmarks; mypy (strict) on the typed packages"
 	@echo "make test    setup, lint, then the whole pytest suite but the soak test"
 	@echo "make soak    setup, then the soak tests: a local cluster trains under 30 minutes of churn"
-	@echo "             (~40 min in all; GWTF_SOAK_S=300 make soak churns for 5)"
+	@echo "             (40-80 min in all; GWTF_SOAK_S=300 make soak churns for 5)"
 	@echo "make bench   setup, then python -m benchmarks"
 	@echo "make demo    setup, then gwtf demo"
 	@echo "make clean   remove caches and build outputs (keeps $(VENV)); distclean also removes it"
