@@ -207,10 +207,7 @@ class Joiner:
             if active is None:
                 await worker.stop()
                 return
-            # What was declared up to its state's iteration: later ones, if any, are of work a
-            # rollback to that iteration undoes; the step orders bring the next ones.
-            worker.boundaries([b for b in reply.declared if b <= iteration],
-                              min(reply.floor, iteration), record.resumed_from)
+            worker.boundaries(reply.declared, reply.floor, record.resumed_from)
             active.worker = worker
             active.participants = {p.id: p.stage for p in reply.participants}
             active.coordinator = reply.coordinator
@@ -300,8 +297,7 @@ class Joiner:
         participants = {node: s for node, (s, _) in replies.items()}
         participants[me] = 0
         round_ = max((r.round for _, r in replies.values() if r.iteration == top), default=0)
-        worker.boundaries([b for b in known.declared if b <= state[0]],
-                          min(known.floor, state[0]), record.resumed_from)
+        worker.boundaries(known.declared, known.floor, record.resumed_from)
         active.worker = worker
         active.participants = participants
         active.coordinator = me

@@ -238,9 +238,13 @@ class StageContext:
 
     def boundaries(self, declared: Iterable[int], floor: int, start: int) -> None:
         """The job's periodic boundaries declared so far, its floor and its first iteration, as
-        its coordinator says (a node entering a running job)."""
-        self.policy = replace(self.policy, start=start, declared=tuple(sorted(declared)))
-        self.floor = floor
+        its coordinator says (a node entering a running job). Only those up to the iteration its
+        state is at count: later ones are of work a rollback to it undoes, and the step orders
+        bring the next ones."""
+        at = self.executor.iteration
+        self.policy = replace(self.policy, start=start,
+                              declared=tuple(sorted(b for b in declared if b <= at)))
+        self.floor = min(floor, at)
 
     def declare(self, boundary: int | None, floor: int | None) -> None:
         """A step order declared `boundary` periodic (None: none) and names the floor."""
