@@ -50,9 +50,6 @@ SECTION = ("## Simulator fidelity: the real swarm against the simulator "
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "simulations" / "fidelity.toml"
 MATRIX = REPO / "gwtf" / "data" / "geo10_aws.csv"
-BASE_COMPUTE_S = 0.3
-"""Stage compute per microbatch on a V100 (forward + backward); a node's is this over its GPU's
-speed."""
 POLICY = "gwtf-fixed"
 """The `gwtf` policy without placement moves: a node keeps the stage it took (docs/design.md 2.11,
 moves run in the simulator only), and these nodes are pinned (`--stage K`)."""
@@ -81,13 +78,14 @@ def tiny_stage_params(stages: int) -> tuple[float, ...]:
 
 
 def scenario() -> Scenario:
-    """`simulations/fidelity.toml` with the real model's stages and the emulated compute."""
-    base = load_scenario(SCENARIO)
-    return dataclasses.replace(
-        base,
-        params_per_stage=tiny_stage_params(base.stages),
-        compute_s_v100=(BASE_COMPUTE_S,) * base.stages,
-    )
+    """`simulations/fidelity.toml`, which states the real model's stages and the nodes'
+    emulated compute (`compute_s_v100`); checked against the model, so the two cannot drift."""
+    sc = load_scenario(SCENARIO)
+    real = tiny_stage_params(sc.stages)
+    if sc.params_per_stage != real:
+        raise SystemExit(f"{SCENARIO}: params_per_stage {list(sc.params_per_stage)} is not the "
+                         f"tiny-gpt preset's {list(real)}")
+    return sc
 
 
 # ---------------------------------------------------------------------------- the real swarm
@@ -341,7 +339,7 @@ def run(quick: bool = False, saved: Path | None = None) -> str:
 {measured}
 
 `simulations/fidelity.toml`: {len(sc.initial)} nodes, {sc.stages} stages, geo10 links, compute
-{BASE_COMPUTE_S:g} s per microbatch on a V100 over the GPU's speed (sleep-padded in the real
+{sc.compute_s_v100[0]:g} s per microbatch on a V100 over the GPU's speed (sleep-padded in the real
 nodes), tiny-gpt, failure timeout {sc.detection_timeout_s:g} s. Trace as applied (seconds after
 the first commit): {events}. Joiner start-up (spawn to listening):
 {', '.join(f'{s:.1f}' for s in startup)} s.

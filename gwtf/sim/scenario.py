@@ -15,6 +15,8 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     activation_dtype_bytes = 2          # bytes per activation value (fp16/bf16)
     compute = "measured"                # measured | peak: where stage compute comes from (below)
     utilisation = 0.4                   # peak: the fraction of the GPU's peak a stage reaches
+    compute_s_v100 = [0.3, ...]         # or each stage's seconds per microbatch on a V100,
+                                        # given (a job whose nodes emulate their compute)
     grad_bytes_per_param = 2            # bytes per parameter in the intra-stage all-reduce
     state_bytes_per_param = 16          # what a joiner downloads (weights + optimizer state)
 
@@ -76,7 +78,9 @@ token (forward + backward). A stage of P parameters and T tokens per microbatch 
 `compute = "peak"`: a GPU runs at `utilisation` times its dense 16-bit tensor peak
 (gwtf/data/gpu_peak_tflops.csv, the vendors' datasheets), so a stage takes
 `6 P T / (peak * utilisation)` seconds; current training stacks reach 30-50% of that peak,
-several times the V100 figure above. A microbatch's activation is `tokens * hidden *
+several times the V100 figure above. `compute_s_v100`, where given, replaces either: each
+stage's seconds per microbatch on a V100, as nodes that emulate their compute run it (`gwtf node
+--emulate-compute`; simulations/fidelity.toml). A microbatch's activation is `tokens * hidden *
 activation_dtype_bytes` bytes.
 """
 
@@ -239,7 +243,7 @@ _TOP = ("name", "description", "seed", "duration_s", "model", "training", "netwo
 _SECTIONS = {
     "model": ("stages", "params_per_stage", "tokens_per_microbatch", "hidden_size",
               "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param",
-              "compute", "utilisation"),
+              "compute", "utilisation", "compute_s_v100"),
     "training": ("iterations", "microbatches_per_iteration", "memory_slots", "replay_bound",
                  "snapshot_every", "snapshot_thin", "snapshot_keepers"),
     "network": ("matrix", "intra_rtt_ms", "intra_bandwidth_gbps"),
@@ -293,6 +297,20 @@ class _Reader:
             )
         return value
 
+    def per_stage(self, key: str, stages: int, *, required: bool = False) -> tuple[float, ...]:
+        """A list of one positive number per stage; () where the key is absent and optional."""
+        value = self._get(key, None, required)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or len(value) != stages or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            for v in value
+        ):
+            raise ScenarioError(
+                f"{self.where}: {key!r} must be a list of {stages} positive numbers"
+            )
+        return tuple(float(v) for v in value)
+
     def text(self, key: str, default: str = "", *, required: bool = False) -> str:
         value = self._get(key, default, required)
         if not isinstance(value, str):
@@ -343,18 +361,7 @@ def parse_scenario(
 
     model = _section(where, doc, "model")
     stages = model.integer("stages", required=True, minimum=2)
-    raw_params = model._get("params_per_stage", None, True)
-    if (
-        not isinstance(raw_params, list)
-        or len(raw_params) != stages
-        or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in raw_params
-        )
-    ):
-        raise ScenarioError(
-            f"{where} [model]: 'params_per_stage' must be a list of {stages} positive numbers"
-        )
-    params = tuple(float(v) for v in raw_params)
+    params = model.per_stage("params_per_stage", stages, required=True)
     tokens = model.integer("tokens_per_microbatch", required=True, minimum=1)
     hidden = model.integer("hidden_size", required=True, minimum=1)
     act_dtype = model.number("activation_dtype_bytes", 2, positive=True)
@@ -380,7 +387,8 @@ def parse_scenario(
     elif compute_model != "measured":
         raise ScenarioError(
             f"{where} [model]: unknown compute {compute_model!r}; use measured or peak")
-    compute_v100 = tuple(6 * p * tokens / v100_flops for p in params)
+    compute_v100 = model.per_stage("compute_s_v100", stages) or tuple(
+        6 * p * tokens / v100_flops for p in params)
 
     training = _section(where, doc, "training")
     iterations = training.integer("iterations", required=True, minimum=1)

@@ -61,6 +61,17 @@ def test_compute_comes_from_the_measured_gpu_speeds() -> None:
     assert sc.compute_s(node) == pytest.approx(sc.compute_s_v100[node.stage] / node.speed)
 
 
+def test_given_compute_replaces_the_compute_model(tmp_path: Path) -> None:
+    text = MINIMAL.replace("hidden_size = 1024", "hidden_size = 1024\ncompute_s_v100 = [0.3, 0.5]")
+    sc = load_scenario(write(tmp_path, text))
+    assert sc.compute_s_v100 == (0.3, 0.5)
+    node = next(iter(sc.nodes.values()))
+    assert sc.compute_s(node) == pytest.approx(sc.compute_s_v100[node.stage] / node.speed)
+    # The fidelity swarm states the real nodes' emulated compute, not its tiny model's.
+    fidelity = load_scenario(REPO / "simulations" / "fidelity.toml")
+    assert fidelity.compute_s_v100 == (0.3, 0.3, 0.3)
+
+
 def test_generated_churn_depends_on_the_seed_only(tmp_path: Path) -> None:
     text = MINIMAL + '[churn]\ngenerator = "poisson"\njoin_rate_per_h = 60\nsession_mean_s = 300\n'
     first = load_scenario(write(tmp_path, text))
@@ -87,6 +98,8 @@ def test_generated_churn_depends_on_the_seed_only(tmp_path: Path) -> None:
         (lambda t: t.replace("hidden_size = 1024",
                              'hidden_size = 1024\ncompute = "peak"\nutilisation = 1.5'),
          "at most 1"),
+        (lambda t: t.replace("hidden_size = 1024", "hidden_size = 1024\ncompute_s_v100 = [0.3]"),
+         "'compute_s_v100' must be a list of 2"),
         (lambda t: t.replace("count = 4", "count = 4\nuplink_gbps = [0.1, 0]"),
          "'uplink_gbps' must be a list of positive numbers"),
         (lambda t: t.replace("count = 4", 'count = 4\ndownlink_gbps = ["fast"]'),

@@ -16,7 +16,7 @@ SCENARIO = Path(__file__).resolve().parents[2] / "simulations" / "fidelity.toml"
 
 
 def test_no_node_works_on_an_iteration_before_its_step_order_arrives() -> None:
-    sc = dataclasses.replace(load_scenario(SCENARIO), events=(), duration_s=20.0)
+    sc = dataclasses.replace(load_scenario(SCENARIO), events=(), duration_s=60.0)
     sim = simulation(sc, "gwtf-fixed")
     starts: list[tuple[str, float, float]] = []
     commits: list[float] = []
