@@ -1,4 +1,6 @@
-"""The gRPC servicers of a node: thin, they check and convert, then call the `Node`.
+"""The gRPC services of a node: thin, each a table (`TABLES`) with one row per RPC that names the
+`Node`'s handler; the RPC's shape and message types come from the service's descriptor, and one
+function per shape (`_unary`, `_streaming`) turns a row into a grpc handler.
 
 A malformed message (it does not parse: grpc answers INTERNAL before we see it; too big:
 RESOURCE_EXHAUSTED) or an invalid one (`InvalidMessage`: INVALID_ARGUMENT) fails that call alone;
@@ -10,7 +12,10 @@ the node keeps serving. A refusal the node decides (wrong stage, another swarm) 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -23,11 +28,9 @@ from gwtf.node.rpcedge import drain, status
 from gwtf.v1 import (
     data_pb2,
     flow_pb2,
-    flow_pb2_grpc,
     health_pb2,
     health_pb2_grpc,
     job_pb2,
-    job_pb2_grpc,
     node_pb2,
     node_pb2_grpc,
 )
@@ -77,43 +80,6 @@ async def _fail(context: aio.ServicerContext, err: Exception) -> NoReturn:
     raise AssertionError("abort returned")  # pragma: no cover
 
 
-class MembershipServicer(node_pb2_grpc.MembershipServicer):
-    def __init__(self, node: Node) -> None:
-        self._node = node
-
-    async def Config(
-        self, request: node_pb2.ConfigRequest, context: aio.ServicerContext
-    ) -> node_pb2.ConfigReply:
-        try:
-            return self._node.on_config(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Join(
-        self, request: node_pb2.JoinRequest, context: aio.ServicerContext
-    ) -> node_pb2.JoinReply:
-        try:
-            return self._node.on_join(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Leave(
-        self, request: node_pb2.LeaveRequest, context: aio.ServicerContext
-    ) -> node_pb2.LeaveReply:
-        try:
-            return self._node.on_leave(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Gossip(
-        self, request: node_pb2.GossipRequest, context: aio.ServicerContext
-    ) -> node_pb2.GossipReply:
-        try:
-            return self._node.on_gossip(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-
 class ProbeServicer(node_pb2_grpc.ProbeServicer):
     async def Echo(
         self, request: node_pb2.EchoRequest, context: aio.ServicerContext
@@ -121,280 +87,170 @@ class ProbeServicer(node_pb2_grpc.ProbeServicer):
         return node_pb2.EchoReply(nonce=request.nonce, received_bytes=len(request.payload))
 
 
-class FlowServicer(flow_pb2_grpc.FlowServicer):
-    def __init__(self, node: Node) -> None:
-        self._node = node
+# ------------------------------------------------------------------ the services, as tables
 
-    async def Exchange(
-        self, request: flow_pb2.FlowBatch, context: aio.ServicerContext
-    ) -> flow_pb2.FlowAck:
-        try:
-            return self._node.on_exchange(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Phase(
-        self, request: flow_pb2.PhaseCommand, context: aio.ServicerContext
-    ) -> flow_pb2.PhaseReport:
-        try:
-            return self._node.on_phase(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Nudge(
-        self, request: flow_pb2.NudgeRequest, context: aio.ServicerContext
-    ) -> flow_pb2.NudgeReply:
-        self._node.on_nudge(request)
-        return flow_pb2.NudgeReply()
+Call = Callable[[Node, Any], Any]
+"""What an RPC does with its request (or its request stream): returns the reply, an awaitable
+of it, or, for a server-streaming RPC, an async iterator of replies."""
+Raw = Callable[[Node, Any, aio.ServicerContext], Awaitable[Any]]
+"""An RPC that handles its own stream and errors (Contribute)."""
 
 
-class StatusServicer(node_pb2_grpc.StatusServicer):
-    def __init__(self, node: Node) -> None:
-        self._node = node
+@dataclass(frozen=True)
+class Rpc:
+    """One row of a service's table: the node's handler, and whether the node must have joined
+    its swarm first (`require_ready`). `InvalidMessage` and `Refusal` from the handler become the
+    call's status (`gwtf.node.rpcedge.status`); anything else is a bug and fails the call as
+    UNKNOWN, as grpc does."""
 
-    async def Get(
-        self, request: node_pb2.StatusRequest, context: aio.ServicerContext
-    ) -> node_pb2.StatusReply:
-        return await self._node.on_status(request)
+    call: Call
+    ready: bool = False
 
 
-class JobServicer(job_pb2_grpc.JobServiceServicer):
-    """Training jobs (gwtf.node.jobs): the client's calls and the calls between nodes."""
+MEMBERSHIP: Mapping[str, Rpc] = {
+    "Config": Rpc(lambda n, r: n.on_config(r)),
+    "Join": Rpc(lambda n, r: n.on_join(r)),
+    "Leave": Rpc(lambda n, r: n.on_leave(r)),
+    "Gossip": Rpc(lambda n, r: n.on_gossip(r)),
+}
+FLOW: Mapping[str, Rpc] = {
+    "Exchange": Rpc(lambda n, r: n.on_exchange(r)),
+    "Phase": Rpc(lambda n, r: n.on_phase(r)),
+    "Nudge": Rpc(lambda n, r: _nudge(n, r)),
+}
+STATUS: Mapping[str, Rpc] = {"Get": Rpc(lambda n, r: n.on_status(r))}
 
-    def __init__(self, node: Node) -> None:
-        self._node = node
 
-    async def Submit(
-        self, request: job_pb2.SubmitRequest, context: aio.ServicerContext
-    ) -> job_pb2.SubmitReply:
-        try:
-            self._node.require_ready()
-            return await self._node.jobs.submit(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
+def _nudge(node: Node, request: flow_pb2.NudgeRequest) -> flow_pb2.NudgeReply:
+    node.on_nudge(request)
+    return flow_pb2.NudgeReply()
 
-    async def Watch(
-        self, request: job_pb2.WatchRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[job_pb2.JobProgress]:
-        try:
-            async for progress in self._node.jobs.watch(request):
-                yield progress
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
 
-    async def List(
-        self, request: job_pb2.ListRequest, context: aio.ServicerContext
-    ) -> job_pb2.ListReply:
-        return self._node.jobs.list_jobs()
+async def _contribute(
+    node: Node, request_iterator: AsyncIterator[job_pb2.ContributionChunk],
+    context: aio.ServicerContext,
+) -> job_pb2.ContributionAck:
+    """A stage peer's gradient contribution (gwtf.node.gradsync), assembled as it streams."""
+    jobs = node.jobs
+    if not jobs.loaded:
+        await drain(request_iterator)
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no job runs here")
+    # torch is loaded once a job runs here.
+    from gwtf.node.gradsync import ContributionAssembler, ContributionError
 
-    async def Cancel(
-        self, request: job_pb2.CancelRequest, context: aio.ServicerContext
-    ) -> job_pb2.CancelReply:
-        try:
-            return self._node.jobs.cancel(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Prepare(
-        self, request: job_pb2.PrepareRequest, context: aio.ServicerContext
-    ) -> job_pb2.PrepareReply:
-        try:
-            self._node.require_ready()
-            return await self._node.jobs.prepare(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Start(
-        self, request: job_pb2.StartRequest, context: aio.ServicerContext
-    ) -> job_pb2.StartReply:
-        try:
-            self._node.require_ready()
-            return self._node.jobs.start(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Done(
-        self, request: job_pb2.DoneRequest, context: aio.ServicerContext
-    ) -> job_pb2.DoneReply:
-        try:
-            return self._node.jobs.done(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Commit(
-        self, request: job_pb2.CommitRequest, context: aio.ServicerContext
-    ) -> job_pb2.CommitReply:
-        try:
-            return self._node.jobs.commit(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Committed(
-        self, request: job_pb2.CommittedRequest, context: aio.ServicerContext
-    ) -> job_pb2.CommittedReply:
-        try:
-            return self._node.jobs.committed(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Progress(
-        self, request: job_pb2.ProgressRequest, context: aio.ServicerContext
-    ) -> job_pb2.ProgressReply:
-        try:
-            return self._node.jobs.on_progress(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Fail(
-        self, request: job_pb2.FailRequest, context: aio.ServicerContext
-    ) -> job_pb2.FailReply:
-        try:
-            return self._node.jobs.on_fail(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Prepared(
-        self, request: job_pb2.PreparedRequest, context: aio.ServicerContext
-    ) -> job_pb2.PreparedReply:
-        try:
-            return self._node.jobs.prepared(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Step(
-        self, request: job_pb2.StepRequest, context: aio.ServicerContext
-    ) -> job_pb2.StepReply:
-        try:
-            return self._node.jobs.step(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Report(
-        self, request: job_pb2.ReportRequest, context: aio.ServicerContext
-    ) -> job_pb2.ReportReply:
-        try:
-            return await self._node.jobs.report(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Recover(
-        self, request: job_pb2.RecoverRequest, context: aio.ServicerContext
-    ) -> job_pb2.RecoverReply:
-        try:
-            return self._node.jobs.recover(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Redirect(
-        self, request: job_pb2.RedirectRequest, context: aio.ServicerContext
-    ) -> job_pb2.RedirectReply:
-        try:
-            return self._node.jobs.redirect(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Replayed(
-        self, request: job_pb2.ReplayedRequest, context: aio.ServicerContext
-    ) -> job_pb2.ReplayedReply:
-        try:
-            return self._node.jobs.replayed(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Restart(
-        self, request: job_pb2.RestartRequest, context: aio.ServicerContext
-    ) -> job_pb2.RestartReply:
-        try:
-            return self._node.jobs.restart(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Sync(
-        self, request: job_pb2.SyncRequest, context: aio.ServicerContext
-    ) -> job_pb2.SyncReply:
-        try:
-            return self._node.jobs.sync(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Enter(
-        self, request: job_pb2.EnterRequest, context: aio.ServicerContext
-    ) -> job_pb2.EnterReply:
-        try:
-            return self._node.jobs.enter(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Admit(
-        self, request: job_pb2.AdmitRequest, context: aio.ServicerContext
-    ) -> job_pb2.AdmitReply:
-        try:
-            return self._node.jobs.admit(request)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def FetchWeights(
-        self, request: job_pb2.WeightsRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[job_pb2.StateChunk]:
-        try:
-            async for chunk in self._node.jobs.fetch_weights(request):
-                yield chunk
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def FetchState(
-        self, request: job_pb2.StateRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[job_pb2.StateChunk]:
-        try:
-            async for chunk in self._node.jobs.fetch_state(request):
-                yield chunk
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Backup(
-        self, request_iterator: AsyncIterator[job_pb2.StateChunk],
-        context: aio.ServicerContext,
-    ) -> job_pb2.BackupAck:
-        try:
-            return await self._node.jobs.backup(request_iterator)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Resume(
-        self, request_iterator: AsyncIterator[job_pb2.StateChunk],
-        context: aio.ServicerContext,
-    ) -> job_pb2.BackupAck:
-        try:
-            return await self._node.jobs.resume(request_iterator)
-        except (InvalidMessage, Refusal) as err:
-            await _fail(context, err)
-
-    async def Contribute(
-        self, request_iterator: AsyncIterator[job_pb2.ContributionChunk],
-        context: aio.ServicerContext,
-    ) -> job_pb2.ContributionAck:
-        jobs = self._node.jobs
-        if not jobs.loaded:
+    assembler = ContributionAssembler(jobs.contribution_expect)
+    complete = False
+    reading = True
+    try:
+        async for chunk in request_iterator:
+            assembler.add(chunk)
+        reading = False
+        screened = assembler.header is not None and jobs.screens(assembler.header.job_id)
+        header, flat = assembler.finish(allow_non_finite=screened)
+        complete = jobs.on_contribution(header, flat)
+    except (ContributionError, InvalidMessage, Refusal) as err:
+        if reading:
             await drain(request_iterator)
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no job runs here")
-        # torch is loaded once a job runs here.
-        from gwtf.node.gradsync import ContributionAssembler, ContributionError
+        await _fail(context, err)
+    return job_pb2.ContributionAck(received_bytes=assembler.received_bytes, complete=complete)
 
-        assembler = ContributionAssembler(jobs.contribution_expect)
-        complete = False
-        reading = True
+
+JOBS: Mapping[str, Rpc | Raw] = {
+    # The client's calls.
+    "Submit": Rpc(lambda n, r: n.jobs.submit(r), ready=True),
+    "Watch": Rpc(lambda n, r: n.jobs.watch(r)),
+    "List": Rpc(lambda n, r: n.jobs.list_jobs()),
+    "Cancel": Rpc(lambda n, r: n.jobs.cancel(r)),
+    # Between nodes: set-up, the iteration and its commit, recovery, entry, state.
+    "Prepare": Rpc(lambda n, r: n.jobs.prepare(r), ready=True),
+    "Start": Rpc(lambda n, r: n.jobs.start(r), ready=True),
+    "Done": Rpc(lambda n, r: n.jobs.done(r)),
+    "Commit": Rpc(lambda n, r: n.jobs.commit(r)),
+    "Committed": Rpc(lambda n, r: n.jobs.committed(r)),
+    "Progress": Rpc(lambda n, r: n.jobs.on_progress(r)),
+    "Fail": Rpc(lambda n, r: n.jobs.on_fail(r)),
+    "Prepared": Rpc(lambda n, r: n.jobs.prepared(r)),
+    "Step": Rpc(lambda n, r: n.jobs.step(r)),
+    "Report": Rpc(lambda n, r: n.jobs.report(r)),
+    "Recover": Rpc(lambda n, r: n.jobs.recover(r)),
+    "Redirect": Rpc(lambda n, r: n.jobs.redirect(r)),
+    "Replayed": Rpc(lambda n, r: n.jobs.replayed(r)),
+    "Restart": Rpc(lambda n, r: n.jobs.restart(r)),
+    "Sync": Rpc(lambda n, r: n.jobs.sync(r)),
+    "Enter": Rpc(lambda n, r: n.jobs.enter(r)),
+    "Admit": Rpc(lambda n, r: n.jobs.admit(r)),
+    "FetchWeights": Rpc(lambda n, r: n.jobs.fetch_weights(r)),
+    "FetchState": Rpc(lambda n, r: n.jobs.fetch_state(r)),
+    "Backup": Rpc(lambda n, r: n.jobs.backup(r)),
+    "Resume": Rpc(lambda n, r: n.jobs.resume(r)),
+    "Contribute": _contribute,
+}
+
+TABLES: Mapping[str, tuple[ModuleType, Mapping[str, Rpc | Raw]]] = {
+    "gwtf.v1.Membership": (node_pb2, MEMBERSHIP),
+    "gwtf.v1.Flow": (flow_pb2, FLOW),
+    "gwtf.v1.Status": (node_pb2, STATUS),
+    "gwtf.v1.JobService": (job_pb2, JOBS),
+}
+"""Each table-driven service by full name: the module of its messages, and one row per RPC
+(a test checks every RPC of the service has a row and every row an RPC)."""
+
+
+def _unary(node: Node, rpc: Rpc) -> Callable[[Any, aio.ServicerContext], Awaitable[Any]]:
+    async def handle(request: Any, context: aio.ServicerContext) -> Any:
         try:
-            async for chunk in request_iterator:
-                assembler.add(chunk)
-            reading = False
-            screened = assembler.header is not None and jobs.screens(assembler.header.job_id)
-            header, flat = assembler.finish(allow_non_finite=screened)
-            complete = jobs.on_contribution(header, flat)
-        except (ContributionError, InvalidMessage, Refusal) as err:
-            if reading:
-                await drain(request_iterator)
+            if rpc.ready:
+                node.require_ready()
+            reply = rpc.call(node, request)
+            return await reply if inspect.isawaitable(reply) else reply
+        except (InvalidMessage, Refusal) as err:
             await _fail(context, err)
-        return job_pb2.ContributionAck(received_bytes=assembler.received_bytes, complete=complete)
+
+    return handle
+
+
+def _streaming(node: Node, rpc: Rpc) -> Callable[[Any, aio.ServicerContext], AsyncIterator[Any]]:
+    async def handle(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            if rpc.ready:
+                node.require_ready()
+            async for reply in rpc.call(node, request):
+                yield reply
+        except (InvalidMessage, Refusal) as err:
+            await _fail(context, err)
+
+    return handle
+
+
+def _raw(node: Node, raw: Raw) -> Callable[[Any, aio.ServicerContext], Awaitable[Any]]:
+    async def handle(request: Any, context: aio.ServicerContext) -> Any:
+        return await raw(node, request, context)
+
+    return handle
+
+
+def service_handler(name: str, node: Node) -> grpc.GenericRpcHandler:
+    """The service `name` of `TABLES` served by `node`: each RPC's shape and message types from
+    the service's descriptor, its handling from its row."""
+    module, table = TABLES[name]
+    service = module.DESCRIPTOR.services_by_name[name.rsplit(".", 1)[1]]
+    handlers = {}
+    for method in service.methods:
+        row = table[method.name]
+        reader = getattr(module, method.input_type.name).FromString
+        writer = getattr(module, method.output_type.name).SerializeToString
+        make = (grpc.stream_unary_rpc_method_handler if method.client_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        handle: Callable[[Any, aio.ServicerContext], Any]
+        if not isinstance(row, Rpc):
+            handle = _raw(node, row)
+        elif method.server_streaming:
+            make, handle = grpc.unary_stream_rpc_method_handler, _streaming(node, row)
+        else:
+            handle = _unary(node, row)
+        handlers[method.name] = make(handle, request_deserializer=reader,
+                                     response_serializer=writer)
+    return grpc.method_handlers_generic_handler(name, handlers)
 
 
 def add_data_plane(server: aio.Server, node: Node) -> None:
@@ -459,11 +315,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
 
 def add_servicers(server: aio.Server, node: Node, health: HealthServicer) -> None:
-    node_pb2_grpc.add_MembershipServicer_to_server(MembershipServicer(node), server)
+    server.add_generic_rpc_handlers(tuple(service_handler(name, node) for name in TABLES))
     node_pb2_grpc.add_ProbeServicer_to_server(ProbeServicer(), server)
-    flow_pb2_grpc.add_FlowServicer_to_server(FlowServicer(node), server)
-    node_pb2_grpc.add_StatusServicer_to_server(StatusServicer(node), server)
-    job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(node), server)
     add_data_plane(server, node)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     # Server reflection, so that generic tools (grpcurl, grpcui) list and call the services.

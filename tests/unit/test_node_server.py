@@ -219,3 +219,11 @@ def flow_pb2_grpc_stub(channel: aio.Channel) -> Any:
     from gwtf.v1 import flow_pb2_grpc
 
     return flow_pb2_grpc.FlowStub(channel)
+
+
+def test_every_rpc_of_a_table_driven_service_has_exactly_one_row() -> None:
+    from gwtf.node.server import TABLES
+
+    for name, (module, table) in TABLES.items():
+        service = module.DESCRIPTOR.services_by_name[name.rsplit(".", 1)[1]]
+        assert {m.name for m in service.methods} == set(table), name
