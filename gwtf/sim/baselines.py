@@ -1,8 +1,6 @@
-"""Small pure pieces of the routing policies: smooth weighted round-robin, SWARM's throughput
-estimate and peer choice, and DT-FM's schedule search.
+"""Small pure pieces of the baseline policies: SWARM's throughput estimate and peer choice, and
+DT-FM's schedule search. (gwtf's own next hops are the node's, `gwtf.job.nexthop`.)
 
-- `smooth_wrr`: nginx's smooth weighted round-robin, deterministic; over any window the picks
-  match the weights (docs/design.md 2: how a node turns rates into next hops).
 - `PerformanceEMA`: hivemind's `utils/performance_ema.py`: an exponential moving average of
   seconds per sample with the bias correction `1 - (1 - alpha)^n`, fed with simulated times.
   Concurrent calls count time from `max(call start, last update)`, as hivemind's
@@ -24,7 +22,7 @@ estimate and peer choice, and DT-FM's schedule search.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,26 +33,7 @@ __all__ = [
     "SwarmBalancer",
     "dtfm_cost",
     "dtfm_schedule",
-    "smooth_wrr",
 ]
-
-
-def smooth_wrr(current: dict[str, float], weights: Mapping[str, float]) -> str | None:
-    """One pick of smooth weighted round-robin; `current` is the caller's running state."""
-    total = 0.0
-    best: str | None = None
-    best_value = 0.0
-    for key, weight in weights.items():
-        if weight <= 0:
-            continue
-        value = current.get(key, 0.0) + weight
-        current[key] = value
-        total += weight
-        if best is None or value > best_value:
-            best, best_value = key, value
-    if best is not None:
-        current[best] -= total
-    return best
 
 
 class PerformanceEMA:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gwtf.flow.topology import LinkSpec
+from gwtf.job.nexthop import SmoothRoundRobin
 from gwtf.recovery import Ledger
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
@@ -93,7 +94,7 @@ class Churn:
         node.ready = False
         node.stage = stage
         node.set_compute(sim.sc.compute_s(node.info, stage))
-        node.wrr.clear()
+        node.wrr = SmoothRoundRobin()
         sim.reincarnate(node.id)
         sim.moves += 1
         self.schedule_ready(node)

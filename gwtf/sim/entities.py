@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from gwtf.job.nexthop import SmoothRoundRobin
 from gwtf.recovery import Ledger
 from gwtf.sim.scenario import NodeInfo
 
@@ -66,7 +67,8 @@ class SimNode:
         """When the step order of the last commit reaches it (docs/design.md 3.7): it takes no
         work of the next iteration before, as the node waits to reach an iteration."""
         self.wake_at: float | None = None
-        self.wrr: dict[str, float] = {}
+        self.wrr = SmoothRoundRobin()
+        """Its next hops, as the node's sender picks them (gwtf.job.nexthop)."""
         self.quota = 0
         self.dtfm_next: SimNode | None = None
         self.balancer: Any = None

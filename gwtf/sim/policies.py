@@ -38,7 +38,8 @@ from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
 from gwtf.flow.topology import NodeSpec
 from gwtf.job.iterations import assign
-from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule, smooth_wrr
+from gwtf.job.nexthop import next_hop_weights
+from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule
 from gwtf.sim.churn import Churn
 from gwtf.sim.costs import allreduce_s
 from gwtf.sim.engine import Kind, returns_events
@@ -146,13 +147,20 @@ class _FlowPolicy(Policy):
 
     def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None:
         if stage > 0 and stage == source.stage + 1:
-            nodes = self.sim.nodes
-            # As the node's sender: only the job's live participants of the next stage (an id
-            # of the routes may now be a node that moved to another stage).
-            weights = {p: float(u) for p, u in self.routes(source).items()
-                       if p in nodes and nodes[p].active and not nodes[p].detected
-                       and nodes[p].stage == stage}
-            choice = smooth_wrr(source.wrr, weights)
+            # The node's sender (gwtf.node.sender) and its chooser (gwtf.job.nexthop): the
+            # flows to the job's live participants of the next stage (an id of the routes may
+            # now be a node that moved to another stage), else their capacities.
+            sim = self.sim
+            nodes = sim.nodes
+            routes = self.routes(source)
+            candidates = {p: 1.0 for p, u in routes.items()
+                          if u > 0 and p in nodes and nodes[p].active and not nodes[p].detected
+                          and nodes[p].stage == stage}
+            if not candidates:
+                candidates = {n.id: sim.capacity(n) for n in sim.active_nodes(stage)
+                              if not n.detected}
+            weights, _ = next_hop_weights(routes, candidates, settled=True)
+            choice = source.wrr.pick(weights)
             if choice is not None:
                 return nodes[choice]
         return super().pick(source, stage, mb)

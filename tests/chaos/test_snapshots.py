@@ -20,8 +20,12 @@ stage) and trains one short tiny-gpt job, killing nodes by pid with SIGKILL whil
   holder coordinates and the joiner of stage 1 restores it from the second keeper's snapshot;
 - both keepers of stage 1's snapshots with both stage-1 nodes: no snapshot can restore stage 1,
   and the job fails at once saying so.
+- stage 1's snapshot sender killed after the step that declares a periodic boundary and
+  before it could report that boundary's snapshot landed: the other replica, now the sender
+  (and alone, so thin), sends that boundary's snapshot again from its own state, the floor moves
+  on, and a later wipe of stage 2 rolls back to a later boundary, not to the job's start.
 
-The last two cases keep each snapshot at two nodes (`snapshot_keepers = 2`); by default every
+The fifth and sixth cases keep each snapshot at two nodes (`snapshot_keepers = 2`); by default every
 other node of this swarm keeps each stage's snapshots.
 
 Each ends with the loss curve and parameters of `gwtf.train.train_reference` over the same
@@ -229,3 +233,47 @@ def test_a_wiped_stage_with_no_snapshot_fails_the_job_with_its_reason(
     assert result.state == "failed"
     assert "stage 1 lost every replica" in result.error, result.error
     assert "no live node keeps a snapshot of it" in result.error, result.error
+
+
+def kill_between_steps(swarm: LocalSwarm, node_id: str, stage: int, iteration: int) -> None:
+    """SIGKILL `node_id` after it stepped `iteration` and before it stepped the next one: stop it
+    (SIGSTOP) and look at its log, kill it once the step is there, else let it go on a moment."""
+    stepped = re.compile(rf"iteration (\d+) stepped at stage {stage} ")
+    proc = swarm.procs[node_id]
+    for _ in range(2000):
+        proc.popen.send_signal(signal.SIGSTOP)
+        done = {int(m) for m in stepped.findall(proc.log.read_text())}
+        assert iteration + 1 not in done, f"{node_id} stepped {iteration + 1} unseen"
+        if iteration in done:
+            kill_at_once(swarm, node_id)
+            return
+        proc.popen.send_signal(signal.SIGCONT)
+        time.sleep(0.02)
+    raise AssertionError(f"{node_id} never stepped iteration {iteration}")
+
+
+def test_a_new_sender_sends_the_periodic_snapshot_its_dead_sender_could_not_report(
+    swarm: LocalSwarm,
+) -> None:
+    # a0, stage 1's sender (the smaller id), dies after stepping iteration 3, which declares
+    # the periodic boundary 4, and before its step of iteration 4, which would have reported
+    # that boundary's snapshot landed. a1 sends it again from its own state; without that the
+    # coordinator would never learn stage 1's snapshot of 4 landed, declare no later boundary,
+    # and the wipe of stage 2 below would roll back to the job's start.
+    job = job_for("resend", 16, snapshot_every=4, snapshot_thin=1)
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    kill_between_steps(swarm, "a0", 1, 3)
+    keepers = [p for p in swarm.live() if p.stage != 1]
+    wait_for(lambda: all("keeping stage 1's state of iteration 4 (from a1)" in p.log.read_text()
+                         for p in keepers), WAIT_S, "a1 to send stage 1's snapshot of 4 again")
+    wait_for(lambda: client.progress(job_id).iterations_completed >= 10, WAIT_S,
+             "10 iterations")
+    kill_at_once(swarm, "z0", "z1")
+    wait_for(lambda: "stage 2 has no live node" in client.progress(job_id).paused, 30,
+             "the job to pause for stage 2")
+    swarm.join("z9", 2, 0.07)
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    assert_equals_reference(result, job)
+    assert [b.stage for b in result.rollbacks] == [2], result.rollbacks
+    assert result.rollbacks[0].to_iteration >= 8, result.rollbacks
