@@ -19,7 +19,14 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
+from gwtf.flow.decentralized import (
+    FlowConfig,
+    FlowMessage,
+    FlowNode,
+    LocalArc,
+    NodeView,
+    rescale_if_asked,
+)
 from gwtf.flow.solution import FlowResult, make_result
 from gwtf.flow.topology import Topology
 
@@ -236,16 +243,11 @@ class MessageBus:
                     del self._tick_at[node_id]
                     self.send(node.on_tick(float(self.now)))
                     touched.add(node_id)
-            rescale = False
-            for node_id in touched:
-                node = self.nodes.get(node_id)
-                if node is not None:
-                    self._schedule_tick(node)
-                    rescale = rescale or node.wants_rescale()
-            if rescale:
+            askers = [self.nodes[n] for n in touched if n in self.nodes]
+            for node in askers:
+                self._schedule_tick(node)
+            if rescale_if_asked(self.nodes.values(), askers):
                 self.rescales += 1
-                for node in self.nodes.values():
-                    node.rescale()
 
     def _end_phase(self) -> bool:
         """Nothing is in flight: tighten every node not yet at the final epsilon. False when all

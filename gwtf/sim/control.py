@@ -29,7 +29,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gwtf.flow.bus import BusStats, MessageBus, node_views
-from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
+from gwtf.flow.decentralized import (
+    FlowConfig,
+    FlowMessage,
+    FlowNode,
+    LocalArc,
+    rescale_if_asked,
+)
 from gwtf.flow.topology import LinkSpec, Topology
 
 __all__ = ["ControlPlane", "Settled"]
@@ -237,10 +243,8 @@ class ControlPlane(MessageBus):
         )
 
     def _rescale_if_asked(self, *nodes: FlowNode) -> None:
-        if any(node.wants_rescale() for node in nodes):
+        if rescale_if_asked(self.nodes.values(), nodes):
             self.rescales += 1
-            for machine in self.nodes.values():
-                machine.rescale()
 
     def _maybe_end_phase(self) -> None:
         if self._in_flight or all(m.final for m in self.nodes.values()):

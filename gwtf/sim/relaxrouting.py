@@ -13,7 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from gwtf.flow.bus import COST_HEADROOM, node_views, peer_edits, with_epochs
-from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc
+from gwtf.flow.decentralized import (
+    FlowConfig,
+    FlowMessage,
+    FlowNode,
+    LocalArc,
+    rescale_if_asked,
+)
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
@@ -115,9 +121,7 @@ class RelaxRouting:
         if node is not None:
             self._send(node.on_messages(batch))
             self._tick(node)
-            if node.wants_rescale():
-                for machine in self.flow.values():
-                    machine.rescale()
+            rescale_if_asked(self.flow.values(), (node,))
         self._maybe_end_phase()
 
     def _changed(self) -> None:
@@ -251,7 +255,5 @@ class RelaxRouting:
                     self._send(fv.remove_arc(u.id, upstream=True))
                 self._tick(fu)
                 self._tick(fv)
-                if fu.wants_rescale() or fv.wants_rescale():
-                    for machine in self.flow.values():
-                        machine.rescale()
+                rescale_if_asked(self.flow.values(), (fu, fv))
         self._maybe_end_phase()
