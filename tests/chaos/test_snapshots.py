@@ -261,7 +261,7 @@ def test_a_new_sender_sends_the_periodic_snapshot_its_dead_sender_could_not_repo
     # coordinator would never learn stage 1's snapshot of 4 landed, declare no later boundary,
     # and the wipe of stage 2 below would roll back to the job's start.
     job = job_for("resend", 16, snapshot_every=4, snapshot_thin=1)
-    client = GwtfClient(swarm.procs["z0"].address)
+    client = GwtfClient(swarm.procs["h1"].address)
     job_id = client.submit(job)
     kill_between_steps(swarm, "a0", 1, 3)
     keepers = [p for p in swarm.live() if p.stage != 1]
