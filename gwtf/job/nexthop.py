@@ -16,6 +16,7 @@ chose it anyway), from the peers' capacities: a sensible split that needs no agr
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Collection, Mapping
 
 __all__ = ["SmoothRoundRobin", "next_hop_weights"]
@@ -53,16 +54,33 @@ class SmoothRoundRobin:
 
     A peer's credit survives a change of weights (so a small change does not restart the
     sequence); the credit of a peer that leaves the weights is forgotten.
+
+    Ties go to the smallest id, or, for a chooser with an `owner` (a sender: the node whose next
+    hops these are), to the peer first in that owner's own order (a hash of both ids). Senders
+    with the same weights would otherwise all start at, and go round in, the same order: every
+    stage-s node sends its first microbatch of an iteration to the same stage-s+1 node, which
+    queues while its peers wait (measured in the simulator: a homogeneous swarm 2.7% slower).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str | None = None) -> None:
         self._credit: dict[str, int] = {}
+        self._owner = owner
+        self._keys: dict[str, tuple[int, str]] = {}
+
+    def _key(self, peer: str) -> tuple[int, str]:
+        key = self._keys.get(peer)
+        if key is None:
+            rank = 0 if self._owner is None else zlib.crc32(f"{self._owner}/{peer}".encode())
+            key = self._keys[peer] = (rank, peer)
+        return key
 
     def pick(self, weights: Mapping[str, int], exclude: Collection[str] = ()) -> str | None:
         """The next peer, None when no peer has a positive weight outside `exclude`."""
         for peer in [p for p in self._credit if weights.get(p, 0) <= 0]:
             del self._credit[peer]
-        candidates = sorted(p for p, w in weights.items() if w > 0 and p not in exclude)
+            self._keys.pop(peer, None)
+        candidates = sorted((p for p, w in weights.items() if w > 0 and p not in exclude),
+                            key=self._key)
         if not candidates:
             return None
         total = 0

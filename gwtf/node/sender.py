@@ -40,7 +40,7 @@ class DataPlaneSender:
 
     def __init__(self, ctx: StageContext) -> None:
         self._ctx = ctx
-        self._rr = SmoothRoundRobin()
+        self._rr = SmoothRoundRobin(owner=ctx.host.node_id)
         self.route_sources: dict[str, int] = {}
         """How many next hops came from the flows and how many from capacities."""
         self.rerouted = 0

@@ -94,7 +94,7 @@ class Churn:
         node.ready = False
         node.stage = stage
         node.set_compute(sim.sc.compute_s(node.info, stage))
-        node.wrr = SmoothRoundRobin()
+        node.wrr = SmoothRoundRobin(owner=node.id)
         sim.reincarnate(node.id)
         sim.moves += 1
         self.schedule_ready(node)

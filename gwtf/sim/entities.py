@@ -67,7 +67,7 @@ class SimNode:
         """When the step order of the last commit reaches it (docs/design.md 3.7): it takes no
         work of the next iteration before, as the node waits to reach an iteration."""
         self.wake_at: float | None = None
-        self.wrr = SmoothRoundRobin()
+        self.wrr = SmoothRoundRobin(owner=self.id)
         """Its next hops, as the node's sender picks them (gwtf.job.nexthop)."""
         self.quota = 0
         self.dtfm_next: SimNode | None = None
