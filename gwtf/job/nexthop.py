@@ -16,7 +16,7 @@ chose it anyway), from the peers' capacities: a sensible split that needs no agr
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 from collections.abc import Collection, Mapping
 
 __all__ = ["SmoothRoundRobin", "next_hop_weights"]
@@ -70,7 +70,8 @@ class SmoothRoundRobin:
     def _key(self, peer: str) -> tuple[int, str]:
         key = self._keys.get(peer)
         if key is None:
-            rank = 0 if self._owner is None else zlib.crc32(f"{self._owner}/{peer}".encode())
+            rank = 0 if self._owner is None else int.from_bytes(hashlib.blake2b(
+                f"{self._owner}/{peer}".encode(), digest_size=8).digest(), "big")
             key = self._keys[peer] = (rank, peer)
         return key
 

@@ -46,6 +46,26 @@ def test_any_prefix_is_within_one_pick_of_the_rates(weights: dict[str, int], n: 
         assert abs(counts[peer] - n * weight / total) < len(weights)
 
 
+@given(st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 9), min_size=1),
+       st.sampled_from(["s0", "s1", "node-7"]))
+def test_a_senders_own_order_keeps_the_rates_and_the_determinism(
+    weights: dict[str, int], owner: str
+) -> None:
+    total = sum(weights.values())
+    sequence = picks(weights, 2 * total, SmoothRoundRobin(owner=owner))
+    assert Counter(sequence[:total]) == Counter(weights)
+    assert sequence == picks(weights, 2 * total, SmoothRoundRobin(owner=owner))
+
+
+def test_senders_with_equal_weights_do_not_all_start_at_the_same_peer() -> None:
+    # Every stage-s node with the same flows to four stage-s+1 nodes: by the smallest id each
+    # sends its first microbatch to "n0"; each in its own order, they spread.
+    weights = {f"n{i}": 1 for i in range(4)}
+    firsts = {picks(weights, 1, SmoothRoundRobin(owner=f"s{k}"))[0] for k in range(8)}
+    assert len(firsts) >= 3
+    assert {picks(weights, 1)[0] for _ in range(8)} == {"n0"}
+
+
 def test_exclusion_and_weights_that_change() -> None:
     rr = SmoothRoundRobin()
     assert rr.pick({"a": 1, "b": 1}, exclude={"a"}) == "b"
