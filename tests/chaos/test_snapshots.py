@@ -257,16 +257,17 @@ def test_a_new_sender_sends_the_periodic_snapshot_its_dead_sender_could_not_repo
 ) -> None:
     # a0, stage 1's sender (the smaller id), dies after stepping iteration 3, which declares
     # the periodic boundary 4, and before its step of iteration 4, which would have reported
-    # that boundary's snapshot landed. a1 sends it again from its own state; without that the
-    # coordinator would never learn stage 1's snapshot of 4 landed, declare no later boundary,
-    # and the wipe of stage 2 below would roll back to the job's start.
+    # that boundary's snapshot landed. a1 sends it again from its own state and reports it
+    # landed. Without that (`_send_latest` disabled: measured) the coordinator never learns that
+    # stage 1's snapshot of 4 landed, declares no later boundary, and the wipe of stage 2 below
+    # rolls back to 4 at iteration 10 instead of to 8.
     job = job_for("resend", 16, snapshot_every=4, snapshot_thin=1)
     client = GwtfClient(swarm.procs["h1"].address)
     job_id = client.submit(job)
     kill_between_steps(swarm, "a0", 1, 3)
     keepers = [p for p in swarm.live() if p.stage != 1]
     wait_for(lambda: all("keeping stage 1's state of iteration 4 (from a1)" in p.log.read_text()
-                         for p in keepers), WAIT_S, "a1 to send stage 1's snapshot of 4 again")
+                         for p in keepers), WAIT_S, "a1 to send stage 1's snapshot of 4")
     wait_for(lambda: client.progress(job_id).iterations_completed >= 10, WAIT_S,
              "10 iterations")
     kill_at_once(swarm, "z0", "z1")
