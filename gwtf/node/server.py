@@ -12,6 +12,7 @@ the node keeps serving. A refusal the node decides (wrong stage, another swarm) 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -222,13 +223,6 @@ def _streaming(node: Node, rpc: Rpc) -> Callable[[Any, aio.ServicerContext], Asy
     return handle
 
 
-def _raw(node: Node, raw: Raw) -> Callable[[Any, aio.ServicerContext], Awaitable[Any]]:
-    async def handle(request: Any, context: aio.ServicerContext) -> Any:
-        return await raw(node, request, context)
-
-    return handle
-
-
 def service_handler(name: str, node: Node) -> grpc.GenericRpcHandler:
     """The service `name` of `TABLES` served by `node`: each RPC's shape and message types from
     the service's descriptor, its handling from its row."""
@@ -243,7 +237,7 @@ def service_handler(name: str, node: Node) -> grpc.GenericRpcHandler:
                 else grpc.unary_unary_rpc_method_handler)
         handle: Callable[[Any, aio.ServicerContext], Any]
         if not isinstance(row, Rpc):
-            handle = _raw(node, row)
+            handle = functools.partial(row, node)
         elif method.server_streaming:
             make, handle = grpc.unary_stream_rpc_method_handler, _streaming(node, row)
         else:

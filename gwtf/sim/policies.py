@@ -153,6 +153,8 @@ class _FlowPolicy(Policy):
             sim = self.sim
             nodes = sim.nodes
             routes = self.routes(source)
+            # Where a flow reaches a live candidate the weights are the flows, so those
+            # candidates need no capacity (1.0 stands in): no scan of the whole stage per pick.
             candidates = {p: 1.0 for p, u in routes.items()
                           if u > 0 and p in nodes and nodes[p].active and not nodes[p].detected
                           and nodes[p].stage == stage}

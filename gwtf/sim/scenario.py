@@ -214,16 +214,6 @@ def gpu_peak_table() -> dict[str, float]:
                 for row in csv.DictReader(handle)}
 
 
-def _rates(where: str, section: _Reader, key: str) -> tuple[float, ...]:
-    rates = section._get(key, [], False)
-    if not isinstance(rates, list) or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-        for v in rates
-    ):
-        raise ScenarioError(f"{where} [nodes]: '{key}' must be a list of positive numbers")
-    return tuple(float(v) for v in rates)
-
-
 def gpu_table() -> dict[str, tuple[float, float]]:
     """GPU name -> (relative_to_v100, transformerxl_large_tok_per_s) from the shipped CSV."""
     table: dict[str, tuple[float, float]] = {}
@@ -297,18 +287,20 @@ class _Reader:
             )
         return value
 
-    def per_stage(self, key: str, stages: int, *, required: bool = False) -> tuple[float, ...]:
-        """A list of one positive number per stage; () where the key is absent and optional."""
+    def positives(
+        self, key: str, count: int | None = None, *, required: bool = False
+    ) -> tuple[float, ...]:
+        """A list of positive numbers (of `count` of them, one per stage, where given); () where
+        the key is absent and optional."""
         value = self._get(key, None, required)
         if value is None:
             return ()
-        if not isinstance(value, list) or len(value) != stages or not all(
+        if not isinstance(value, list) or (count is not None and len(value) != count) or not all(
             isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
             for v in value
         ):
-            raise ScenarioError(
-                f"{self.where}: {key!r} must be a list of {stages} positive numbers"
-            )
+            many = "" if count is None else f"{count} "
+            raise ScenarioError(f"{self.where}: {key!r} must be a list of {many}positive numbers")
         return tuple(float(v) for v in value)
 
     def text(self, key: str, default: str = "", *, required: bool = False) -> str:
@@ -361,7 +353,7 @@ def parse_scenario(
 
     model = _section(where, doc, "model")
     stages = model.integer("stages", required=True, minimum=2)
-    params = model.per_stage("params_per_stage", stages, required=True)
+    params = model.positives("params_per_stage", stages, required=True)
     tokens = model.integer("tokens_per_microbatch", required=True, minimum=1)
     hidden = model.integer("hidden_size", required=True, minimum=1)
     act_dtype = model.number("activation_dtype_bytes", 2, positive=True)
@@ -387,7 +379,7 @@ def parse_scenario(
     elif compute_model != "measured":
         raise ScenarioError(
             f"{where} [model]: unknown compute {compute_model!r}; use measured or peak")
-    compute_v100 = model.per_stage("compute_s_v100", stages) or tuple(
+    compute_v100 = model.positives("compute_s_v100", stages) or tuple(
         6 * p * tokens / v100_flops for p in params)
 
     training = _section(where, doc, "training")
@@ -428,8 +420,8 @@ def parse_scenario(
             raise ScenarioError(
                 f"{where} [nodes]: unknown GPU {gpu!r}; use a name from {table}"
             )
-    uplinks = _rates(where, nodes_sec, "uplink_gbps")
-    downlinks = _rates(where, nodes_sec, "downlink_gbps")
+    uplinks = nodes_sec.positives("uplink_gbps")
+    downlinks = nodes_sec.positives("downlink_gbps")
     # Access links come from their own stream, so that a scenario without them draws the same
     # nodes as before they existed.
     link_rng = np.random.default_rng([seed, 11])
