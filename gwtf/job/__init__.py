@@ -13,6 +13,8 @@ What a training job's nodes decide, written once so that every driver decides it
                 members that are not shown dead, so at most one side of a partition commits
     slicing     the slices of a stage's commit exchange (reduce-scatter, all-gather) and the
                 gaps a rerun moves
+    catchup     whether a joiner whose state went stale fetches the steps it missed or the
+                whole state again
     roster      who takes part: the nodes per stage, the fit of a start, the coordinator's
                 successor, the last replica of a stage
 

@@ -27,6 +27,10 @@ A poisoning node keeps running and lies to its stage peers:
   (default 1e-2) to its stage's parameters, as a node whose memory went bad: its checksum no
   longer matches its stage peers'.
 
+A slow node, `slow:state-transfer[:seconds=S]`, is a donor behind a thin uplink: once it
+streamed the first chunk of its stage's state to a joiner, it waits S seconds (default 5) before
+the rest, so that the state arrives stale by the steps taken meanwhile (docs/design.md 3.8).
+
 Like torchft's `EventInjector.fail_at(rank, step)`, it is a first-class test tool, not a mock: the
 rest of the swarm sees a real crash.
 """
@@ -39,12 +43,14 @@ import os
 import signal
 from dataclasses import dataclass
 
-__all__ = ["FAULT_ENV", "POINTS", "POISONS", "Fault", "FaultError", "parse_fault"]
+__all__ = ["FAULT_ENV", "POINTS", "POISONS", "SLOW", "Fault", "FaultError", "parse_fault"]
 
 FAULT_ENV = "GWTF_FAULT"
 POINTS = ("forward", "backward", "after-backward", "aggregation", "state-transfer")
 POISONS = {"gradients": 1e4, "weights": 1e-2}
 """What a poisoning node corrupts, and the default scale."""
+SLOW = ("state-transfer",)
+"""Where a slow node waits."""
 LOG = logging.getLogger("gwtf.node.faults")
 
 
@@ -63,6 +69,8 @@ class Fault:
     poison: str = ""
     scale: float = 0.0
     start: int = 0
+    slow: str = ""
+    """The point this node is slow at (`slow:POINT`), `scale` seconds each time."""
 
     def gradient_scale(self, iteration: int) -> float | None:
         """The factor on the gradient sums sent to stage peers at `iteration` (None: honest)."""
@@ -75,6 +83,10 @@ class Fault:
         if self.poison == "weights" and iteration == self.start:
             return self.scale
         return None
+
+    def delay_s(self, point: str) -> float:
+        """Seconds a slow node waits at `point` (0: none)."""
+        return self.scale if self.slow == point else 0.0
 
     def matches(self, point: str, iteration: int | None, microbatch: int | None = None) -> bool:
         return (
@@ -127,17 +139,36 @@ def _poison(spec: str, parts: list[str]) -> Fault:
     return Fault("", poison=what, scale=scale, start=start)
 
 
+def _slow(spec: str, parts: list[str]) -> Fault:
+    if parts[1] not in SLOW:
+        raise FaultError(f"slow point {parts[1]!r} is not one of {', '.join(SLOW)}")
+    seconds = 5.0
+    if len(parts) > 3 or (len(parts) == 3 and not parts[2].startswith("seconds=")):
+        raise FaultError(f"fault {spec!r}: only seconds=S may follow the point")
+    if len(parts) == 3:
+        try:
+            seconds = float(parts[2].removeprefix("seconds="))
+        except ValueError:
+            raise FaultError(f"fault {spec!r}: {parts[2]!r} is not seconds=S") from None
+        if not 0 < seconds < math.inf:
+            raise FaultError(f"fault {spec!r}: seconds must be positive and finite")
+    return Fault("", slow=parts[1], scale=seconds)
+
+
 def parse_fault(spec: str) -> Fault:
-    """`crash-in:POINT[:iteration=K][:microbatch=M]` or `poison:WHAT[:scale=S][:from=K]`;
-    FaultError if it is anything else."""
+    """`crash-in:POINT[:iteration=K][:microbatch=M]`, `poison:WHAT[:scale=S][:from=K]` or
+    `slow:POINT[:seconds=S]`; FaultError if it is anything else."""
     parts = spec.strip().split(":")
     if len(parts) >= 2 and parts[0] == "poison":
         return _poison(spec, parts)
+    if len(parts) >= 2 and parts[0] == "slow":
+        return _slow(spec, parts)
     if len(parts) < 2 or parts[0] != "crash-in":
         raise FaultError(
             f"fault {spec!r} must read crash-in:POINT[:iteration=K][:microbatch=M], "
-            f"POINT one of {', '.join(POINTS)}, or poison:WHAT[:scale=S][:from=K], WHAT one "
-            f"of {', '.join(POISONS)}"
+            f"POINT one of {', '.join(POINTS)}, poison:WHAT[:scale=S][:from=K], WHAT one "
+            f"of {', '.join(POISONS)}, or slow:POINT[:seconds=S], POINT one of "
+            f"{', '.join(SLOW)}"
         )
     point = parts[1]
     if point not in POINTS:

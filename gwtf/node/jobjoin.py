@@ -4,7 +4,8 @@ rule 5).
 It learns the jobs its bootstrap node knows (`catch_up`), or hears of a running one from the
 coordinator's progress (`hear_running`), then asks the coordinator for donors (`Enter`), fetches
 its stage's state from one (another if one dies mid-transfer), builds its stage from it and asks
-again with the iteration it holds; a state that a step made stale is fetched again. When every
+again with the iteration it holds. A state that a few steps made stale catches up with a
+replica's own steps (`_catch_up`, gwtf.job.catchup); one further behind is fetched again. When every
 data holder died, a stage-0 joiner takes stage 0's state from the node keeping its backup and
 coordinates the job itself (`adopt`).
 """
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 from grpc import aio
 
+from gwtf.job.catchup import catches_up
 from gwtf.job.snapshots import SnapshotPolicy, own_kept
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobprep import JobLauncher
@@ -105,7 +107,7 @@ class Joiner:
     async def _join_running(self, progress: job_pb2.JobProgress) -> None:
         """This node joined the swarm while a job runs: fetch its stage's state from a live
         peer (another if the donor dies mid-transfer) and enter the job at an iteration
-        boundary; a state that a step made stale is fetched again."""
+        boundary, catching up the steps taken meanwhile."""
         try:
             await self._enter_running(progress)
         finally:
@@ -170,6 +172,7 @@ class Joiner:
                 await asyncio.sleep(0.5)
                 continue
             iteration, data = state
+            reply = None
             try:
                 executor, corpus = await asyncio.to_thread(
                     module.StageWorker.build_from_state, job, stage, host.num_stages(),
@@ -178,23 +181,37 @@ class Joiner:
             except (StateError, DataError) as err:
                 self._fail(job.job_id, f"{host.node_id} could not use its stage's state: {err}")
                 return
-            ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage,
-                                       has_state=True, state_iteration=iteration)
-            try:
-                reply = await self.wire.call(
-                    _enter_call(ask), coordinator,
-                    host.config.rpc_timeout_s,
-                )
-                while not reply.admitted and reply.iteration == iteration and (
-                    time.monotonic() < deadline
+            while True:
+                ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage,
+                                           has_state=True, state_iteration=iteration)
+                try:
+                    reply = await self.wire.call(
+                        _enter_call(ask), coordinator,
+                        host.config.rpc_timeout_s,
+                    )
+                    while not reply.admitted and reply.iteration == iteration and (
+                        time.monotonic() < deadline
+                    ):
+                        # Its state is of the iteration in progress, which is in its commit: ask
+                        # again once that is over rather than fetch the same state again (a
+                        # commit that takes longer than a fetch would keep this node out).
+                        await asyncio.sleep(0.2)
+                        reply = await self.wire.call(_enter_call(ask), coordinator,
+                                                     host.config.rpc_timeout_s)
+                except RuntimeError:
+                    break
+                if reply.admitted or time.monotonic() >= deadline or not catches_up(
+                    iteration, reply.iteration, job.catch_up_steps
                 ):
-                    # Its state is of the iteration in progress, which is in its commit: ask
-                    # again once that is over rather than fetch the same state again (a commit
-                    # that takes longer than a fetch would keep this node out for good).
-                    await asyncio.sleep(0.2)
-                    reply = await self.wire.call(_enter_call(ask), coordinator,
-                                                 host.config.rpc_timeout_s)
-            except RuntimeError:
+                    break
+                # The stage stepped while its state travelled: the steps it missed, not the
+                # whole state again (docs/design.md 3.8).
+                caught = await self._catch_up(job.job_id, stage, executor, iteration,
+                                              reply.donors)
+                if caught is None:
+                    break
+                iteration = caught
+            if reply is None:
                 continue
             if not reply.admitted:
                 why = f"its state of iteration {iteration} was not admitted at {reply.iteration}"
@@ -225,6 +242,34 @@ class Joiner:
             self._fail(job.job_id, f"stage {stage} has no live replica and {host.node_id} "
                        f"could not restore it from a snapshot within "
                        f"{host.config.prepare_timeout_s:.0f} s ({why})")
+
+    async def _catch_up(
+        self, job_id: str, stage: int, executor: Any, iteration: int, donors: Sequence[str]
+    ) -> int | None:
+        """Bring `executor`, a state of `iteration`, to a live replica's iteration with the
+        replica's own steps (StageExecutor.catch_up: the same bits). The iteration reached, or
+        None if no donor keeps the steps or they did not apply (the executor is then unusable:
+        the caller fetches the whole state again)."""
+        from gwtf.train.state import StateError
+
+        log = self.host.log
+        for donor in donors:
+            try:
+                _, data = await self.transfer.steps_from(donor, job_id, stage, iteration)
+            except RuntimeError as err:
+                log.info("job %s: no steps of stage %d from iteration %d at %s: %s", job_id,
+                         stage, iteration, donor, err)
+                continue
+            try:
+                reached: int = await asyncio.to_thread(executor.catch_up, data)
+            except StateError as err:
+                log.warning("job %s: the steps of stage %d from %s did not apply: %s; the "
+                            "state again", job_id, stage, donor, err)
+                return None
+            log.info("job %s: caught up stage %d from iteration %d to %d with %s's steps "
+                     "(%d bytes)", job_id, stage, iteration, reached, donor, len(data))
+            return reached
+        return None
 
     async def _adopt(self, job: Any, module: ModuleType, stage: int) -> bool:
         """Every data holder of the running job died (the job waits, rule 5) and this joiner

@@ -230,6 +230,9 @@ class JobManager:
     def fetch_state(self, request: job_pb2.StateRequest) -> AsyncIterator[job_pb2.StateChunk]:
         return self.transfer.fetch_state(request)
 
+    def fetch_steps(self, request: job_pb2.StateRequest) -> AsyncIterator[job_pb2.StateChunk]:
+        return self.transfer.fetch_steps(request)
+
     async def backup(self, chunks: AsyncIterator[job_pb2.StateChunk]) -> job_pb2.BackupAck:
         return await self.transfer.backup(chunks)
 

@@ -2,6 +2,8 @@
 
     fetch_state     streams this node's stage state (a live replica's, or a snapshot it keeps)
                     to a joiner; `fetch_from` is the joiner's side
+    fetch_steps     streams a live replica's last steps to a joiner whose state they made stale
+                    (3.8); `steps_from` is the joiner's side
     keep_backup     a stage's snapshot sender sends its state to its keepers (4.6);
                     `backup` is the keeper's side, `keepers_of` and `snapshot_iterations`
                     what the coordinator asks of it
@@ -133,6 +135,26 @@ class StateTransfer:
             yield chunk
             if chunk.seq == 0 and fault is not None:
                 fault.hit("state-transfer", iteration)  # the first chunk is on its way
+                if delay := fault.delay_s("state-transfer"):
+                    await asyncio.sleep(delay)
+
+    async def fetch_steps(
+        self, request: job_pb2.StateRequest
+    ) -> AsyncIterator[job_pb2.StateChunk]:
+        """Stream this live replica's steps from `request.iteration` on (docs/design.md 3.8)."""
+        from gwtf.train.state import StateError
+
+        active = self.book.current(request.job_id)
+        worker = active.worker if active is not None else None
+        if worker is None or worker.stage != request.stage:
+            raise NotHeld(f"{self.host.node_id} runs no replica of stage {request.stage} of job "
+                          f"{request.job_id[:40]!r}")
+        try:
+            iteration, data = await worker.steps_bytes(request.iteration)
+        except StateError as err:
+            raise NotHeld(f"{self.host.node_id}: {err}") from None
+        for chunk in _chunks(data, request.stage, iteration):
+            yield chunk
 
     async def fetch_from(
         self, donor: str, job_id: str, stage: int, at: int | None = None
@@ -140,6 +162,22 @@ class StateTransfer:
         """The state of `stage` streamed from `donor`: (its iteration, its bytes); with `at`, a
         keeper's snapshot of exactly that iteration. RuntimeError if the donor is
         gone, has no such state, or its stream breaks off."""
+        request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage,
+                                       exact=at is not None, iteration=at or 0)
+        return await self._pull(donor, request, steps=False)
+
+    async def steps_from(
+        self, donor: str, job_id: str, stage: int, iteration: int
+    ) -> tuple[int, bytes]:
+        """The steps of `stage` from `iteration` on, streamed from the live replica `donor`:
+        (the iteration they reach, their bytes). RuntimeError as `fetch_from`."""
+        request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage,
+                                       iteration=iteration)
+        return await self._pull(donor, request, steps=True)
+
+    async def _pull(
+        self, donor: str, request: job_pb2.StateRequest, *, steps: bool
+    ) -> tuple[int, bytes]:
         member = self.host.member(donor)
         if member is None:
             raise RuntimeError(f"{donor} is not alive")
@@ -147,12 +185,10 @@ class StateTransfer:
         iteration = -1
         incoming = Incoming(lambda problem: RuntimeError(f"{donor}: {problem}"),
                             stream="state stream", chunk="state chunk")
-        request = job_pb2.StateRequest(sender=self.host.node_id, job_id=job_id, stage=stage,
-                                       exact=at is not None, iteration=at or 0)
+        jobs = self.host.stubs(member).jobs
+        call = jobs.FetchSteps if steps else jobs.FetchState
         try:
-            async for chunk in self.host.stubs(member).jobs.FetchState(
-                request, timeout=self.host.config.prepare_timeout_s
-            ):
+            async for chunk in call(request, timeout=self.host.config.prepare_timeout_s):
                 if incoming.next(chunk.seq):
                     iteration = chunk.iteration
                     if chunk.total_bytes > MAX_STATE_BYTES:

@@ -182,6 +182,7 @@ JOBS: Mapping[str, Rpc | Raw] = {
     "Admit": Rpc(lambda n, r: n.jobs.admit(r)),
     "FetchWeights": Rpc(lambda n, r: n.jobs.fetch_weights(r)),
     "FetchState": Rpc(lambda n, r: n.jobs.fetch_state(r)),
+    "FetchSteps": Rpc(lambda n, r: n.jobs.fetch_steps(r)),
     "Backup": Rpc(lambda n, r: n.jobs.backup(r)),
     "Resume": Rpc(lambda n, r: n.jobs.resume(r)),
     "Contribute": _contribute,

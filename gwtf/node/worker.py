@@ -384,6 +384,14 @@ class StageWorker:
         data = await self._runtime.compute(COMMIT, self.executor.state_bytes)
         return it.number, data
 
+    async def steps_bytes(self, iteration: int) -> tuple[int, bytes]:
+        """(iteration, the stage's steps from `iteration` to it) for a joiner holding the state
+        of `iteration` (StageExecutor.steps_bytes; StateError if they are not all kept here)."""
+        executor = self.executor
+        return await self._runtime.compute(
+            COMMIT, lambda: (executor.iteration, executor.steps_bytes(iteration))
+        )
+
     async def weights(self) -> tuple[int, bytes]:
         """(iterations trained into them, this stage's parameters as safetensors bytes), read on
         the compute thread between two of its steps."""

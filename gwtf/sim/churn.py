@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gwtf.flow.topology import LinkSpec
+from gwtf.job.catchup import catches_up
 from gwtf.job.nexthop import SmoothRoundRobin
 from gwtf.recovery import Ledger
 from gwtf.sim.engine import Kind, returns_events
@@ -55,13 +56,23 @@ class Churn:
         sim.joins += 1
         self.schedule_ready(node)
 
-    def transfer_s(self, node: SimNode, stage: int) -> float:
-        """Seconds `node` takes to download the state of `stage` from its best-connected live
-        peer of that stage (or the stage's checkpoint, stored near it, when it has none)."""
+    def _replicas(self, node: SimNode, stage: int) -> list[SimNode]:
+        """The live replicas of `stage` other than `node`."""
+        return [n for n in self.sim.nodes.values() if n.alive and n.ready and n.stage == stage
+                and n is not node]
+
+    def transfer_s(
+        self, node: SimNode, stage: int, nbytes: float | None = None,
+        peers: list[SimNode] | None = None,
+    ) -> float:
+        """Seconds `node` takes to download the state of `stage` (or `nbytes` of it) from its
+        best-connected live peer of that stage (of `peers` when given), or the stage's
+        checkpoint, stored near it, when it has none."""
         sim = self.sim
-        peers = [n for n in sim.nodes.values() if n.alive and n.ready and n.stage == stage
-                 and n is not node]
-        nbytes = sim.sc.params_per_stage[stage] * sim.sc.state_bytes_per_param
+        if peers is None:
+            peers = self._replicas(node, stage)
+        if nbytes is None:
+            nbytes = sim.sc.params_per_stage[stage] * sim.sc.state_bytes_per_param
         net = sim.network
         if peers:
             best = max(peers, key=lambda p: (net.gbps(p.info, node.info), p.id))
@@ -80,8 +91,10 @@ class Churn:
         """`node` downloads its stage's state (`transfer_s`), then is ready."""
         sim = self.sim
         node.ready = False
+        node.steps_from = sim.committed
         ready_at = sim.engine.now + self.transfer_s(node, node.stage)
-        self.sink.emit(ready_at, Kind.JOIN, self._on_ready, (node, node.epoch, sim.committed))
+        self.sink.emit(ready_at, Kind.JOIN, self._on_ready,
+                       (node, node.epoch, sim.committed, len(sim.rollbacks)))
 
     def move(self, node: SimNode, stage: int) -> None:
         """`node` leaves its stage for `stage` at an iteration boundary (nothing of its own is
@@ -114,14 +127,27 @@ class Churn:
         self.schedule_ready(fresh)
 
     @returns_events
-    def _on_ready(self, payload: tuple[SimNode, int, int]) -> None:
-        node, epoch, snapshot = payload
+    def _on_ready(self, payload: tuple[SimNode, int, int, int]) -> None:
+        node, epoch, held, rollbacks = payload
         sim = self.sim
         if not node.alive or node.epoch != epoch:
             return
-        if snapshot != sim.committed and sim.active_nodes(node.stage):
-            # The stage took an optimizer step during the download: fetch the new state.
-            self.schedule_ready(node)
+        if held != sim.committed and sim.active_nodes(node.stage):
+            # The stage stepped during the download: the steps it missed from a replica that
+            # keeps them all (gwtf.job.catchup), else the new state.
+            donors = [p for p in self._replicas(node, node.stage) if p.steps_from <= held]
+            if (donors and rollbacks == len(sim.rollbacks)
+                    and catches_up(held, sim.committed, sim.sc.catch_up_steps)):
+                stage = node.stage
+                nbytes = ((sim.committed - held) * sim.sc.params_per_stage[stage]
+                          * sim.sc.grad_bytes_per_param)
+                at = sim.engine.now + self.transfer_s(node, stage, nbytes, donors)
+                sim.catch_ups += 1
+                self.sink.emit(at, Kind.JOIN, self._on_ready,
+                               (node, epoch, sim.committed, rollbacks))
+            else:
+                sim.refetches += 1
+                self.schedule_ready(node)
             return
         node.ready = True
         if sim.policy.activate_now(node):

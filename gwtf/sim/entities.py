@@ -38,7 +38,7 @@ class SimNode:
         "detected", "epoch", "slots", "slot_mbs", "busy", "job", "job_start", "bwd_q", "fwd_q",
         "ledger", "iter_compute", "ready", "tokens", "tokens_t", "inject_at", "wrr", "quota",
         "dtfm_next", "balancer", "pending_resp", "move_to", "left", "started", "ready_at",
-        "wake_at",
+        "wake_at", "steps_from",
     )
 
     def __init__(self, info: NodeInfo, compute_s: float, slots: int, epoch: int) -> None:
@@ -63,6 +63,9 @@ class SimNode:
         self.tokens = float(slots)
         self.tokens_t = 0.0
         self.inject_at: float | None = None
+        self.steps_from = 0
+        """The iteration from which it keeps its own steps for joiners to catch up with (the
+        state it started from, or its stage's rollback point; gwtf.job.catchup)."""
         self.ready_at = 0.0
         """When the step order of the last commit reaches it (docs/design.md 3.7): it takes no
         work of the next iteration before, as the node waits to reach an iteration."""
@@ -163,6 +166,10 @@ class SimResult:
     """Why the job could not go on (a wiped stage that no snapshot restores), if it could not."""
     snapshots: dict[str, Any] = field(default_factory=dict)
     """Stage snapshots sent, landed, cut off on the way, and their bytes (4.6)."""
+    catch_ups: int = 0
+    """Joiners' states that steps made stale, caught up with the steps (3.8)."""
+    refetches: int = 0
+    """Joiners' states that steps made stale, fetched again whole."""
 
     @property
     def rolled_back_iterations(self) -> int:
@@ -212,5 +219,7 @@ class SimResult:
             "rollbacks": [list(r) for r in self.rollbacks],
             "rolled_back_iterations": self.rolled_back_iterations,
             "snapshots": dict(self.snapshots),
+            "catch_ups": self.catch_ups,
+            "refetches": self.refetches,
             "failed": self.failed,
         }

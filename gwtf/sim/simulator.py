@@ -213,6 +213,8 @@ class Simulation:
         self.crashes = 0
         self.joins = 0
         self.moves = 0
+        self.catch_ups = 0
+        self.refetches = 0
         self.restarts = 0
         self.finished_count = 0
         self.series: list[tuple[float, float, int, int, int]] = []
@@ -365,6 +367,8 @@ class Simulation:
             crashes=self.crashes,
             joins=self.joins,
             moves=self.moves,
+            catch_ups=self.catch_ups,
+            refetches=self.refetches,
             restarts=self.restarts,
             paused_s=self.paused_s,
             commit_times=self.commit_times,
@@ -715,6 +719,8 @@ class Simulation:
         del self._history[to:]
         del self.commit_times[to:]
         self.committed = to
+        for node in self.nodes.values():
+            node.steps_from = to  # restored: its steps of the undone history are forgotten
         if self.committed_mbs < self.sc.iterations * self.sc.microbatches_per_iteration:
             self.time_to_train = None
         if to < self.sc.iterations:

@@ -15,6 +15,9 @@ Life of a microbatch `key = (job_id, iteration, microbatch)` at stage s:
 - `abandon()`: forget the whole iteration's work, no step (the iteration starts again).
 - `contribution(node_id)` -> the sums and the ids accumulated, for the stage's commit;
   `commit(aggregated)` -> one AdamW step with the combined gradient, then the next iteration.
+- `steps_bytes(iteration)` -> the mean gradients of the steps from `iteration` on, kept for a
+  joiner (the last `job.catch_up_steps`); `catch_up(data)` applies them to a joiner's state with
+  the same `commit` (docs/design.md 3.8).
 
 The executor does no I/O and keeps no global state: the node decides where tensors go.
 
@@ -36,6 +39,7 @@ may round differently (fused multiply-add), which the checksum comparison at com
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, NoReturn
@@ -50,11 +54,15 @@ from gwtf.train.partition import StageSpec, stage_spec
 from gwtf.train.stage import DropoutSeeds, StageModule, build_stage, param_groups
 from gwtf.train.state import (
     StageState,
+    StageSteps,
     StateError,
+    Step,
     pack_state,
+    pack_steps,
     param_checksum,
     param_digests,
     unpack_state,
+    unpack_steps,
 )
 
 __all__ = [
@@ -197,6 +205,12 @@ class StageExecutor:
         self._in_flight: dict[MicrobatchKey, _InFlight] = {}
         self._accumulated: dict[int, None] = {}  # an ordered set: the accumulation order
         self._sums: dict[str, Tensor] = {}
+        self._checksum: str | None = None
+        """The parameters' checksum as the last `commit` left them (None: not known)."""
+        self._steps: deque[tuple[Step, str]] = deque()
+        """The last `job.catch_up_steps` steps of this replica's own history, consecutive and
+        ending at `self.iteration`, each with the parameters' checksum before it: what a joiner
+        catches up with (`steps_bytes`)."""
 
     # -- what the node asks ------------------------------------------------------------------
 
@@ -315,6 +329,8 @@ class StageExecutor:
                 f"aggregate leaves out microbatches {sorted(left_out)} that stage {self.stage} "
                 "accumulated here; combine every replica's contribution"
             )
+        keep = self.job.catch_up_steps
+        base = (self._checksum or self.checksum()) if keep else ""
         if aggregated.count:
             if set(aggregated.grads) != set(self._params):
                 raise ExecutorError(
@@ -337,7 +353,15 @@ class StageExecutor:
         self._accumulated = {}
         self._sums = {}
         self.iteration += 1
-        return self.checksum()
+        self._checksum = self.checksum()
+        if keep:
+            if self._steps and self._steps[-1][0].iteration != aggregated.iteration - 1:
+                self._steps.clear()
+            grads = {name: grad.detach().to("cpu") for name, grad in aggregated.grads.items()}
+            self._steps.append((Step(aggregated.iteration, aggregated.microbatch_ids, grads), base))
+            while len(self._steps) > keep:
+                self._steps.popleft()
+        return self._checksum
 
     def abandon(self) -> None:
         """Forget the iteration's work, forward state and gradient sums, without a step.
@@ -395,6 +419,55 @@ class StageExecutor:
             raise StateError(f"state does not fit stage {self.stage}: {exc}") from None
         self.abandon()
         self.iteration = state.iteration
+        self._checksum = None
+        self._steps.clear()  # another history from here on: its steps must not be served
+
+    def steps_bytes(self, iteration: int) -> bytes:
+        """The steps of this replica from `iteration` to `self.iteration` (`pack_steps`), for a
+        joiner holding the state of `iteration`. StateError if it does not keep them all."""
+        held = [(step, base) for step, base in self._steps if step.iteration >= iteration]
+        if iteration >= self.iteration or not held or held[0][0].iteration != iteration:
+            first = self._steps[0][0].iteration if self._steps else self.iteration
+            raise StateError(
+                f"stage {self.stage} keeps the steps of iterations {first}..{self.iteration - 1}, "
+                f"not from {iteration}"
+            )
+        assert self._checksum is not None  # a commit stored the steps
+        return pack_steps(StageSteps(
+            job_id=self.job_id, stage=self.stage, first_layer=self.spec.first_layer,
+            end_layer=self.spec.end_layer, base=held[0][1], end=self._checksum,
+            steps=tuple(step for step, _ in held),
+        ))
+
+    def catch_up(self, data: bytes) -> int:
+        """Apply a replica's `steps_bytes` to this state with `commit`, as the replica did: the
+        same bits. Returns the iteration reached. StateError if they are of another job, stage
+        or state, or end elsewhere than the replica's parameters did; the executor is then
+        unusable (a joiner builds another from a state)."""
+        read = unpack_steps(data)
+        if (read.job_id, read.stage, read.first_layer, read.end_layer) != (
+            self.job_id, self.stage, self.spec.first_layer, self.spec.end_layer,
+        ):
+            raise StateError(f"steps of {read.job_id} stage {read.stage} cannot catch up "
+                             f"{self.job_id} stage {self.stage}")
+        if not read.steps or read.steps[0].iteration != self.iteration:
+            first = read.steps[0].iteration if read.steps else None
+            raise StateError(f"steps from iteration {first} cannot catch up a state of "
+                             f"iteration {self.iteration}")
+        if (self._checksum or self.checksum()) != read.base:
+            raise StateError(f"the steps were taken from another state of iteration "
+                             f"{self.iteration} (a rolled-back history)")
+        for step in read.steps:
+            try:
+                self.commit(AggregatedGradient(self.stage, step.iteration, step.microbatch_ids,
+                                               step.grads))
+            except ExecutorError as err:
+                raise StateError(f"a step of iteration {step.iteration} does not fit: {err}"
+                                 ) from None
+        if self._checksum != read.end:
+            raise StateError(f"after catching up to iteration {self.iteration} the parameters "
+                             "differ from the replica's")
+        return self.iteration
 
     @classmethod
     def from_state(

@@ -95,6 +95,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gwtf.job.catchup import CATCH_UP_STEPS
 from gwtf.train.hfconfig import CONFIG_FILE, HFConfigError, model_keys, read_config
 
 __all__ = [
@@ -408,6 +409,10 @@ class JobConfig:
     """A stage with at most this many live replicas is snapshotted after every step as well."""
     snapshot_keepers: int = SNAPSHOT_KEEPERS
     """How many nodes of other stages keep each snapshot (fewer where fewer exist)."""
+    catch_up_steps: int = CATCH_UP_STEPS
+    """How many of its last steps' mean gradients each replica keeps, so that a joiner whose
+    state a step made stale applies them instead of fetching the state again (0: never;
+    docs/design.md 3.8). Costs that many gradients of the stage in every replica's memory."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelConfig):
@@ -434,6 +439,7 @@ class JobConfig:
             _check_int(key, getattr(self, key), minimum=1)
         _check_int("snapshot_thin", self.snapshot_thin, minimum=0)
         _check_int("snapshot_keepers", self.snapshot_keepers, minimum=1)
+        _check_int("catch_up_steps", self.catch_up_steps, minimum=0)
         _check_int("seed", self.seed, minimum=0)
         if self.data is not None and (not isinstance(self.data, str) or not self.data):
             raise JobError(f"data must be a non-empty path string, got {self.data!r}")
@@ -471,6 +477,8 @@ class JobConfig:
             del out["snapshot_thin"]
         if self.snapshot_keepers == SNAPSHOT_KEEPERS:
             del out["snapshot_keepers"]
+        if self.catch_up_steps == CATCH_UP_STEPS:
+            del out["catch_up_steps"]
         # The default is left out, so that a job that does not choose keeps its id.
         if self.aggregation == AggregationConfig():
             del out["aggregation"]
@@ -493,6 +501,7 @@ _TOP_KEYS = {
     "snapshot_every",
     "snapshot_thin",
     "snapshot_keepers",
+    "catch_up_steps",
     "grad_accum",
     "model",
     "optimizer",

@@ -11,6 +11,12 @@ State bytes. `pack_state` writes a versioned `torch.save` archive of the stage's
 its AdamW `state_dict` and the iteration the state is at; `unpack_state` reads it back with
 `torch.load(weights_only=True)`, which refuses anything but tensors and plain containers, so
 bytes from a peer cannot run code, and checks it is the expected job and stage.
+
+Steps. `pack_steps` writes, in the same way, the mean gradients of a replica's last steps, for a
+joiner whose state they made stale (docs/design.md 3.8): each step's iteration, microbatch ids
+and gradients, with the checksum of the parameters before the first step and after the last, so
+that the joiner applies them only to the state they were taken from and can tell it got the
+replica's bits.
 """
 
 from __future__ import annotations
@@ -28,16 +34,22 @@ from gwtf.train.stage import canonical_order
 
 __all__ = [
     "STATE_FORMAT",
+    "STEPS_FORMAT",
     "StageState",
+    "StageSteps",
+    "Step",
     "StateError",
     "checksum_of_digests",
     "pack_state",
+    "pack_steps",
     "param_checksum",
     "param_digests",
     "unpack_state",
+    "unpack_steps",
 ]
 
 STATE_FORMAT = "gwtf-train-stage/1"
+STEPS_FORMAT = "gwtf-train-steps/1"
 
 
 class StateError(ValueError):
@@ -126,3 +138,82 @@ def unpack_state(data: bytes) -> StageState:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StateError(f"stage state bytes lack a field ({exc})") from None
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One optimizer step of a stage: its iteration, the microbatches in its mean gradient, and
+    the gradient by parameter name (empty when the iteration trained no microbatch)."""
+
+    iteration: int
+    microbatch_ids: tuple[int, ...]
+    grads: Mapping[str, Tensor] = field(repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class StageSteps:
+    """What `unpack_steps` read: consecutive steps of one stage, the parameters' checksum before
+    the first (`base`) and after the last (`end`)."""
+
+    job_id: str
+    stage: int
+    first_layer: int
+    end_layer: int
+    base: str
+    end: str
+    steps: tuple[Step, ...]
+
+
+def pack_steps(steps: StageSteps) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "format": STEPS_FORMAT,
+            "job_id": steps.job_id,
+            "stage": steps.stage,
+            "first_layer": steps.first_layer,
+            "end_layer": steps.end_layer,
+            "base": steps.base,
+            "end": steps.end,
+            "steps": [
+                {"iteration": s.iteration, "microbatch_ids": list(s.microbatch_ids),
+                 "grads": dict(s.grads)}
+                for s in steps.steps
+            ],
+        },
+        buffer,
+    )
+    return buffer.getvalue()
+
+
+def unpack_steps(data: bytes) -> StageSteps:
+    """Read `pack_steps` bytes; StateError if they are not steps of this format, or if their
+    iterations do not follow each other."""
+    try:
+        raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for truncated or foreign bytes
+        raise StateError(f"stage steps bytes cannot be read ({type(exc).__name__})") from None
+    if not isinstance(raw, dict) or raw.get("format") != STEPS_FORMAT:
+        raise StateError(f"stage steps bytes are not in the {STEPS_FORMAT} format")
+    try:
+        steps = tuple(
+            Step(int(s["iteration"]), tuple(int(i) for i in s["microbatch_ids"]),
+                 dict(s["grads"]))
+            for s in raw["steps"]
+        )
+        read = StageSteps(
+            job_id=str(raw["job_id"]),
+            stage=int(raw["stage"]),
+            first_layer=int(raw["first_layer"]),
+            end_layer=int(raw["end_layer"]),
+            base=str(raw["base"]),
+            end=str(raw["end"]),
+            steps=steps,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateError(f"stage steps bytes lack a field ({exc})") from None
+    if any(b.iteration != a.iteration + 1 for a, b in zip(steps, steps[1:], strict=False)):
+        raise StateError("stage steps bytes hold steps that do not follow each other")
+    if any(not isinstance(t, Tensor) for s in steps for t in s.grads.values()):
+        raise StateError("stage steps bytes hold a gradient that is not a tensor")
+    return read

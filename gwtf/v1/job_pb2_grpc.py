@@ -159,6 +159,11 @@ class JobServiceStub:
                 request_serializer=gwtf_dot_v1_dot_job__pb2.StateRequest.SerializeToString,
                 response_deserializer=gwtf_dot_v1_dot_job__pb2.StateChunk.FromString,
                 _registered_method=True)
+        self.FetchSteps = channel.unary_stream(
+                '/gwtf.v1.JobService/FetchSteps',
+                request_serializer=gwtf_dot_v1_dot_job__pb2.StateRequest.SerializeToString,
+                response_deserializer=gwtf_dot_v1_dot_job__pb2.StateChunk.FromString,
+                _registered_method=True)
         self.Backup = channel.stream_unary(
                 '/gwtf.v1.JobService/Backup',
                 request_serializer=gwtf_dot_v1_dot_job__pb2.StateChunk.SerializeToString,
@@ -325,6 +330,15 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchSteps(self, request, context):
+        """A live replica's steps (the mean gradients it stepped with) from `iteration` to its own, for
+        a joiner whose state of `iteration` they made stale (docs/design.md 3.8); chunk 0 carries
+        the iteration they reach. `exact` is unused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Backup(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -456,6 +470,11 @@ def add_JobServiceServicer_to_server(servicer, server):
             ),
             'FetchState': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchState,
+                    request_deserializer=gwtf_dot_v1_dot_job__pb2.StateRequest.FromString,
+                    response_serializer=gwtf_dot_v1_dot_job__pb2.StateChunk.SerializeToString,
+            ),
+            'FetchSteps': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchSteps,
                     request_deserializer=gwtf_dot_v1_dot_job__pb2.StateRequest.FromString,
                     response_serializer=gwtf_dot_v1_dot_job__pb2.StateChunk.SerializeToString,
             ),
@@ -1138,6 +1157,33 @@ class JobService:
             request,
             target,
             '/gwtf.v1.JobService/FetchState',
+            gwtf_dot_v1_dot_job__pb2.StateRequest.SerializeToString,
+            gwtf_dot_v1_dot_job__pb2.StateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gwtf.v1.JobService/FetchSteps',
             gwtf_dot_v1_dot_job__pb2.StateRequest.SerializeToString,
             gwtf_dot_v1_dot_job__pb2.StateChunk.FromString,
             options,

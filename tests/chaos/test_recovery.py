@@ -236,6 +236,37 @@ def test_a_joiner_gets_its_state_from_another_donor_when_the_first_dies(
     assert any("a9" in path for path, _ in result.routes), result.routes
 
 
+def test_a_joiner_whose_state_went_stale_catches_up_with_the_steps(swarm: LocalSwarm) -> None:
+    # docs/design.md 3.8: "a-slow" (first in id order, so every joiner's donor) waits 8 s after
+    # the first chunk of its state, as a donor behind a thin uplink: longer than the commit
+    # waits for a joiner (ENTRY_HOLD_S, 5 s), so the stage steps meanwhile, and the joiner
+    # applies the steps it missed instead of fetching the state again. The job keeps more steps
+    # than 8 s of iterations take on a fast machine, so that the catch-up does not depend on
+    # the machine's speed; the result is still the reference's, bit for bit.
+    slow = swarm.join("a-slow", 1, 0.07, "--fault", "slow:state-transfer:seconds=8")
+    swarm.wait_formed()
+    job = dataclasses.replace(job_for("catch-up", iterations=48), catch_up_steps=64)
+    client = GwtfClient(swarm.procs["z0"].address)
+    job_id = client.submit(job)
+    wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S,
+             "two iterations")
+    joiner = swarm.join("a8", 1, 0.07)
+    wait_for(lambda: client.progress(job_id).joins >= 1, WAIT_S, "a8 to enter the job")
+    done = client.progress(job_id).iterations_completed
+    assert done <= job.iterations - 8, f"a8 entered with {job.iterations - done} iterations left"
+    result = client.wait(job_id, timeout_s=WAIT_S)
+    assert_equals_reference(result, job)
+    assert (result.crashes, result.joins) == (0, 1)
+    log = joiner.log.read_text()
+    assert "caught up stage 1 from iteration" in log, swarm.tail(joiner, 20)
+    assert "is stale" not in log  # it never fetched the whole state a second time
+    assert any("a8" in path for path, _ in result.routes), result.routes
+    for proc in (slow, joiner):
+        swarm.terminate(proc.id)
+    for proc in (slow, joiner):
+        assert proc.popen.wait(timeout=30) == 0
+
+
 def test_the_last_node_of_a_stage_dies_and_the_job_resumes_when_one_joins(
     swarm: LocalSwarm,
 ) -> None:

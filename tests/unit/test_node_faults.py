@@ -36,6 +36,15 @@ def test_a_poison_spec_says_what_from_when_and_how_much() -> None:
     assert math.isnan(parse_fault("poison:gradients:scale=nan").gradient_scale(0) or 0.0)
 
 
+def test_a_slow_spec_says_where_and_how_long() -> None:
+    slow = parse_fault("slow:state-transfer")
+    assert slow == Fault("", slow="state-transfer", scale=5.0)
+    assert slow.delay_s("state-transfer") == 5.0 and slow.delay_s("forward") == 0.0
+    assert not slow.matches("state-transfer", 0)  # slow, never killed
+    assert parse_fault("slow:state-transfer:seconds=0.5").delay_s("state-transfer") == 0.5
+    assert parse_fault("crash-in:state-transfer").delay_s("state-transfer") == 0.0
+
+
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
@@ -48,6 +57,10 @@ def test_a_poison_spec_says_what_from_when_and_how_much() -> None:
         ("poison:weights:from=-1", "from must not be negative"),
         ("poison:weights:from=1:from=2", "is not scale=S or from=K"),
         ("poison:weights:iteration=1", "is not scale=S or from=K"),
+        ("slow:forward", "slow point 'forward' is not one of state-transfer"),
+        ("slow:state-transfer:seconds=0", "seconds must be positive and finite"),
+        ("slow:state-transfer:seconds=x", "'seconds=x' is not seconds=S"),
+        ("slow:state-transfer:iteration=1", "only seconds=S may follow the point"),
         ("crash-in:sideways", "is not one of"),
         ("crash-in:forward:iteration=x", "not a whole number"),
         ("crash-in:forward:iteration=-1", "must not be negative"),

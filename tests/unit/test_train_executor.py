@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -38,8 +39,8 @@ def corpus() -> Corpus:
     return load_corpus()
 
 
-def key(m: int, iteration: int = 0) -> MicrobatchKey:
-    return MicrobatchKey(JOB.job_id, iteration, m)
+def key(m: int, iteration: int = 0, job: JobConfig = JOB) -> MicrobatchKey:
+    return MicrobatchKey(job.job_id, iteration, m)
 
 
 @dataclass
@@ -54,8 +55,9 @@ class Ledger:
 def run(path: list[StageExecutor], corpus: Corpus, m: int, iteration: int = 0) -> Ledger:
     """One microbatch forward and backward through one executor per stage."""
     ledger = Ledger()
-    x, ledger.labels = job_microbatch(corpus, JOB, iteration, m)
-    k = key(m, iteration)
+    job = path[0].job
+    x, ledger.labels = job_microbatch(corpus, job, iteration, m)
+    k = key(m, iteration, job)
     for s, executor in enumerate(path[:-1]):
         ledger.inputs[s] = x
         out = executor.forward(k, x).output
@@ -334,3 +336,84 @@ def test_a_rollback_restores_an_earlier_state_and_trains_the_same_again(corpus: 
     assert [executor.checksum() for executor in path] == first
     with pytest.raises(StateError):
         path[0].restore(kept[1])
+
+
+def _train(path: list[StageExecutor], corpus: Corpus, k: int, ids: range = range(2)) -> None:
+    for m in ids:
+        run(path, corpus, m, k)
+    for executor in path:
+        executor.commit(combine_contributions([executor.contribution("n")]))
+
+
+def test_a_joiner_catches_up_with_a_replicas_steps_bit_for_bit(corpus: Corpus) -> None:
+    # docs/design.md 3.8: a joiner whose state of iteration 1 three steps made stale applies the
+    # replica's kept steps and ends with its very bits, weights and AdamW moments alike.
+    path = replicas()
+    _train(path, corpus, 0)
+    donor = path[1]
+    stale = donor.state_bytes()
+    for k in (1, 2):
+        _train(path, corpus, k)
+    _train(path, corpus, 3, range(0))  # an iteration that trained nothing steps nothing
+    joiner = StageExecutor.from_state(JOB, 1, S, stale)
+    assert joiner.catch_up(donor.steps_bytes(1)) == donor.iteration == 4
+    assert joiner.checksum() == donor.checksum()
+    assert joiner.state_bytes() == donor.state_bytes()
+    # It keeps the steps it applied: it can be a later joiner's donor in turn.
+    late = StageExecutor.from_state(JOB, 1, S, stale)
+    assert late.catch_up(joiner.steps_bytes(1)) == 4 and late.checksum() == donor.checksum()
+    # And it trains on as its replica does.
+    ledger = run(path, corpus, 5, 4)
+    joiner.recompute(key(5, 4), ledger.inputs[1])
+    joiner.backward(key(5, 4), ledger.grads[1])
+    assert joiner.commit(combine_contributions([joiner.contribution("j")])) == donor.commit(
+        combine_contributions([donor.contribution("d")])
+    )
+
+
+def test_steps_are_kept_for_the_jobs_count_and_refused_beyond(corpus: Corpus) -> None:
+    job = dataclasses.replace(JOB, catch_up_steps=2)
+    path = [StageExecutor(job, s, S) for s in range(S)]
+    states = []
+    for k in range(4):
+        states.append(path[1].state_bytes())
+        _train(path, corpus, k)
+    donor = path[1]
+    with pytest.raises(StateError, match=r"keeps the steps of iterations 2..3, not from 1"):
+        donor.steps_bytes(1)
+    with pytest.raises(StateError, match="not from 4"):
+        donor.steps_bytes(4)  # nothing to catch up
+    joiner = StageExecutor.from_state(job, 1, S, states[2])
+    assert joiner.catch_up(donor.steps_bytes(2)) == 4
+    off = [StageExecutor(dataclasses.replace(JOB, catch_up_steps=0), s, S) for s in range(S)]
+    _train(off, corpus, 0)
+    with pytest.raises(StateError, match="keeps the steps"):
+        off[1].steps_bytes(0)
+
+
+def test_steps_of_another_history_or_stage_are_refused(corpus: Corpus) -> None:
+    path = replicas()
+    _train(path, corpus, 0)
+    base = path[1].state_bytes()
+    _train(path, corpus, 1)
+    _train(path, corpus, 2)
+    steps = path[1].steps_bytes(1)
+    # A rollback to iteration 1 forgets the steps after it, and another history follows.
+    for executor in path:
+        executor.restore(base if executor is path[1] else executor.state_bytes())
+    with pytest.raises(StateError, match="keeps the steps"):
+        path[1].steps_bytes(1)
+    other = replicas()
+    _train(other, corpus, 0, range(3, 5))  # another iteration 0: another state of iteration 1
+    joiner = StageExecutor.from_state(JOB, 1, S, other[1].state_bytes())
+    with pytest.raises(StateError, match="taken from another state of iteration 1"):
+        joiner.catch_up(steps)
+    fresh = StageExecutor.from_state(JOB, 1, S, base)
+    with pytest.raises(StateError, match="steps from iteration 1 cannot catch up a state of "
+                       "iteration 0"):
+        StageExecutor(JOB, 1, S).catch_up(steps)
+    with pytest.raises(StateError, match="cannot catch up"):
+        StageExecutor.from_state(JOB, 2, S, path[2].state_bytes()).catch_up(steps)
+    with pytest.raises(StateError, match="cannot be read"):
+        fresh.catch_up(b"not steps")
+    assert fresh.catch_up(steps) == 3
