@@ -98,33 +98,40 @@ class StageState:
     optimizer: Mapping[str, Any] = field(repr=False)
 
 
-def pack_state(state: StageState) -> bytes:
+def _save(fmt: str, fields: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
-    torch.save(
-        {
-            "format": STATE_FORMAT,
-            "job_id": state.job_id,
-            "stage": state.stage,
-            "num_stages": state.num_stages,
-            "first_layer": state.first_layer,
-            "end_layer": state.end_layer,
-            "iteration": state.iteration,
-            "model": dict(state.model),
-            "optimizer": dict(state.optimizer),
-        },
-        buffer,
-    )
+    torch.save({"format": fmt, **fields}, buffer)
     return buffer.getvalue()
+
+
+def _load(data: bytes, fmt: str, what: str) -> dict[str, Any]:
+    """`_save` bytes of format `fmt` back (tensors and plain containers only); StateError if
+    they cannot be read or are of another format."""
+    try:
+        raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for truncated or foreign bytes
+        raise StateError(f"{what} bytes cannot be read ({type(exc).__name__})") from None
+    if not isinstance(raw, dict) or raw.get("format") != fmt:
+        raise StateError(f"{what} bytes are not in the {fmt} format")
+    return raw
+
+
+def pack_state(state: StageState) -> bytes:
+    return _save(STATE_FORMAT, {
+        "job_id": state.job_id,
+        "stage": state.stage,
+        "num_stages": state.num_stages,
+        "first_layer": state.first_layer,
+        "end_layer": state.end_layer,
+        "iteration": state.iteration,
+        "model": dict(state.model),
+        "optimizer": dict(state.optimizer),
+    })
 
 
 def unpack_state(data: bytes) -> StageState:
     """Read `pack_state` bytes; StateError if they are not a stage state of this format."""
-    try:
-        raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many kinds for truncated or foreign bytes
-        raise StateError(f"stage state bytes cannot be read ({type(exc).__name__})") from None
-    if not isinstance(raw, dict) or raw.get("format") != STATE_FORMAT:
-        raise StateError(f"stage state bytes are not in the {STATE_FORMAT} format")
+    raw = _load(data, STATE_FORMAT, "stage state")
     try:
         return StageState(
             job_id=str(raw["job_id"]),
@@ -165,36 +172,25 @@ class StageSteps:
 
 
 def pack_steps(steps: StageSteps) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(
-        {
-            "format": STEPS_FORMAT,
-            "job_id": steps.job_id,
-            "stage": steps.stage,
-            "first_layer": steps.first_layer,
-            "end_layer": steps.end_layer,
-            "base": steps.base,
-            "end": steps.end,
-            "steps": [
-                {"iteration": s.iteration, "microbatch_ids": list(s.microbatch_ids),
-                 "grads": dict(s.grads)}
-                for s in steps.steps
-            ],
-        },
-        buffer,
-    )
-    return buffer.getvalue()
+    return _save(STEPS_FORMAT, {
+        "job_id": steps.job_id,
+        "stage": steps.stage,
+        "first_layer": steps.first_layer,
+        "end_layer": steps.end_layer,
+        "base": steps.base,
+        "end": steps.end,
+        "steps": [
+            {"iteration": s.iteration, "microbatch_ids": list(s.microbatch_ids),
+             "grads": dict(s.grads)}
+            for s in steps.steps
+        ],
+    })
 
 
 def unpack_steps(data: bytes) -> StageSteps:
     """Read `pack_steps` bytes; StateError if they are not steps of this format, or if their
     iterations do not follow each other."""
-    try:
-        raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many kinds for truncated or foreign bytes
-        raise StateError(f"stage steps bytes cannot be read ({type(exc).__name__})") from None
-    if not isinstance(raw, dict) or raw.get("format") != STEPS_FORMAT:
-        raise StateError(f"stage steps bytes are not in the {STEPS_FORMAT} format")
+    raw = _load(data, STEPS_FORMAT, "stage steps")
     try:
         steps = tuple(
             Step(int(s["iteration"]), tuple(int(i) for i in s["microbatch_ids"]),
