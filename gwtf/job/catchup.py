@@ -11,17 +11,18 @@ weights and two AdamW moments (12). Each catch-up is shorter than the last, so t
 converges on the iteration in progress unless one step's gradient takes longer to download than
 an iteration takes to train.
 
-`kept` is a job setting (`catch_up_steps`, default CATCH_UP_STEPS). Its cost is memory on every
-replica, `kept` gradients of the stage. The default covers what the simulator's traces need:
-joiners' downloads of the scenarios in simulations/ missed 1 step in 96% of the cases and at
-most 3 (benchmarks/RESULTS.md, `joiner-catchup-reading`).
+`kept` is a job setting (`catch_up_steps`, default CATCH_UP_STEPS), its cost memory on every
+replica: `kept` gradients of the stage, on the CPU. Three is what catching up can use: it
+converges only where one step's gradient downloads faster than an iteration trains, and there a
+state (three times a step's bytes) downloads in under three iterations, so it misses fewer
+than three steps, unless the download was slowed by more than the link (a busy donor, a retry).
 """
 
 from __future__ import annotations
 
 __all__ = ["CATCH_UP_STEPS", "catches_up"]
 
-CATCH_UP_STEPS = 4
+CATCH_UP_STEPS = 3
 """Mean gradients of the last steps every replica keeps for joiners to catch up with."""
 
 

@@ -29,7 +29,7 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     snapshot_every = 4                  # stage snapshots every K iterations, and after every
     snapshot_thin = 2                   # step of a stage of at most T replicas (4.6; the node's
     snapshot_keepers = 4                # defaults, gwtf/train/job.py), each kept by 4 nodes
-    catch_up_steps = 4                  # a joiner this many steps behind applies them (3.8)
+    catch_up_steps = 3                  # a joiner this many steps behind applies them (3.8)
 
     [network]
     matrix = "../gwtf/data/geo10_aws.csv"   # src,dst,rtt_ms,bandwidth_gbps (relative to this file)
