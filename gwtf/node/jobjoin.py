@@ -1,12 +1,12 @@
 """Joiner: a node that joins the swarm while a job runs enters the job (docs/design.md 3.8, 4.3
 rule 5).
 
-It learns the jobs its bootstrap node knows (`catch_up`), or hears of a running one from the
+It learns the jobs its bootstrap node knows (`learn_jobs`), or hears of a running one from the
 coordinator's progress (`hear_running`), then asks the coordinator for donors (`Enter`), fetches
 its stage's state from one (another if one dies mid-transfer), builds its stage from it and asks
 again with the iteration it holds. A state that a few steps made stale catches up with a
-replica's own steps (`_catch_up`, gwtf.job.catchup); one further behind is fetched again. When every
-data holder died, a stage-0 joiner takes stage 0's state from the node keeping its backup and
+replica's own steps (`_catch_up`, gwtf.job.catchup); one further behind is fetched again. When
+every data holder died, a stage-0 joiner takes stage 0's state from the node keeping its backup and
 coordinates the job itself (`adopt`).
 """
 
@@ -70,7 +70,7 @@ class Joiner:
         self._take_over = take_over
         self._joining = False
 
-    async def catch_up(self, address: str) -> None:
+    async def learn_jobs(self, address: str) -> None:
         """A joiner learns the jobs its bootstrap node knows, and enters a running one."""
         try:
             reply = await self.host.stubs_at(address).jobs.List(

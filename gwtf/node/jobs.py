@@ -246,9 +246,9 @@ class JobManager:
                           periodic: bool = False) -> bool:
         return await self.transfer.keep_backup(job_id, stage, iteration, data, periodic)
 
-    async def catch_up(self, address: str) -> None:
+    async def learn_jobs(self, address: str) -> None:
         """A joiner learns the jobs its bootstrap node knows, and enters a running one."""
-        await self.joiner.catch_up(address)
+        await self.joiner.learn_jobs(address)
 
     # ================================================================== the coordinator's use
 

@@ -180,7 +180,7 @@ class Node:
         self._control.start()
         self._flows.start()
         if joined_via:
-            state.spawn(self.jobs.catch_up(joined_via), "jobs catch-up")
+            state.spawn(self.jobs.learn_jobs(joined_via), "learn jobs")
         self._flows.after_change()
 
     async def leave(self) -> None:
