@@ -19,6 +19,7 @@ BENCHMARKS = {
     "replay": "benchmarks.replay",
     "simspeed": "benchmarks.simspeed",
     "simbase": "benchmarks.simbase",
+    "simtargets": "benchmarks.simtargets",
     "keepers": "benchmarks.keepers",
     "solvespeed": "benchmarks.solvespeed",
     "balance": "benchmarks.balance",
