@@ -8,7 +8,9 @@ its messages as one batch, in seeded random order. Same seed, same run, bit for 
 
 The bus also ends the scaling phases (`FlowConfig.quiet_s` None): when no message is in flight,
 the phase's work is done everywhere, and it tells every node to tighten epsilon. When a node asks
-for the scaling to be re-run (`FlowNode.wants_rescale`), it widens every node's epsilon.
+for the scaling to be re-run (`FlowNode.wants_rescale`), it widens every node's epsilon. Those
+rules, and the swarm's edits (crashes, joins, links), are `gwtf.flow.swarm.FlowSwarm`'s, which
+the simulator's drivers share.
 """
 
 from __future__ import annotations
@@ -16,18 +18,12 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from gwtf.flow.decentralized import (
-    FlowConfig,
-    FlowMessage,
-    FlowNode,
-    LocalArc,
-    NodeView,
-    rescale_if_asked,
-)
+from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
 from gwtf.flow.solution import FlowResult, make_result
+from gwtf.flow.swarm import FlowSwarm
 from gwtf.flow.topology import Topology
 
 __all__ = [
@@ -36,8 +32,6 @@ __all__ = [
     "NotConverged",
     "flow_config",
     "node_views",
-    "peer_edits",
-    "with_epochs",
     "solve_decentralized",
 ]
 
@@ -60,14 +54,16 @@ class BusStats:
         return self.rounds / self.mean_delay if self.mean_delay > 0 else None
 
 
-class MessageBus:
-    """Delivers `FlowMessage`s between `FlowNode`s with seeded delays, order and duplicates."""
+class MessageBus(FlowSwarm):
+    """Delivers `FlowMessage`s between `FlowNode`s with seeded delays, order and duplicates; the
+    swarm's edits and rules are `FlowSwarm`'s."""
 
     def __init__(self, seed: int = 0, *, max_delay: int = 3, duplicate_p: float = 0.0) -> None:
         if max_delay < 1:
             raise ValueError("max_delay must be at least 1 round")
         if not 0.0 <= duplicate_p < 1.0:
             raise ValueError("duplicate_p must be in [0, 1)")
+        super().__init__()
         # The standard library's generator: as seedable as numpy's, and far cheaper per draw,
         # which matters at a draw or two per message.
         self.rng = random.Random(seed)
@@ -75,10 +71,7 @@ class MessageBus:
         self.duplicate_p = duplicate_p
         self.now = 0
         self._round0 = 0
-        self.nodes: dict[str, FlowNode] = {}
         self.messages = 0
-        self.rescales = 0
-        self._gen = 0
         # In-flight messages per arrival round; rounds in a heap.
         self._inbox: dict[int, list[FlowMessage]] = {}
         self._rounds: list[int] = []
@@ -92,75 +85,6 @@ class MessageBus:
     def quiet_rounds(self) -> float:
         """A quiet period long enough for a message and its answer to cross any arc twice."""
         return float(4 * self.max_delay + 1)
-
-    def add(self, node: FlowNode, *, start: bool = True) -> None:
-        self.nodes[node.node_id] = node
-        if start:
-            self.send(node.start())
-        self._schedule_tick(node)
-
-    def remove(self, node_id: str) -> None:
-        """`node_id` vanishes (a crash): its peers drop their arcs to it at once."""
-        node = self.nodes.pop(node_id)
-        self._note_change()
-        for peer in node.peers():
-            other = self.nodes.get(peer)
-            if other is not None:
-                self.send(other.remove_peer(node_id))
-                self._schedule_tick(other)
-
-    def join(self, view: NodeView, config: FlowConfig | None = None, *, epoch: int = 0) -> None:
-        """A node joins a running swarm (warm); its peers learn of the new arcs at once, as a
-        membership service would tell them. `config` defaults to the swarm's: every node must
-        use the same one (it is not recomputed from the grown topology)."""
-        config = config or next(iter(self.nodes.values())).config
-        view = with_epochs(view, {node_id: node.epoch for node_id, node in self.nodes.items()})
-        self._note_change()
-        node = FlowNode(view, config, self.clock, epoch=epoch, warm=True)
-        self.nodes[view.node_id] = node
-        for peer_id, arc, peer_sees_upstream in peer_edits(view):
-            peer = self.nodes.get(peer_id)
-            if peer is not None:
-                self.send(peer.add_peer(arc, upstream=peer_sees_upstream, peer_epoch=epoch))
-                self._schedule_tick(peer)
-        self.send(node.start())
-        self._schedule_tick(node)
-
-    def _note_change(self) -> None:
-        for node in self.nodes.values():
-            node.note_change()
-
-    def cut(self, src: str, dst: str) -> None:
-        """The arc `src -> dst` fails (both ends notice at once)."""
-        self._note_change()
-        for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
-            node = self.nodes.get(node_id)
-            if node is not None:
-                self.send(node.remove_arc(peer, upstream=upstream))
-
-    def link(self, src: str, dst: str, cap: int, cost: int) -> None:
-        """The arc `src -> dst` appears (or comes back), with capacity and cost in units; it
-        gets a new generation, so that messages of an earlier arc between the two still in
-        flight are not counted on it."""
-        self._gen += 1
-        self._note_change()
-        for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
-            node = self.nodes.get(node_id)
-            if node is not None:
-                epoch = self.nodes[peer].epoch if peer in self.nodes else 0
-                arc = LocalArc(peer, cap, cost, self._gen)
-                self.send(node.add_peer(arc, upstream=upstream, peer_epoch=epoch))
-
-    def update(self, src: str, dst: str, cap: int, cost: int) -> None:
-        """The arc `src -> dst` gets new parameters (a re-measured link): both ends update it in
-        place, as a new generation that keeps its flow (`FlowNode.update_arc`)."""
-        self._gen += 1
-        self._note_change()
-        for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
-            node = self.nodes.get(node_id)
-            if node is not None and peer in self.nodes:
-                arc = LocalArc(peer, cap, cost, self._gen, self.nodes[peer].epoch)
-                self.send(node.update_arc(arc, upstream=upstream))
 
     def reset_counts(self) -> None:
         """Start counting messages and rounds afresh (to measure a warm restart alone)."""
@@ -182,7 +106,7 @@ class MessageBus:
                     heapq.heappush(self._rounds, at)
                 batch.append(msg)
 
-    def _schedule_tick(self, node: FlowNode) -> None:
+    def schedule_tick(self, node: FlowNode) -> None:
         at = node.next_tick()
         if at is not None and self._tick_at.get(node.node_id) != at:
             self._tick_at[node.node_id] = at
@@ -202,11 +126,12 @@ class MessageBus:
         return min(times) if times else None
 
     def run(self, max_rounds: int = 1_000_000) -> BusStats:
-        """Deliver and tick until no message is in flight and no node has work left."""
+        """Deliver and tick until no message is in flight and no node has work left; when
+        nothing is in flight, the phase ends everywhere (`FlowSwarm.tighten`)."""
         while True:
             nxt = self._next_time()
             if nxt is None:
-                if not self._end_phase():
+                if not self.tighten():
                     return BusStats(
                         self.messages, self.now - self._round0, (1 + self.max_delay) / 2
                     )
@@ -245,25 +170,8 @@ class MessageBus:
                     touched.add(node_id)
             askers = [self.nodes[n] for n in touched if n in self.nodes]
             for node in askers:
-                self._schedule_tick(node)
-            if rescale_if_asked(self.nodes.values(), askers):
-                self.rescales += 1
-
-    def _end_phase(self) -> bool:
-        """Nothing is in flight: tighten every node not yet at the final epsilon. False when all
-        are there (the bus is quiescent for good)."""
-        pending = [n for n in sorted(self.nodes) if not self.nodes[n].final]
-        for node_id in pending:
-            self.send(self.nodes[node_id].tighten())
-        return bool(pending)
-
-    def flows(self) -> dict[tuple[str, str], int]:
-        """Arc flows as their tails see them (exact once the bus is quiescent)."""
-        out: dict[tuple[str, str], int] = {}
-        for node_id in sorted(self.nodes):
-            for peer, flow in self.nodes[node_id].routes().items():
-                out[(node_id, peer)] = flow
-        return out
+                self.schedule_tick(node)
+            self.rescale_if_asked(*askers)
 
 
 def node_views(topology: Topology) -> dict[str, NodeView]:
@@ -291,27 +199,6 @@ def node_views(topology: Topology) -> dict[str, NodeView]:
             downstream=tuple(downstream),
         )
     return views
-
-
-def with_epochs(view: NodeView, epochs: Mapping[str, int]) -> NodeView:
-    """`view` with each arc leading to its peer's current incarnation (from `epochs`): what a
-    joiner must know, or its messages to peers that restarted since would be ignored."""
-
-    def current(arcs: tuple[LocalArc, ...]) -> tuple[LocalArc, ...]:
-        return tuple(replace(a, epoch=epochs.get(a.peer, a.epoch)) for a in arcs)
-
-    return replace(view, upstream=current(view.upstream), downstream=current(view.downstream))
-
-
-def peer_edits(view: NodeView) -> list[tuple[str, LocalArc, bool]]:
-    """What the peers of a joining node must add, as `(peer_id, arc, peer_sees_upstream)`:
-    a peer upstream of the joiner sees the new arc as downstream, and the other way round."""
-    edits = []
-    for arcs, peer_sees_upstream in ((view.upstream, False), (view.downstream, True)):
-        for arc in arcs:
-            mirrored = LocalArc(view.node_id, arc.cap, arc.cost, arc.gen)  # epoch: the caller's
-            edits.append((arc.peer, mirrored, peer_sees_upstream))
-    return edits
 
 
 COST_HEADROOM = 2

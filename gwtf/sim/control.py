@@ -15,8 +15,9 @@ control plane, with the same rules and the same delays:
   in the node and `GwtfPolicy` in the simulator); a re-measured arc only its two ends (as
   `FlowDriver.own_arc` / `accept_arc`).
 
-`ControlPlane` subclasses the in-process bus, whose topology edits (`remove`, `join`, `cut`,
-`link`, `update`) it reuses, and replaces its delivery in rounds by delivery at simulated times.
+`ControlPlane` subclasses the in-process bus, whose swarm edits and rules (`gwtf.flow.swarm`:
+`remove`, `join`, `cut`, `link`, `update`, `recreate`, `link_changed`, rescales, phase ends) it
+reuses, and replaces its delivery in rounds by delivery at simulated times.
 `benchmarks/reconverge.py` times changes with it.
 """
 
@@ -33,8 +34,6 @@ from gwtf.flow.decentralized import (
     FlowConfig,
     FlowMessage,
     FlowNode,
-    LocalArc,
-    rescale_if_asked,
 )
 from gwtf.flow.topology import LinkSpec, Topology
 
@@ -159,47 +158,9 @@ class ControlPlane(MessageBus):
             self._in_flight += 1
         self._activity += 1
 
-    def _note_change(self) -> None:
-        super()._note_change()
+    def note_change(self) -> None:
+        super().note_change()
         self._activity += 1
-
-    def recreate(self, src: str, dst: str, cap: int, cost: int) -> None:
-        """The tail of `src -> dst` re-measured it: the arc gets new parameters at both ends, as
-        a new generation; only the two ends see the change (as in the node)."""
-        self._gen += 1
-        for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
-            node = self.nodes[node_id]
-            arc = LocalArc(peer, cap, cost, self._gen, self.nodes[peer].epoch)
-            if self.in_place:
-                self.send(node.update_arc(arc, upstream=upstream))
-            else:
-                self.send(node.add_peer(arc, upstream=upstream, peer_epoch=arc.epoch))
-        self._activity += 1
-        self._rescale_if_asked(self.nodes[src], self.nodes[dst])
-
-    def link_changed(self, topology: Topology, loc_a: str, loc_b: str) -> None:
-        """The link between two regions changed (`topology` has it already): every arc over it
-        gets its new parameters, as a new generation; every machine sees the change (as
-        `GwtfPolicy.on_link_change`)."""
-        self._note_change()
-        self._gen += 1
-        pair = {loc_a, loc_b}
-        for arc in topology.arcs:
-            src, dst = topology.node(arc.src), topology.node(arc.dst)
-            if {src.location, dst.location} != pair:
-                continue
-            tail, head = self.nodes.get(arc.src), self.nodes.get(arc.dst)
-            if tail is None or head is None:
-                continue
-            for node, peer, upstream in ((tail, head, False), (head, tail, True)):
-                local = LocalArc(
-                    peer.node_id, arc.cap_units, arc.cost_units, self._gen, peer.epoch
-                )
-                if self.in_place:
-                    self.send(node.update_arc(local, upstream=upstream))
-                else:
-                    self.send(node.add_peer(local, upstream=upstream, peer_epoch=peer.epoch))
-            self._rescale_if_asked(tail, head)
 
     def place(self, node_id: str, location: str) -> None:
         """Where a joiner is (before `join`)."""
@@ -230,7 +191,7 @@ class ControlPlane(MessageBus):
             if node is not None:
                 self.messages += 1
                 self.send(node.on_messages((msg,)))
-                self._rescale_if_asked(node)
+                self.rescale_if_asked(node)
             self._maybe_end_phase()
         else:
             raise RuntimeError(f"no quiescence after {max_events} events")
@@ -241,10 +202,6 @@ class ControlPlane(MessageBus):
             rescales=self.rescales - rescales0,
             phases=self.phases - phases0,
         )
-
-    def _rescale_if_asked(self, *nodes: FlowNode) -> None:
-        if rescale_if_asked(self.nodes.values(), nodes):
-            self.rescales += 1
 
     def _maybe_end_phase(self) -> None:
         if self._in_flight or all(m.final for m in self.nodes.values()):
@@ -264,9 +221,6 @@ class ControlPlane(MessageBus):
         if self._in_flight or self._phase_stamp != self._activity:
             self._maybe_end_phase()
             return
-        pending = [n for n in sorted(self.nodes) if not self.nodes[n].final]
-        if pending:
+        if self.tighten():
             self.phases += 1
-            for node_id in pending:
-                self.send(self.nodes[node_id].tighten())
         self._maybe_end_phase()

@@ -5,21 +5,20 @@ simulation; every control message takes the simulated link delay (times `1 + jit
 so routing after a change takes the time it really takes. A node handles its inbox in batches
 (`control_batch_s`); scaling phases end swarm-wide `phase_end_s` after no message is in flight;
 a machine that asks for a rescale rescales every machine. A crash, a join and a link change touch
-every machine (`note_change`), a link change updates its arcs in place as a new generation.
+every machine (`note_change`), a link change updates its arcs in place as a new generation. Those
+rules and edits are `gwtf.flow.swarm.FlowSwarm`'s, as for the bus and the control plane; this
+module is their transport over the simulated links and clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
-from gwtf.flow.bus import COST_HEADROOM, node_views, peer_edits, with_epochs
-from gwtf.flow.decentralized import (
-    FlowConfig,
-    FlowMessage,
-    FlowNode,
-    LocalArc,
-    rescale_if_asked,
-)
+from gwtf.flow.bus import COST_HEADROOM, node_views
+from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode
+from gwtf.flow.swarm import FlowSwarm, with_epochs
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
@@ -28,13 +27,35 @@ from gwtf.sim.simulator import Simulation
 __all__ = ["RelaxRouting"]
 
 
+class _Machines(FlowSwarm):
+    """The swarm's machines, their messages and timers handed to the simulation."""
+
+    def __init__(self, routing: RelaxRouting) -> None:
+        super().__init__()
+        self.routing = routing
+
+    def send(self, msgs: Iterable[FlowMessage]) -> None:
+        self.routing.send(list(msgs))
+
+    def schedule_tick(self, node: FlowNode) -> None:
+        self.routing.tick(node)
+
+    def clock(self) -> float:
+        return self.routing.sim.engine.now
+
+    def note_change(self) -> None:
+        super().note_change()
+        self.routing.activity += 1
+
+
 class RelaxRouting:
     """The flow machines of one simulation, and their messages on the simulated links."""
 
     def __init__(self, sim: Simulation, *, placement: bool) -> None:
         self.sim = sim
         self.sink = sim.sink
-        self.flow: dict[str, FlowNode] = {}
+        self.swarm = _Machines(self)
+        self.flow = self.swarm.nodes
         self.tick_at: dict[str, float] = {}
         self.inbox: dict[str, tuple[float, list[FlowMessage]]] = {}
         self.batch_s = sim.sc.control_batch_s
@@ -45,7 +66,6 @@ class RelaxRouting:
         # time a real swarm takes to learn it (`phase_end_s`), every machine tightens epsilon.
         self.in_flight = 0
         self.activity = 0  # bumped at every delivery and change: an older phase end is stale
-        self.gen = 0  # arc generations for links that come back
 
     def _config(self, placement: bool) -> FlowConfig:
         """One config for the whole run, from every node the scenario will ever have and the
@@ -78,7 +98,7 @@ class RelaxRouting:
         return FlowConfig.for_costs(sc.stages, COST_HEADROOM * max(costs), min(costs))
 
     # -- the bus
-    def _send(self, msgs: list[FlowMessage]) -> None:
+    def send(self, msgs: list[FlowMessage]) -> None:
         sim = self.sim
         nodes = sim.nodes
         size = sim.sc.message_bytes
@@ -119,16 +139,10 @@ class RelaxRouting:
         self.activity += 1
         node = self.flow.get(receiver)
         if node is not None:
-            self._send(node.on_messages(batch))
-            self._tick(node)
-            rescale_if_asked(self.flow.values(), (node,))
+            self.send(node.on_messages(batch))
+            self.tick(node)
+            self.swarm.rescale_if_asked(node)
         self._maybe_end_phase()
-
-    def _changed(self) -> None:
-        """The topology changed: every machine may ask for a rescale again."""
-        self.activity += 1
-        for machine in self.flow.values():
-            machine.note_change()
 
     def _maybe_end_phase(self) -> None:
         if self.in_flight == 0 and any(not m.final for m in self.flow.values()):
@@ -140,11 +154,10 @@ class RelaxRouting:
         if activity != self.activity or self.in_flight:
             return  # something happened since: that later quiet moment decides
         self.activity += 1
-        for node_id in sorted(self.flow):
-            self._send(self.flow[node_id].tighten())
+        self.swarm.tighten()
         self._maybe_end_phase()
 
-    def _tick(self, node: FlowNode) -> None:
+    def tick(self, node: FlowNode) -> None:
         at = node.next_tick()
         if at is not None and self.tick_at.get(node.node_id) != at:
             self.tick_at[node.node_id] = at
@@ -157,12 +170,12 @@ class RelaxRouting:
             return
         del self.tick_at[node.node_id]
         now = self.sim.engine.now
-        self._send(node.on_tick(now))
+        self.send(node.on_tick(now))
         following = node.next_tick()
         if following is not None and following <= now:
             # Not idle yet (waiting for answers): the next message it gets reschedules it.
             return
-        self._tick(node)
+        self.tick(node)
 
     # -- the router (GwtfPolicy's questions)
     def routes(self, node: SimNode) -> dict[str, int]:
@@ -180,80 +193,36 @@ class RelaxRouting:
             view = with_epochs(views[node_id], epochs)
             self.flow[node_id] = FlowNode(view, self.config, clock, epoch=epochs[node_id])
         for node_id in sorted(views):
-            self._send(self.flow[node_id].start())
-            self._tick(self.flow[node_id])
+            self.send(self.flow[node_id].start())
+            self.tick(self.flow[node_id])
         self._maybe_end_phase()
 
     def retire(self, node: SimNode, *, left: bool) -> None:
         """The node's flow machine goes; its peers drop their arcs to it (a leave and a crash
         alike: the peers learn it as the membership does)."""
-        machine = self.flow.pop(node.id, None)
         self.tick_at.pop(node.id, None)
-        if machine is None:
-            return
-        self._changed()
-        for peer in machine.peers():
-            other = self.flow.get(peer)
-            if other is not None:
-                self._send(other.remove_peer(node.id))
-                self._tick(other)
-        self._maybe_end_phase()
+        if self.swarm.remove(node.id) is not None:
+            self._maybe_end_phase()
 
     def activated(self, node: SimNode) -> None:
         topo = self.sim.topology()
         if topo is None:
             return
         views = node_views(topo)
-        clock = self.sim.engine.clock
         # Usually just the joiner; after a stage was empty, every node that waited for it.
         epochs = {node_id: self.sim.incarnation(node_id) for node_id in views}
         for node_id in sorted(views):
-            if node_id in self.flow:
-                continue
-            self._changed()
-            epoch = epochs[node_id]
-            view = with_epochs(views[node_id], epochs)
-            machine = FlowNode(view, self.config, clock, epoch=epoch, warm=True)
-            self.flow[node_id] = machine
-            for peer_id, arc, peer_sees_upstream in peer_edits(views[node_id]):
-                peer = self.flow.get(peer_id)
-                if peer is not None and peer is not machine:
-                    self._send(peer.add_peer(arc, upstream=peer_sees_upstream,
-                                             peer_epoch=epoch))
-                    self._tick(peer)
-            self._send(machine.start())
-            self._tick(machine)
+            if node_id not in self.flow:
+                self.swarm.join(views[node_id], self.config, epoch=epochs[node_id],
+                                epochs=epochs)
         self._maybe_end_phase()
 
     def link_changed(self, loc_a: str, loc_b: str) -> None:
         """The arcs over the link get the new capacity and cost at both ends, as a new
         generation updated in place (`FlowNode.update_arc`: the flow stays where the new numbers
-        allow it), or vanish with the link."""
+        allow it), or vanish with the link (`FlowSwarm.link_changed`)."""
         topo = self.sim.topology()
         if topo is None:
             return
-        self._changed()
-        self.gen += 1
-        pair = {loc_a, loc_b}
-        for u in self.sim.active_nodes():
-            for v in self.sim.active_nodes(u.stage + 1):
-                if {u.location, v.location} != pair:
-                    continue
-                fu, fv = self.flow.get(u.id), self.flow.get(v.id)
-                if fu is None or fv is None:
-                    continue
-                if topo.has_arc(u.id, v.id):
-                    spec = topo.arc(u.id, v.id)
-                    self._send(fu.update_arc(
-                        LocalArc(v.id, spec.cap_units, spec.cost_units, self.gen, fv.epoch),
-                        upstream=False))
-                    self._send(fv.update_arc(
-                        LocalArc(u.id, spec.cap_units, spec.cost_units, self.gen, fu.epoch),
-                        upstream=True))
-                else:
-                    self._send(fu.remove_arc(v.id, upstream=False))
-                    self._send(fv.remove_arc(u.id, upstream=True))
-                self._tick(fu)
-                self._tick(fv)
-                rescale_if_asked(self.flow.values(), (fu, fv))
+        self.swarm.link_changed(topo, loc_a, loc_b)
         self._maybe_end_phase()
