@@ -245,7 +245,9 @@ def test_a_joiner_whose_state_went_stale_catches_up_with_the_steps(swarm: LocalS
     # the machine's speed; the result is still the reference's, bit for bit.
     slow = swarm.join("a-slow", 1, 0.07, "--fault", "slow:state-transfer:seconds=8")
     swarm.wait_formed()
-    job = dataclasses.replace(job_for("catch-up", iterations=48), catch_up_steps=64)
+    # 80 iterations: the joiner enters after its start, 5 s of the commit's wait and 8 s of the
+    # slow stream (at iterations 31 and 36 in two runs), with iterations left to be routed work.
+    job = dataclasses.replace(job_for("catch-up", iterations=80), catch_up_steps=64)
     client = GwtfClient(swarm.procs["z0"].address)
     job_id = client.submit(job)
     wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S,
