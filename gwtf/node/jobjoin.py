@@ -171,7 +171,7 @@ class Joiner:
             if state is None:
                 await asyncio.sleep(0.5)
                 continue
-            iteration, data = state
+            data = state[1]
             reply = None
             try:
                 executor, corpus = await asyncio.to_thread(
@@ -181,6 +181,8 @@ class Joiner:
             except (StateError, DataError) as err:
                 self._fail(job.job_id, f"{host.node_id} could not use its stage's state: {err}")
                 return
+            # The iteration the state itself holds, not the stream's label: what it enters at.
+            iteration = executor.iteration
             while True:
                 ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage,
                                            has_state=True, state_iteration=iteration)

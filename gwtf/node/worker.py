@@ -379,10 +379,13 @@ class StageWorker:
     # ------------------------------------------------------------------ state
 
     async def state_bytes(self) -> tuple[int, bytes]:
-        """(iteration, this stage's weights and optimizer state at its start), for a joiner."""
-        it = self._ctx.it
-        data = await self._runtime.compute(COMMIT, self.executor.state_bytes)
-        return it.number, data
+        """(iteration, this stage's weights and optimizer state at its start), for a joiner or
+        a keeper. Both are read on the compute thread at once: a step queued ahead of the read
+        moves the state on, and its iteration with it."""
+        executor = self.executor
+        return await self._runtime.compute(
+            COMMIT, lambda: (executor.iteration, executor.state_bytes())
+        )
 
     async def steps_bytes(self, iteration: int) -> tuple[int, bytes]:
         """(iteration, the stage's steps from `iteration` to it) for a joiner holding the state
