@@ -48,14 +48,14 @@ print(json.dumps(out))
 """
 
 
-def _scenarios() -> list[str]:
+def chosen_scenarios() -> list[str]:
     chosen = os.environ.get("GWTF_SIMBASE_SCENARIOS")
     if chosen:
         return [s for s in chosen.split(",") if s]
     return sorted(p.stem for p in (ROOT / "simulations").glob("*.toml"))
 
 
-def _seeds() -> tuple[int, ...]:
+def chosen_seeds() -> tuple[int, ...]:
     return tuple(int(s) for s in os.environ.get("GWTF_SIMBASE_SEEDS", "0,1,2").split(","))
 
 
@@ -82,7 +82,7 @@ def _cell(result: dict[str, dict[str, Any]]) -> str:
 
 def run(quick: bool = False) -> str:
     base_ref = os.environ.get("GWTF_SIMBASE_BASE", "main")
-    names, seeds = (list(QUICK[0]), QUICK[1]) if quick else (_scenarios(), _seeds())
+    names, seeds = (list(QUICK[0]), QUICK[1]) if quick else (chosen_scenarios(), chosen_seeds())
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()
     alone = base_ref == "none"

@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from benchmarks.report import machine, write_section
-from benchmarks.simbase import QUICK, ROOT, WORKERS, _scenarios, _seeds
+from benchmarks.simbase import QUICK, ROOT, WORKERS, chosen_scenarios, chosen_seeds
 
 COMPARED = ("high_churn",)
 """Scenarios whose time to train is compared with swarm's (the issue's target: at most 0.7x)."""
@@ -61,7 +61,7 @@ def _cells(result: dict[str, Any]) -> str:
 
 
 def run(quick: bool = False) -> str:
-    names, seeds = (list(QUICK[0]), QUICK[1]) if quick else (_scenarios(), _seeds())
+    names, seeds = (list(QUICK[0]), QUICK[1]) if quick else (chosen_scenarios(), chosen_seeds())
     jobs = [(name, seed) for name in names for seed in seeds]
     with ProcessPoolExecutor(WORKERS) as pool:
         results = dict(zip(jobs, pool.map(_one, *zip(*jobs, strict=True)), strict=True))

@@ -164,14 +164,12 @@ class FlowSwarm:
 
     def update(self, src: str, dst: str, cap: int, cost: int) -> None:
         """The arc `src -> dst` gets new parameters (a re-measured link), seen by every
-        machine: both ends update it in place, as a new generation that keeps its flow."""
+        machine: both ends update it in place (`in_place`), as a new generation that keeps its
+        flow; nothing when either end is gone."""
         self._gen += 1
         self.note_change()
-        for node_id, peer, upstream in ((src, dst, False), (dst, src, True)):
-            node = self.nodes.get(node_id)
-            if node is not None and peer in self.nodes:
-                arc = LocalArc(peer, cap, cost, self._gen, self.nodes[peer].epoch)
-                self.send(node.update_arc(arc, upstream=upstream))
+        if src in self.nodes and dst in self.nodes:
+            self._renew(self.nodes[src], self.nodes[dst], cap, cost)
 
     def recreate(self, src: str, dst: str, cap: int, cost: int) -> None:
         """The tail of `src -> dst` re-measured it: the arc gets new parameters at both ends, as

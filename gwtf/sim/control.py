@@ -30,11 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gwtf.flow.bus import BusStats, MessageBus, node_views
-from gwtf.flow.decentralized import (
-    FlowConfig,
-    FlowMessage,
-    FlowNode,
-)
+from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode
 from gwtf.flow.topology import LinkSpec, Topology
 
 __all__ = ["ControlPlane", "Settled"]

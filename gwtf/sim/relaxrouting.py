@@ -55,7 +55,7 @@ class RelaxRouting:
         self.sim = sim
         self.sink = sim.sink
         self.swarm = _Machines(self)
-        self.flow = self.swarm.nodes
+        self.flow = self.swarm.nodes  # the machines by id: the swarm's own dict, not a copy
         self.tick_at: dict[str, float] = {}
         self.inbox: dict[str, tuple[float, list[FlowMessage]]] = {}
         self.batch_s = sim.sc.control_batch_s
