@@ -45,7 +45,7 @@ in the iteration's records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -189,11 +189,34 @@ class Ledger:
         """Forget the sum kept for `sender` (it died and another keeper, or nobody, took it)."""
         self._kept.pop(sender, None)
 
-    def adopt(self, sender: str) -> frozenset[MicrobatchId]:
+    def adopt(
+        self,
+        sender: str,
+        upstream: Mapping[MicrobatchId, str] | None = None,
+        downstream: Mapping[MicrobatchId, str] | None = None,
+    ) -> frozenset[MicrobatchId]:
         """`sender` died and the plan gave its kept sum to this node: its ids become this node's
-        contributions (the node adds the kept sum to its accumulator). Returns them."""
+        contributions (the node adds the kept sum to its accumulator). Returns them.
+
+        The keeper takes the sender's place in the records too: for each kept microbatch,
+        `downstream[mb]` (the plan's `gradient_from`) is the next-stage node whose gradient the
+        sender consumed, and `upstream[mb]` the previous-stage node its activation came from.
+        `Rule.KEEP` needs the sender's backward proven, which proves the downstream one, so the
+        keeper records that the output went to `downstream[mb]` and its gradient came back: if
+        that node dies in turn, the keeper's report proves its backward (BACKWARD_DONE) as the
+        sender's would have. Without it, a later death downstream had only its own downstream's
+        FORWARD_DONE for those microbatches, and any sum it had shipped was refused whole."""
         mbs = self._kept.pop(sender, frozenset())
         self._adopted |= mbs
+        for mb, node in (downstream or {}).items():
+            if mb in mbs:
+                self._act_to[mb] = node
+                self._act_mode[mb] = Mode.FORWARD
+                self._grad_back[mb] = node
+        for mb, node in (upstream or {}).items():
+            if mb in mbs:
+                self._grad_target[mb] = node
+                self._target_mode[mb] = Mode.FORWARD
         return mbs
 
     def contribution_moved(self, mb: MicrobatchId, stage: int, keeper: str) -> None:

@@ -164,6 +164,7 @@ class Churn:
         node.ledger = Ledger(node.id, node.stage,
                              sim.iteration.index if sim.iteration is not None else 0)
         node.iter_compute = 0.0
+        node.work.clear()
         sim.shipping.census(1, death=False)
         sim.policy.on_activate(node)
         sim.check_paused()

@@ -38,7 +38,7 @@ class SimNode:
         "detected", "epoch", "slots", "slot_mbs", "busy", "job", "job_start", "bwd_q", "fwd_q",
         "ledger", "iter_compute", "ready", "tokens", "tokens_t", "inject_at", "wrr", "quota",
         "dtfm_next", "balancer", "pending_resp", "move_to", "left", "started", "ready_at",
-        "wake_at", "steps_from",
+        "wake_at", "steps_from", "work",
     )
 
     def __init__(self, info: NodeInfo, compute_s: float, slots: int, epoch: int) -> None:
@@ -59,6 +59,9 @@ class SimNode:
         self.fwd_q: deque[tuple[int, MB, int]] = deque()
         self.ledger = Ledger(info.id, info.stage)
         self.iter_compute = 0.0
+        self.work: dict[int, float] = {}
+        """Compute seconds behind each of its contributions in this iteration (its own work on
+        the microbatch, or the work behind a sum it adopted): what a keeper's adoption saves."""
         self.ready = False
         self.tokens = float(slots)
         self.tokens_t = 0.0

@@ -19,8 +19,9 @@ The rule itself is `gwtf.recovery` (`ship_due`, `pick_keeper`, `best_cover`, `pl
   its input gradient (for the previous stage's replay), the keeper computes it again first, from
   the previous stage's kept output (`regenerate`, `regenerate_gradient`): a forward, or a
   forward and backward whose gradient is not accumulated. That compute is wasted compute;
-- wasted compute: the dead node's compute on kept microbatches (one forward and backward each)
-  is not wasted; if the keeper dies in turn before the commit, it is again.
+- wasted compute: the dead node's compute on kept microbatches (as it was spent, `SimNode.work`:
+  the forwards and backwards it ran for them, or the work behind a sum it had adopted) is not
+  wasted; if the keeper dies in turn before the commit, it is again.
 
 With the adaptive bound (`replay_bound = "auto"`, the default) a node ships when
 `gwtf.recovery.ship_interval` says so: it weighs the upload of the sum on its own path to the
@@ -186,16 +187,21 @@ class Shipper:
         it = sim.iteration
         keeps = [r for r in plan.recoveries if r.rule == Rule.KEEP]
         peers = self._peers(dead)
+        s = dead.stage
         for peer in peers:
             if keeps and peer.id == keeps[0].keeper:
-                peer.ledger.adopt(dead.id)
+                peer.ledger.adopt(
+                    dead.id,
+                    upstream={r.mb: r.activation_from for r in keeps
+                              if s > 0 and r.activation_from is not None},
+                    downstream={r.mb: r.gradient_from for r in keeps
+                                if r.gradient_from is not None})
             else:
                 peer.ledger.drop_kept(dead.id)
             if peer.ledger.keeper == dead.id:
                 peer.ledger.keeper_lost()
         if keeps and it is not None:
             keeper = sim.nodes[str(keeps[0].keeper)]
-            s = dead.stage
             for rec in keeps:
                 mb = it.mbs.get(rec.mb)
                 if mb is None or mb.node[s] is not dead or mb.st[s] != DONE:
@@ -208,7 +214,11 @@ class Shipper:
                     n = mb.node[t] if 0 <= t < sim.S else None
                     if n is not None and n.alive:
                         n.ledger.contribution_moved(mb.id, s, keeper.id)
-            credit = len(keeps) * dead.compute_s
+            credit = 0.0
+            for rec in keeps:
+                work = dead.work.get(rec.mb, 0.0)
+                keeper.work[rec.mb] = work
+                credit += work
             sim.wasted -= credit
             self._credit[keeper.id] = self._credit.get(keeper.id, 0.0) + credit
             self.kept += len(keeps)

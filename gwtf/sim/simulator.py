@@ -400,6 +400,7 @@ class Simulation:
         for node in self.nodes.values():
             node.ledger.reset(index)
             node.iter_compute = 0.0
+            node.work.clear()
         self.shipping.reset()
         self.recovery.boundary(index)
         self.policy.on_iteration_start(it)
@@ -595,6 +596,7 @@ class Simulation:
         self.total_compute += duration
         kind, mb, s = job
         mb.spent[s] += duration
+        node.work[mb.id] = node.work.get(mb.id, 0.0) + duration
         if mb.dead or mb.node[s] is not node:
             node.slot_mbs.discard(mb.id)
             self.wasted += duration

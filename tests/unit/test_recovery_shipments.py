@@ -201,6 +201,55 @@ def test_reset_forgets_shipments() -> None:
     assert y.held_for("x") == frozenset() and x.keeper is None and x.unshipped() == 0
 
 
+def _keep_chain(records: bool) -> tuple[int, int]:
+    """Four stages h -> x|y -> z|w -> t: x ships to y and dies; y keeps microbatch 1 (taking x's
+    place in the records when `records`); then z, downstream of it, ships to w and dies.
+    Returns (microbatches kept, recomputed) at z's death."""
+    h, x, y, z, w, t = (Ledger("h", 0), Ledger("x", 1), Ledger("y", 1), Ledger("z", 2),
+                        Ledger("w", 2), Ledger("t", 3))
+    h.activation_sent(1, "x")
+    x.activation_received(1, "h")
+    x.activation_sent(1, "z")
+    z.activation_received(1, "x")
+    z.activation_sent(1, "t")
+    t.activation_received(1, "z")
+    t.accumulated(1)
+    t.gradient_sent(1, "z")
+    z.gradient_received(1, "t")
+    z.accumulated(1)
+    z.gradient_sent(1, "x")
+    x.gradient_received(1, "z")
+    x.accumulated(1)
+    x.gradient_sent(1, "h")
+    h.gradient_received(1, "x")
+    h.accumulated(1)
+    ship(x, y)
+    ship(z, w)
+    plan = plan_crash("x", 1, 4, [h.report_about("x"), z.report_about("x")],
+                      covered=y.held_for("x"), keeper="y")
+    assert plan.recoveries == (Recovery(1, 1, Rule.KEEP, "h", "z", "y"),)
+    keeps = [r for r in plan.recoveries if r.rule == Rule.KEEP]
+    if records:
+        y.adopt("x", upstream={r.mb: r.activation_from for r in keeps if r.activation_from},
+                downstream={r.mb: r.gradient_from for r in keeps if r.gradient_from})
+    else:
+        y.adopt("x")
+    h.contribution_moved(1, 1, "y")
+    z.contribution_moved(1, 1, "y")
+    later = plan_crash("z", 2, 4, [y.report_about("z"), t.report_about("z")],
+                       covered=w.held_for("z"), keeper="w")
+    return later.count(Rule.KEEP), later.count(Rule.RECOMPUTE)
+
+
+def test_a_keeper_takes_the_dead_senders_place_so_a_later_sum_downstream_is_kept() -> None:
+    """x's backward of microbatch 1 was proven (KEEP), which proves z's: y, adopting it, records
+    that its output went to z and z's gradient came back, and z's own shipped sum is kept when z
+    dies. Without those records only t's FORWARD_DONE spoke for z's microbatch 1, and z's
+    whole sum was refused (everything it covered recomputed and replayed)."""
+    assert _keep_chain(records=True) == (1, 0)
+    assert _keep_chain(records=False) == (0, 1)
+
+
 def test_a_sum_covering_a_dropped_microbatch_is_not_used() -> None:
     """A microbatch dropped while the dead node, not yet noticed, held its contribution must not
     come back through the kept sum (check_commit would find it extra)."""
