@@ -39,7 +39,7 @@ How a node drives it (what `gwtf.sim.simulator` does with simulated messages):
    contributions()]})`; commit only when `.ok`, else `.reason()` says what is pending.
 """
 
-from gwtf.recovery.ledger import Evidence, Ledger, MicrobatchId, Mode, NeighbourReport
+from gwtf.recovery.ledger import Evidence, Hops, Ledger, MicrobatchId, Mode, NeighbourReport
 from gwtf.recovery.rules import (
     CommitCheck,
     CrashPlan,
@@ -65,6 +65,7 @@ __all__ = [
     "REPLAY_AUTO",
     "CommitCheck",
     "HazardEstimate",
+    "Hops",
     "CrashPlan",
     "Evidence",
     "Ledger",

@@ -30,13 +30,16 @@ covered by its reports too.
 
 Bounded replay (docs/design.md 4.9). A node ships the running sum of its gradient (everything it
 accumulated in the iteration) to one live stage peer, its *keeper*, every `replay_bound`
-microbatches: the sender records `shipped(ids, keeper)`, the keeper `kept(sender, ids)` (a later
-shipment replaces an earlier one: running sums only grow). While the sender lives, the kept sum
-counts for nothing: the sender contributes its whole sum at the commit. When it dies and the plan
-lets the keeper take it (`gwtf.recovery.rules.plan_crash`, rule `KEEP`), the keeper `adopt`s it:
-from then on those ids are the keeper's contributions, and the dead node's neighbours re-point
-their records to the keeper (`contribution_moved`), so that the keeper's own death is covered by
-their reports like any replay replacement's.
+microbatches: the sender records `shipped(ids, keeper)`, the keeper `kept(sender, ids, hops)`
+(a later shipment replaces an earlier one: running sums only grow; `hops` are the sender's records
+of where each microbatch came from and whose gradient came back, `Ledger.hops`). While the sender
+lives, the kept sum counts for nothing: the sender contributes its whole sum at the commit. When it
+dies and the plan lets the keeper take it (`gwtf.recovery.rules.plan_crash`, rule `KEEP`), the
+keeper `adopt`s it: from then on those ids are the keeper's contributions, it takes the dead
+node's place in the records (from the plan's neighbours, else the carried hops), and the dead
+node's neighbours re-point their records to the keeper (`contribution_moved`), so that the
+keeper's own death is covered by their reports like any replay replacement's, and a later death
+of a neighbour is covered by the keeper's.
 
 Microbatch ids are ints unique within a job (a real node can pack holder and sequence number).
 Nothing here does I/O or reads a clock; every method is O(1) but `report_about`, which is linear
@@ -49,9 +52,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
-__all__ = ["Evidence", "Ledger", "MicrobatchId", "Mode", "NeighbourReport"]
+__all__ = ["Evidence", "Hops", "Ledger", "MicrobatchId", "Mode", "NeighbourReport"]
 
 MicrobatchId = int
+
+Hops = tuple[str | None, str | None]
+"""One microbatch's neighbours at a node: the previous-stage node its activation came from (None
+at stage 0) and the next-stage node its gradient came back from (None at the last stage, or
+before the gradient came)."""
 
 
 class Mode(IntEnum):
@@ -111,6 +119,7 @@ class Ledger:
         "_shipped",
         "_keeper",
         "_kept",
+        "_kept_hops",
     )
 
     def __init__(self, node: str, stage: int, iteration: int = 0) -> None:
@@ -127,6 +136,7 @@ class Ledger:
         self._shipped: frozenset[MicrobatchId] = frozenset()
         self._keeper: str | None = None
         self._kept: dict[str, frozenset[MicrobatchId]] = {}
+        self._kept_hops: dict[str, dict[MicrobatchId, Hops]] = {}
 
     # -- recording -------------------------------------------------------------------------
 
@@ -177,9 +187,22 @@ class Ledger:
         self._shipped = frozenset()
         self._keeper = None
 
-    def kept(self, sender: str, mbs: Iterable[MicrobatchId]) -> None:
-        """A stage peer's running sum, covering `mbs`, arrived here (it replaces the last one)."""
+    def hops(self, mbs: Iterable[MicrobatchId]) -> dict[MicrobatchId, Hops]:
+        """Where each of `mbs` came from and where its gradient came back from, as this node
+        recorded them (`Hops`): what a shipment carries beside the sum (`kept`)."""
+        return {mb: (self._grad_target.get(mb) if self.stage > 0 else None,
+                     self._grad_back.get(mb)) for mb in mbs}
+
+    def kept(
+        self,
+        sender: str,
+        mbs: Iterable[MicrobatchId],
+        hops: Mapping[MicrobatchId, Hops] | None = None,
+    ) -> None:
+        """A stage peer's running sum, covering `mbs`, arrived here (it replaces the last one),
+        with the sender's `hops` of them (`Ledger.hops` at the sender, at the shipment)."""
         self._kept[sender] = frozenset(mbs)
+        self._kept_hops[sender] = dict(hops or {})
 
     def held_for(self, sender: str) -> frozenset[MicrobatchId]:
         """The microbatches covered by the sum this node keeps for `sender` (empty if none)."""
@@ -188,6 +211,7 @@ class Ledger:
     def drop_kept(self, sender: str) -> None:
         """Forget the sum kept for `sender` (it died and another keeper, or nobody, took it)."""
         self._kept.pop(sender, None)
+        self._kept_hops.pop(sender, None)
 
     def adopt(
         self,
@@ -200,22 +224,27 @@ class Ledger:
 
         The keeper takes the sender's place in the records too: for each kept microbatch,
         `downstream[mb]` (the plan's `gradient_from`) is the next-stage node whose gradient the
-        sender consumed, and `upstream[mb]` the previous-stage node its activation came from.
-        `Rule.KEEP` needs the sender's backward proven, which proves the downstream one, so the
-        keeper records that the output went to `downstream[mb]` and its gradient came back: if
-        that node dies in turn, the keeper's report proves its backward (BACKWARD_DONE) as the
-        sender's would have. Without it, a later death downstream had only its own downstream's
-        FORWARD_DONE for those microbatches, and any sum it had shipped was refused whole."""
+        sender consumed, and `upstream[mb]` the previous-stage node its activation came from;
+        where the plan names none (that neighbour is dead too, not yet noticed), the hops the
+        sum carried (`kept`) stand in. `Rule.KEEP` needs the sender's backward proven, which
+        proves the downstream one, so the keeper records that the output went to the
+        downstream node and its gradient came back: if that node dies in turn, the keeper's
+        report proves its backward (BACKWARD_DONE) as the sender's would have. Without it, a
+        later death downstream had only its own downstream's FORWARD_DONE for those
+        microbatches, and any sum it had shipped was refused whole."""
         mbs = self._kept.pop(sender, frozenset())
+        carried = self._kept_hops.pop(sender, {})
         self._adopted |= mbs
-        for mb, node in (downstream or {}).items():
-            if mb in mbs:
-                self._act_to[mb] = node
+        for mb in mbs:
+            up, down = carried.get(mb, (None, None))
+            down = (downstream or {}).get(mb, down)
+            up = (upstream or {}).get(mb, up)
+            if down is not None:
+                self._act_to[mb] = down
                 self._act_mode[mb] = Mode.FORWARD
-                self._grad_back[mb] = node
-        for mb, node in (upstream or {}).items():
-            if mb in mbs:
-                self._grad_target[mb] = node
+                self._grad_back[mb] = down
+            if up is not None:
+                self._grad_target[mb] = up
                 self._target_mode[mb] = Mode.FORWARD
         return mbs
 
@@ -298,3 +327,4 @@ class Ledger:
         self._shipped = frozenset()
         self._keeper = None
         self._kept.clear()
+        self._kept_hops.clear()

@@ -46,6 +46,7 @@ from gwtf.recovery import (
     REPLAY_AUTO,
     CrashPlan,
     HazardEstimate,
+    Hops,
     Rule,
     ShipCost,
     best_cover,
@@ -149,11 +150,13 @@ class Shipper:
         self._busy.add(node.id)
         arrive = self.sim.transfer(node, keeper, nbytes)
         self.sink.emit(arrive, Kind.ARRIVE, self._on_arrive,
-                       (node, node.epoch, keeper, keeper.epoch, it.index, ids))
+                       (node, node.epoch, keeper, keeper.epoch, it.index, ids,
+                        node.ledger.hops(ids)))
 
     @returns_events
-    def _on_arrive(self, payload: tuple[SimNode, int, SimNode, int, int, frozenset[int]]) -> None:
-        node, epoch, keeper, keeper_epoch, index, ids = payload
+    def _on_arrive(self, payload: tuple[SimNode, int, SimNode, int, int, frozenset[int],
+                                        dict[int, Hops]]) -> None:
+        node, epoch, keeper, keeper_epoch, index, ids, hops = payload
         if node.epoch != epoch or not node.alive:
             return
         self._busy.discard(node.id)
@@ -161,7 +164,7 @@ class Shipper:
         if (it is not None and it.index == index and keeper.alive and keeper.active
                 and keeper.epoch == keeper_epoch and keeper.stage == node.stage
                 and node.ledger.iteration == index and keeper.ledger.iteration == index):
-            keeper.ledger.kept(node.id, ids)
+            keeper.ledger.kept(node.id, ids, hops)
         self.accumulated(node)
 
     def crashed(self, node: SimNode) -> float:
