@@ -247,6 +247,10 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       "(default: HOST:PORT)")
     node.add_argument("--location", metavar="NAME",
                       help="this node's location in --link-matrix (emulated WAN)")
+    node.add_argument("--uplink-mbps", type=_positive_float, metavar="MBIT",
+                      help="this machine's upload bandwidth in Mbit/s: its stage's snapshots "
+                      "go out from the replica with the fastest (default: not said, ranked "
+                      "last)")
     node.add_argument("--link-matrix", metavar="FILE",
                       help="CSV src,dst,rtt_ms,bandwidth_gbps: delay every outgoing message as "
                       "that link would (e.g. gwtf/data/geo10_aws.csv)")

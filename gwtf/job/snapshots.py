@@ -4,10 +4,11 @@ who sends a stage's snapshot, who keeps it, and which snapshot a wiped stage is 
 A snapshot is a stage's weights and optimizer state at an iteration boundary. Every node keeps
 its own stage's state of its latest *periodic* boundary in memory (`periodic`: the job's first
 iteration and then either every multiple of `every`, or boundaries declared one at a time once
-the one before has landed everywhere, `declare_due`); one replica of each stage (`sends`: the
-smallest live id) sends it to keepers of other stages (`snapshot_keepers`, chosen across failure
-domains). A *thin* stage (at most `thin` live replicas) sends its state after every step as
-well, so a stage that loses its last replicas at once usually loses nothing. When it does lose
+the one before has landed everywhere or while a stage is thin, `declare_due`); one replica of
+each stage (`snapshot_sender`: the fastest declared uplink, ties by the smallest id) sends it to
+keepers of other stages (`snapshot_keepers`, chosen across failure domains). A *thin* stage
+(at most `thin` live replicas) sends its state after every step as well, so a stage that loses
+its last replicas at once usually loses nothing. When it does lose
 an iteration's state (every replica of a stage that was not thin dies at once), the keepers'
 snapshots are older than the iteration in progress: the swarm rolls back to the stage's
 periodic snapshot, which every other node can restore from its own memory (`restore_point`,
@@ -37,6 +38,7 @@ __all__ = [
     "keeper_keeps",
     "own_kept",
     "restore_point",
+    "sender_rank",
     "snapshot_keepers",
     "snapshot_landed",
     "snapshot_sender",
@@ -112,7 +114,8 @@ class SnapshotPolicy:
 
 
 def declare_due(
-    policy: SnapshotPolicy, iteration: int, landed: Callable[[int], bool], *, stuck: bool = False
+    policy: SnapshotPolicy, iteration: int, landed: Callable[[int], bool], *, stuck: bool = False,
+    thin: bool = False,
 ) -> bool:
     """Is the boundary before `iteration` declared the next periodic snapshot, where boundaries
     are declared (`SnapshotPolicy.declared`)? When it is at least `every` iterations after the
@@ -125,10 +128,20 @@ def declare_due(
     `stuck`: some stage's snapshot of the latest one can never land (no node keeps its own state
     of it any more: every replica the stage had then has died, and its copies with them). Then
     the next one is declared all the same, and the nodes keep the newest one that landed at
-    every stage instead of the latest (`own_kept` with `floor`)."""
+    every stage instead of the latest (`own_kept` with `floor`).
+
+    `thin`: some stage has at most `policy.thin` live replicas. Then the next one is declared
+    every `every` iterations whether the latest landed or not. A thin stage sends its state at
+    every boundary; what restores it after a wipe is the newest of those that landed at a
+    keeper *and* that every other node can go back to, i.e. a periodic one (`restore_point`).
+    Under volunteer churn a boundary's snapshots of every stage rarely all land within the
+    nodes' sessions, the latest stayed for hours, and a stage wiped by then rolled the swarm
+    back to it or to the job's start, although its keepers held its state of a few iterations
+    before (docs/design.md 4.6). Declared while thin, the periodic boundaries follow the thin
+    stage, and the floor still keeps one that landed everywhere."""
     latest = policy.last_periodic(iteration)
     return (iteration != policy.start and iteration - latest >= policy.every
-            and (stuck or landed(latest)))
+            and (stuck or thin or landed(latest)))
 
 
 @dataclass
@@ -175,14 +188,17 @@ class Boundaries:
         common = set.intersection(*(self.landed.get(s, set()) for s in range(self.stages)))
         return max((b for b in common if b <= current), default=self.policy.start)
 
-    def step(self, iteration: int) -> tuple[bool, int]:
+    def step(self, iteration: int, replicas: Iterable[int] = ()) -> tuple[bool, int]:
         """The step of `iteration` is ordered: (the boundary after it is declared periodic, the
-        floor every node keeps its own state of until the next step, `own_kept`)."""
+        floor every node keeps its own state of until the next step, `own_kept`). `replicas`:
+        the live replicas of each stage that go on (`declare_due`'s `thin`)."""
         boundary = iteration + 1
         latest = self.policy.last_periodic(boundary)
         stuck = any(self.lacking.get(s) == latest and latest not in self.landed.get(s, ())
                     for s in range(self.stages))
-        periodic = declare_due(self.policy, boundary, lambda b: self.floor(b) >= b, stuck=stuck)
+        thin = any(self.policy.is_thin(n) for n in replicas)
+        periodic = declare_due(self.policy, boundary, lambda b: self.floor(b) >= b, stuck=stuck,
+                               thin=thin)
         if periodic:
             self.policy = self.policy.declare(boundary)
         self.ordered = self.floor(boundary)
@@ -197,17 +213,30 @@ class Boundaries:
             self.ordered = min(self.ordered, to)
 
 
+def sender_rank(node: str, uplink_gbps: float) -> tuple[float, str]:
+    """A replica's place in the order of its stage's snapshot senders (`snapshot_sender`): the
+    fastest uplink first, ties (and replicas that did not say, 0) by the smallest id."""
+    return (-uplink_gbps, node)
+
+
 def snapshot_sender(
     participants: Mapping[str, int],
     departed: Collection[str],
     stage: int,
     alive: Callable[[str], bool],
+    uplink_gbps: Callable[[str], float] | None = None,
 ) -> tuple[str, int]:
-    """(the replica of `stage` that sends its snapshots: the smallest live id, "" if none; how
-    many live replicas the stage has). Two replicas that disagree for a moment both send: the
-    keeper keeps the newest, no harm done."""
-    live = sorted(p for p, s in participants.items()
-                  if s == stage and p not in departed and alive(p))
+    """(the replica of `stage` that sends its snapshots, "" if none; how many live replicas the
+    stage has). The sender is the live replica with the fastest uplink its node declared
+    (`uplink_gbps`; 0 when not said), ties by the smallest id (`sender_rank`): a stage's state
+    is gigabytes, and from a 20 Mbit/s home uplink it streams for longer than a volunteer's
+    session, so copies from the smallest id were cut off again and again while a replica on a
+    fast line would have landed them in seconds (docs/design.md 4.6). Two replicas that
+    disagree for a moment both send: the keeper keeps the newest, no harm done."""
+    rate = uplink_gbps or (lambda _: 0.0)
+    live = sorted((p for p, s in participants.items()
+                   if s == stage and p not in departed and alive(p)),
+                  key=lambda p: sender_rank(p, rate(p)))
     return (live[0] if live else ""), len(live)
 
 

@@ -192,6 +192,7 @@ def run_node(args: argparse.Namespace) -> int:
         fault=fault,
         rate_limit=RateLimit(args.rate_limit),
         moves=not args.no_moves,
+        uplink_gbps=(args.uplink_mbps or 0.0) / 1000,
     )
     configure_logging(args.log_level, json_lines=args.log_json)
     return run_loop(_serve(settings, config))

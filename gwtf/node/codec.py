@@ -95,6 +95,7 @@ def member_to_pb(info: MemberInfo) -> node_pb2.Member:
         blocked=info.blocked,
         revision=info.revision,
         movable=info.movable,
+        uplink_gbps=info.uplink_gbps,
     )
 
 
@@ -130,6 +131,8 @@ def member_from_pb(pb: node_pb2.Member, num_stages: int | None) -> MemberInfo:
         raise InvalidMessage(f"member {pb.id!r} has stage {pb.stage}, outside 0..{limit - 1}")
     _positive(f"member {pb.id!r} compute_s", pb.compute_s)
     _positive(f"member {pb.id!r} capacity", pb.capacity)
+    if not (math.isfinite(pb.uplink_gbps) and pb.uplink_gbps >= 0):
+        raise InvalidMessage(f"member {pb.id!r} has uplink {pb.uplink_gbps} Gbit/s")
     if int(pb.state) not in (State.ALIVE, State.DEAD, State.LEFT):
         raise InvalidMessage(f"member {pb.id!r} has no valid state ({pb.state})")
     links, blocked = _links_from_pb(pb)
@@ -147,6 +150,7 @@ def member_from_pb(pb: node_pb2.Member, num_stages: int | None) -> MemberInfo:
         blocked=blocked,
         revision=pb.revision,
         movable=pb.movable,
+        uplink_gbps=pb.uplink_gbps,
     )
 
 

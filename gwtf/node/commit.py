@@ -400,7 +400,8 @@ class CommitParticipant:
     ) -> tuple[bool, bool]:
         """(this node keeps its state at the start of `iteration` as its own snapshot, it sends
         that state to the stage's keeper): every node keeps the periodic ones; the stage's
-        smallest live replica sends the periodic ones, and every one while the stage is thin."""
+        snapshot sender (`snapshot_sender`: the fastest declared uplink) sends the periodic
+        ones, and every one while the stage is thin."""
         if final:
             return False, False
         ctx = self._ctx
@@ -411,9 +412,13 @@ class CommitParticipant:
         """(this node sends its stage's snapshots, how many live replicas the stage has)."""
         ctx = self._ctx
         me = ctx.host.node_id
+        def uplink(p: str) -> float:
+            member = ctx.host.member(p)
+            return member.uplink_gbps if member is not None else 0.0
+
         sender, live = snapshot_sender(
             participants, ctx.departed, ctx.stage,
-            lambda p: p == me or ctx.host.member(p) is not None,
+            lambda p: p == me or ctx.host.member(p) is not None, uplink,
         )
         return sender == me, live
 

@@ -203,6 +203,7 @@ class SwarmEntry:
             capacity=1.0 / compute_s,
             epoch=epoch,
             movable=state.settings.movable,
+            uplink_gbps=state.settings.uplink_gbps,
         )
 
     def _setup(

@@ -101,6 +101,9 @@ class MemberInfo:
     movable: bool = False
     """The job coordinator may move it to another stage (docs/design.md 2.11): it chose its
     stage and moves are not turned off. A pinned node (or one that does not say) never moves."""
+    uplink_gbps: float = 0.0
+    """Its access uplink as its operator declared it (0: not said): its stage's snapshots go out
+    from the replica with the fastest (`gwtf.job.snapshots.snapshot_sender`)."""
 
     @property
     def alive(self) -> bool:

@@ -90,6 +90,9 @@ class NodeSettings:
     """A node that chooses its stage (`stage` None) may be moved to another by the job
     coordinator when the flow gains by it (docs/design.md 2.11); False (`--no-moves`): it keeps
     the stage it took. A pinned node never moves, whatever this says."""
+    uplink_gbps: float = 0.0
+    """This node's access uplink as its operator declares it (`--uplink-mbps`; 0: not said),
+    announced in its member record (`MemberInfo.uplink_gbps`)."""
     placed: bool = False
     """`stage` was chosen by placement, not pinned by the user: the new incarnation of a node
     the coordinator moved, which stays movable."""

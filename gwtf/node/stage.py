@@ -268,8 +268,14 @@ class StageContext:
         snapshot was on its way can still be rolled back to the one before."""
         if state is not None:
             self.snapshots[iteration] = state
-        floor = min(own_kept(self.policy, iteration, floor=self.floor))
-        self.snapshots = {i: s for i, s in self.snapshots.items() if floor <= i <= iteration}
+        kept = own_kept(self.policy, iteration, floor=self.floor)
+        floor = min(kept)
+        # A periodic state neither latest nor the floor is dropped: boundaries declared while
+        # a stage is thin (`declare_due`) come whether the one before landed or not, and a
+        # node keeps two of them, not every one since the floor.
+        self.snapshots = {i: s for i, s in self.snapshots.items()
+                          if floor <= i <= iteration
+                          and (i in kept or not self.policy.periodic(i))}
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str, it: Iteration | None = None
               ) -> None:

@@ -63,6 +63,7 @@ from gwtf.job.snapshots import (
     keeper_keeps,
     own_kept,
     restore_point,
+    sender_rank,
     snapshot_keepers,
     snapshot_landed,
 )
@@ -71,6 +72,12 @@ from gwtf.sim.entities import SimNode
 from gwtf.sim.simulator import Simulation
 
 __all__ = ["StageSnapshots"]
+
+
+def _rank(node: SimNode) -> tuple[float, str]:
+    """`sender_rank` of a simulated node: its declared uplink is its scenario's access link
+    (every node's is infinite in the pair model, where the smallest id sends)."""
+    return sender_rank(node.id, node.info.uplink_gbps)
 
 
 @dataclass
@@ -127,9 +134,9 @@ class StageSnapshots:
         return [n for n in self.sim.active_nodes(stage) if not n.detected]
 
     def _sender(self, stage: int, but: SimNode | None = None) -> SimNode | None:
-        """The stage's snapshot sender (`snapshot_sender`: its smallest live id)."""
-        return min((n for n in self._live(stage) if n is not but), key=lambda n: n.id,
-                   default=None)
+        """The stage's snapshot sender (`snapshot_sender`: its live replica with the fastest
+        uplink, ties by the smallest id)."""
+        return min((n for n in self._live(stage) if n is not but), key=_rank, default=None)
 
     def _keepers_for(self, stage: int) -> list[SimNode]:
         """The stage's keepers by the node's rule, over the live nodes as the swarm sees them."""
@@ -170,13 +177,15 @@ class StageSnapshots:
             # has died since), it can never land, and a new one is declared over it.
             holder = min((n for n, epoch in self.holders[stage]
                           if n.alive and n.epoch == epoch and n.stage == stage and not n.detected),
-                         key=lambda n: n.id, default=None)
+                         key=_rank, default=None)
             if holder is None:
                 stuck = True
             else:
                 self._send(stage, latest, holder)
         senders = [self._sender(stage) for stage in range(self.sim.S)]
-        if all(senders) and declare_due(self.policy, index, self._landed_everywhere, stuck=stuck):
+        thin = any(self.policy.is_thin(len(self._live(stage))) for stage in range(self.sim.S))
+        if all(senders) and declare_due(self.policy, index, self._landed_everywhere,
+                                        stuck=stuck, thin=thin):
             self.policy = self.policy.declare(index)
             self.declared += 1
             self.holders = [{(n, n.epoch) for n in self._live(stage)}
@@ -289,7 +298,7 @@ class StageSnapshots:
         periodic boundary), as a death that makes a stage thin does."""
         it = self.sim.iteration
         sender = self._sender(node.stage, but=node)
-        if it is not None and sender is not None and node.id < sender.id:
+        if it is not None and sender is not None and _rank(node) < _rank(sender):
             # It was its stage's sender: the stage's latest periodic snapshot, if it has not
             # landed, and one of the iteration in progress it was sending, go again.
             latest = self.policy.last_periodic(it.index)

@@ -24,53 +24,53 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12gwtf/v1/node.proto\x12\x07gwtf.v1\"\x8a\x02\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05stage\x18\x03 \x01(\r\x12\x10\n\x08location\x18\x04 \x01(\t\x12\x11\n\tcompute_s\x18\x05 \x01(\x01\x12\x10\n\x08\x63\x61pacity\x18\x06 \x01(\x01\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x11\n\theartbeat\x18\x08 \x01(\x04\x12#\n\x05state\x18\t \x01(\x0e\x32\x14.gwtf.v1.MemberState\x12\"\n\x05links\x18\n \x03(\x0b\x32\x13.gwtf.v1.LinkReport\x12\x0f\n\x07\x62locked\x18\x0b \x03(\t\x12\x10\n\x08revision\x18\x0c \x01(\x04\x12\x0f\n\x07movable\x18\r \x01(\x08\"r\n\nLinkReport\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x16\n\trtt_level\x18\x02 \x01(\x11H\x00\x88\x01\x01\x12\x1c\n\x0f\x62\x61ndwidth_level\x18\x03 \x01(\x11H\x01\x88\x01\x01\x42\x0c\n\n_rtt_levelB\x12\n\x10_bandwidth_level\"\xe1\x01\n\x0bSwarmConfig\x12\x10\n\x08swarm_id\x18\x01 \x01(\t\x12\x12\n\nnum_stages\x18\x02 \x01(\r\x12\x18\n\x10\x61\x63tivation_bytes\x18\x03 \x01(\x04\x12\r\n\x05\x62ig_m\x18\x04 \x01(\x12\x12\x10\n\x08max_cost\x18\x05 \x01(\x12\x12\x11\n\teps_final\x18\x06 \x01(\x12\x12\x11\n\teps_start\x18\x07 \x01(\x12\x12\x12\n\neps_factor\x18\x08 \x01(\r\x12\x15\n\rrescale_after\x18\t \x01(\r\x12\x0f\n\x07quiet_s\x18\n \x01(\x01\x12\x0f\n\x07routing\x18\x0b \x01(\t\"\x1e\n\rConfigRequest\x12\r\n\x05stage\x18\x01 \x01(\r\"2\n\x0b\x43onfigReply\x12#\n\x05swarm\x18\x01 \x01(\x0b\x32\x14.gwtf.v1.SwarmConfig\".\n\x0bJoinRequest\x12\x1f\n\x06member\x18\x01 \x01(\x0b\x32\x0f.gwtf.v1.Member\"\x82\x01\n\tJoinReply\x12#\n\x05swarm\x18\x01 \x01(\x0b\x32\x14.gwtf.v1.SwarmConfig\x12 \n\x07members\x18\x02 \x03(\x0b\x32\x0f.gwtf.v1.Member\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x10\n\x08tightens\x18\x04 \x01(\r\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\")\n\x0cLeaveRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x0c\n\nLeaveReply\"t\n\rGossipRequest\x12\x10\n\x08swarm_id\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12 \n\x07members\x18\x03 \x03(\x0b\x32\x0f.gwtf.v1.Member\x12\x0c\n\x04view\x18\x04 \x01(\x06\x12\x11\n\tspreading\x18\x05 \x01(\x08\"/\n\x0bGossipReply\x12 \n\x07members\x18\x01 \x03(\x0b\x32\x0f.gwtf.v1.Member\"=\n\x0b\x45\x63hoRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\"2\n\tEchoReply\x12\r\n\x05nonce\x18\x01 \x01(\x04\x12\x16\n\x0ereceived_bytes\x18\x02 \x01(\x04\"\x1e\n\rStatusRequest\x12\r\n\x05swarm\x18\x01 \x01(\x08\"\xdf\x01\n\tArcStatus\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x0c\n\x04\x66low\x18\x03 \x01(\x04\x12\x0b\n\x03\x63\x61p\x18\x04 \x01(\x04\x12\x0c\n\x04\x63ost\x18\x05 \x01(\x04\x12\x0b\n\x03gen\x18\x06 \x01(\x04\x12\x0e\n\x06rtt_ms\x18\x07 \x01(\x01\x12\x16\n\x0e\x62\x61ndwidth_gbps\x18\x08 \x01(\x01\x12\x0c\n\x04ring\x18\t \x01(\x08\x12\x17\n\x0fmeasured_rtt_ms\x18\n \x01(\x01\x12\x1f\n\x17measured_bandwidth_gbps\x18\x0b \x01(\x01\x12\x12\n\nrtt_probes\x18\x0c \x01(\x04\"\xb6\x04\n\nNodeStatus\x12\x1f\n\x06member\x18\x01 \x01(\x0b\x32\x0f.gwtf.v1.Member\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x10\n\x08tightens\x18\x03 \x01(\r\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\r\n\x05quiet\x18\x05 \x01(\x08\x12\x0b\n\x03\x65ps\x18\x06 \x01(\x12\x12 \n\x04\x61rcs\x18\x07 \x03(\x0b\x32\x12.gwtf.v1.ArcStatus\x12\x12\n\nthroughput\x18\x08 \x01(\x04\x12\x1a\n\x12\x66low_messages_sent\x18\t \x01(\x04\x12\x19\n\x11\x66low_batches_sent\x18\n \x01(\x04\x12\x19\n\x11gossip_bytes_sent\x18\x0b \x01(\x04\x12\x19\n\x11gossip_calls_sent\x18\x0c \x01(\x04\x12\x10\n\x08uptime_s\x18\r \x01(\x01\x12\x10\n\x08\x64\x65parted\x18\x0e \x03(\t\x12\x18\n\x10wan_stack_rtt_ms\x18\x0f \x01(\x01\x12\x0c\n\x04\x62usy\x18\x10 \x03(\t\x12\x1e\n\x16\x66low_messages_received\x18\x11 \x01(\x04\x12\x1d\n\x15\x66low_messages_emitted\x18\x12 \x01(\x04\x12\x0f\n\x07routing\x18\x13 \x01(\t\x12\x0e\n\x06solves\x18\x14 \x01(\x04\x12\x14\n\x0cview_changes\x18\x15 \x01(\x04\x12\x0f\n\x07repairs\x18\x16 \x01(\x04\x12\x14\n\x0clast_solve_s\x18\x17 \x01(\x01\x12\x16\n\x0esolve_waited_s\x18\x18 \x01(\x01\x12\x17\n\x0fmessage_delay_s\x18\x19 \x01(\x01\"\x9b\x01\n\x0bStatusReply\x12\x0c\n\x04node\x18\x01 \x01(\t\x12#\n\x05swarm\x18\x02 \x01(\x0b\x32\x14.gwtf.v1.SwarmConfig\x12 \n\x07members\x18\x03 \x03(\x0b\x32\x0f.gwtf.v1.Member\x12\"\n\x05nodes\x18\x04 \x03(\x0b\x32\x13.gwtf.v1.NodeStatus\x12\x13\n\x0bunreachable\x18\x05 \x03(\t*q\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x01\x12\x15\n\x11MEMBER_STATE_DEAD\x10\x02\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x03\x32\xe3\x01\n\nMembership\x12\x36\n\x06\x43onfig\x12\x16.gwtf.v1.ConfigRequest\x1a\x14.gwtf.v1.ConfigReply\x12\x30\n\x04Join\x12\x14.gwtf.v1.JoinRequest\x1a\x12.gwtf.v1.JoinReply\x12\x33\n\x05Leave\x12\x15.gwtf.v1.LeaveRequest\x1a\x13.gwtf.v1.LeaveReply\x12\x36\n\x06Gossip\x12\x16.gwtf.v1.GossipRequest\x1a\x14.gwtf.v1.GossipReply29\n\x05Probe\x12\x30\n\x04\x45\x63ho\x12\x14.gwtf.v1.EchoRequest\x1a\x12.gwtf.v1.EchoReply2=\n\x06Status\x12\x33\n\x03Get\x12\x16.gwtf.v1.StatusRequest\x1a\x14.gwtf.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12gwtf/v1/node.proto\x12\x07gwtf.v1\"\x9f\x02\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05stage\x18\x03 \x01(\r\x12\x10\n\x08location\x18\x04 \x01(\t\x12\x11\n\tcompute_s\x18\x05 \x01(\x01\x12\x10\n\x08\x63\x61pacity\x18\x06 \x01(\x01\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x11\n\theartbeat\x18\x08 \x01(\x04\x12#\n\x05state\x18\t \x01(\x0e\x32\x14.gwtf.v1.MemberState\x12\"\n\x05links\x18\n \x03(\x0b\x32\x13.gwtf.v1.LinkReport\x12\x0f\n\x07\x62locked\x18\x0b \x03(\t\x12\x10\n\x08revision\x18\x0c \x01(\x04\x12\x0f\n\x07movable\x18\r \x01(\x08\x12\x13\n\x0buplink_gbps\x18\x0e \x01(\x01\"r\n\nLinkReport\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x16\n\trtt_level\x18\x02 \x01(\x11H\x00\x88\x01\x01\x12\x1c\n\x0f\x62\x61ndwidth_level\x18\x03 \x01(\x11H\x01\x88\x01\x01\x42\x0c\n\n_rtt_levelB\x12\n\x10_bandwidth_level\"\xe1\x01\n\x0bSwarmConfig\x12\x10\n\x08swarm_id\x18\x01 \x01(\t\x12\x12\n\nnum_stages\x18\x02 \x01(\r\x12\x18\n\x10\x61\x63tivation_bytes\x18\x03 \x01(\x04\x12\r\n\x05\x62ig_m\x18\x04 \x01(\x12\x12\x10\n\x08max_cost\x18\x05 \x01(\x12\x12\x11\n\teps_final\x18\x06 \x01(\x12\x12\x11\n\teps_start\x18\x07 \x01(\x12\x12\x12\n\neps_factor\x18\x08 \x01(\r\x12\x15\n\rrescale_after\x18\t \x01(\r\x12\x0f\n\x07quiet_s\x18\n \x01(\x01\x12\x0f\n\x07routing\x18\x0b \x01(\t\"\x1e\n\rConfigRequest\x12\r\n\x05stage\x18\x01 \x01(\r\"2\n\x0b\x43onfigReply\x12#\n\x05swarm\x18\x01 \x01(\x0b\x32\x14.gwtf.v1.SwarmConfig\".\n\x0bJoinRequest\x12\x1f\n\x06member\x18\x01 \x01(\x0b\x32\x0f.gwtf.v1.Member\"\x82\x01\n\tJoinReply\x12#\n\x05swarm\x18\x01 \x01(\x0b\x32\x14.gwtf.v1.SwarmConfig\x12 \n\x07members\x18\x02 \x03(\x0b\x32\x0f.gwtf.v1.Member\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x10\n\x08tightens\x18\x04 \x01(\r\x12\r\n\x05\x66inal\x18\x05 \x01(\x08\")\n\x0cLeaveRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x0c\n\nLeaveReply\"t\n\rGossipRequest\x12\x10\n\x08swarm_id\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12 \n\x07members\x18\x03 \x03(\x0b\x32\x0f.gwtf.v1.Member\x12\x0c\n\x04view\x18\x04 \x01(\x06\x12\x11\n\tspreading\x18\x05 \x01(\x08\"/\n\x0bGossipReply\x12 \n\x07members\x18\x01 \x03(\x0b\x32\x0f.gwtf.v1.Member\"=\n\x0b\x45\x63hoRequest\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\"2\n\tEchoReply\x12\r\n\x05nonce\x18\x01 \x01(\x04\x12\x16\n\x0ereceived_bytes\x18\x02 \x01(\x04\"\x1e\n\rStatusRequest\x12\r\n\x05swarm\x18\x01 \x01(\x08\"\xdf\x01\n\tArcStatus\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\x12\x0c\n\x04\x66low\x18\x03 \x01(\x04\x12\x0b\n\x03\x63\x61p\x18\x04 \x01(\x04\x12\x0c\n\x04\x63ost\x18\x05 \x01(\x04\x12\x0b\n\x03gen\x18\x06 \x01(\x04\x12\x0e\n\x06rtt_ms\x18\x07 \x01(\x01\x12\x16\n\x0e\x62\x61ndwidth_gbps\x18\x08 \x01(\x01\x12\x0c\n\x04ring\x18\t \x01(\x08\x12\x17\n\x0fmeasured_rtt_ms\x18\n \x01(\x01\x12\x1f\n\x17measured_bandwidth_gbps\x18\x0b \x01(\x01\x12\x12\n\nrtt_probes\x18\x0c \x01(\x04\"\xb6\x04\n\nNodeStatus\x12\x1f\n\x06member\x18\x01 \x01(\x0b\x32\x0f.gwtf.v1.Member\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x10\n\x08tightens\x18\x03 \x01(\r\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\r\n\x05quiet\x18\x05 \x01(\x08\x12\x0b\n\x03\x65ps\x18\x06 \x01(\x12\x12 \n\x04\x61rcs\x18\x07 \x03(\x0b\x32\x12.gwtf.v1.ArcStatus\x12\x12\n\nthroughput\x18\x08 \x01(\x04\x12\x1a\n\x12\x66low_messages_sent\x18\t \x01(\x04\x12\x19\n\x11\x66low_batches_sent\x18\n \x01(\x04\x12\x19\n\x11gossip_bytes_sent\x18\x0b \x01(\x04\x12\x19\n\x11gossip_calls_sent\x18\x0c \x01(\x04\x12\x10\n\x08uptime_s\x18\r \x01(\x01\x12\x10\n\x08\x64\x65parted\x18\x0e \x03(\t\x12\x18\n\x10wan_stack_rtt_ms\x18\x0f \x01(\x01\x12\x0c\n\x04\x62usy\x18\x10 \x03(\t\x12\x1e\n\x16\x66low_messages_received\x18\x11 \x01(\x04\x12\x1d\n\x15\x66low_messages_emitted\x18\x12 \x01(\x04\x12\x0f\n\x07routing\x18\x13 \x01(\t\x12\x0e\n\x06solves\x18\x14 \x01(\x04\x12\x14\n\x0cview_changes\x18\x15 \x01(\x04\x12\x0f\n\x07repairs\x18\x16 \x01(\x04\x12\x14\n\x0clast_solve_s\x18\x17 \x01(\x01\x12\x16\n\x0esolve_waited_s\x18\x18 \x01(\x01\x12\x17\n\x0fmessage_delay_s\x18\x19 \x01(\x01\"\x9b\x01\n\x0bStatusReply\x12\x0c\n\x04node\x18\x01 \x01(\t\x12#\n\x05swarm\x18\x02 \x01(\x0b\x32\x14.gwtf.v1.SwarmConfig\x12 \n\x07members\x18\x03 \x03(\x0b\x32\x0f.gwtf.v1.Member\x12\"\n\x05nodes\x18\x04 \x03(\x0b\x32\x13.gwtf.v1.NodeStatus\x12\x13\n\x0bunreachable\x18\x05 \x03(\t*q\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x01\x12\x15\n\x11MEMBER_STATE_DEAD\x10\x02\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x03\x32\xe3\x01\n\nMembership\x12\x36\n\x06\x43onfig\x12\x16.gwtf.v1.ConfigRequest\x1a\x14.gwtf.v1.ConfigReply\x12\x30\n\x04Join\x12\x14.gwtf.v1.JoinRequest\x1a\x12.gwtf.v1.JoinReply\x12\x33\n\x05Leave\x12\x15.gwtf.v1.LeaveRequest\x1a\x13.gwtf.v1.LeaveReply\x12\x36\n\x06Gossip\x12\x16.gwtf.v1.GossipRequest\x1a\x14.gwtf.v1.GossipReply29\n\x05Probe\x12\x30\n\x04\x45\x63ho\x12\x14.gwtf.v1.EchoRequest\x1a\x12.gwtf.v1.EchoReply2=\n\x06Status\x12\x33\n\x03Get\x12\x16.gwtf.v1.StatusRequest\x1a\x14.gwtf.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gwtf.v1.node_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMBERSTATE']._serialized_start=2233
-  _globals['_MEMBERSTATE']._serialized_end=2346
+  _globals['_MEMBERSTATE']._serialized_start=2254
+  _globals['_MEMBERSTATE']._serialized_end=2367
   _globals['_MEMBER']._serialized_start=32
-  _globals['_MEMBER']._serialized_end=298
-  _globals['_LINKREPORT']._serialized_start=300
-  _globals['_LINKREPORT']._serialized_end=414
-  _globals['_SWARMCONFIG']._serialized_start=417
-  _globals['_SWARMCONFIG']._serialized_end=642
-  _globals['_CONFIGREQUEST']._serialized_start=644
-  _globals['_CONFIGREQUEST']._serialized_end=674
-  _globals['_CONFIGREPLY']._serialized_start=676
-  _globals['_CONFIGREPLY']._serialized_end=726
-  _globals['_JOINREQUEST']._serialized_start=728
-  _globals['_JOINREQUEST']._serialized_end=774
-  _globals['_JOINREPLY']._serialized_start=777
-  _globals['_JOINREPLY']._serialized_end=907
-  _globals['_LEAVEREQUEST']._serialized_start=909
-  _globals['_LEAVEREQUEST']._serialized_end=950
-  _globals['_LEAVEREPLY']._serialized_start=952
-  _globals['_LEAVEREPLY']._serialized_end=964
-  _globals['_GOSSIPREQUEST']._serialized_start=966
-  _globals['_GOSSIPREQUEST']._serialized_end=1082
-  _globals['_GOSSIPREPLY']._serialized_start=1084
-  _globals['_GOSSIPREPLY']._serialized_end=1131
-  _globals['_ECHOREQUEST']._serialized_start=1133
-  _globals['_ECHOREQUEST']._serialized_end=1194
-  _globals['_ECHOREPLY']._serialized_start=1196
-  _globals['_ECHOREPLY']._serialized_end=1246
-  _globals['_STATUSREQUEST']._serialized_start=1248
-  _globals['_STATUSREQUEST']._serialized_end=1278
-  _globals['_ARCSTATUS']._serialized_start=1281
-  _globals['_ARCSTATUS']._serialized_end=1504
-  _globals['_NODESTATUS']._serialized_start=1507
-  _globals['_NODESTATUS']._serialized_end=2073
-  _globals['_STATUSREPLY']._serialized_start=2076
-  _globals['_STATUSREPLY']._serialized_end=2231
-  _globals['_MEMBERSHIP']._serialized_start=2349
-  _globals['_MEMBERSHIP']._serialized_end=2576
-  _globals['_PROBE']._serialized_start=2578
-  _globals['_PROBE']._serialized_end=2635
-  _globals['_STATUS']._serialized_start=2637
-  _globals['_STATUS']._serialized_end=2698
+  _globals['_MEMBER']._serialized_end=319
+  _globals['_LINKREPORT']._serialized_start=321
+  _globals['_LINKREPORT']._serialized_end=435
+  _globals['_SWARMCONFIG']._serialized_start=438
+  _globals['_SWARMCONFIG']._serialized_end=663
+  _globals['_CONFIGREQUEST']._serialized_start=665
+  _globals['_CONFIGREQUEST']._serialized_end=695
+  _globals['_CONFIGREPLY']._serialized_start=697
+  _globals['_CONFIGREPLY']._serialized_end=747
+  _globals['_JOINREQUEST']._serialized_start=749
+  _globals['_JOINREQUEST']._serialized_end=795
+  _globals['_JOINREPLY']._serialized_start=798
+  _globals['_JOINREPLY']._serialized_end=928
+  _globals['_LEAVEREQUEST']._serialized_start=930
+  _globals['_LEAVEREQUEST']._serialized_end=971
+  _globals['_LEAVEREPLY']._serialized_start=973
+  _globals['_LEAVEREPLY']._serialized_end=985
+  _globals['_GOSSIPREQUEST']._serialized_start=987
+  _globals['_GOSSIPREQUEST']._serialized_end=1103
+  _globals['_GOSSIPREPLY']._serialized_start=1105
+  _globals['_GOSSIPREPLY']._serialized_end=1152
+  _globals['_ECHOREQUEST']._serialized_start=1154
+  _globals['_ECHOREQUEST']._serialized_end=1215
+  _globals['_ECHOREPLY']._serialized_start=1217
+  _globals['_ECHOREPLY']._serialized_end=1267
+  _globals['_STATUSREQUEST']._serialized_start=1269
+  _globals['_STATUSREQUEST']._serialized_end=1299
+  _globals['_ARCSTATUS']._serialized_start=1302
+  _globals['_ARCSTATUS']._serialized_end=1525
+  _globals['_NODESTATUS']._serialized_start=1528
+  _globals['_NODESTATUS']._serialized_end=2094
+  _globals['_STATUSREPLY']._serialized_start=2097
+  _globals['_STATUSREPLY']._serialized_end=2252
+  _globals['_MEMBERSHIP']._serialized_start=2370
+  _globals['_MEMBERSHIP']._serialized_end=2597
+  _globals['_PROBE']._serialized_start=2599
+  _globals['_PROBE']._serialized_end=2656
+  _globals['_STATUS']._serialized_start=2658
+  _globals['_STATUS']._serialized_end=2719
 # @@protoc_insertion_point(module_scope)

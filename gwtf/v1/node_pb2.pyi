@@ -19,7 +19,7 @@ MEMBER_STATE_DEAD: MemberState
 MEMBER_STATE_LEFT: MemberState
 
 class Member(_message.Message):
-    __slots__ = ("id", "address", "stage", "location", "compute_s", "capacity", "epoch", "heartbeat", "state", "links", "blocked", "revision", "movable")
+    __slots__ = ("id", "address", "stage", "location", "compute_s", "capacity", "epoch", "heartbeat", "state", "links", "blocked", "revision", "movable", "uplink_gbps")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class Member(_message.Message):
     BLOCKED_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     MOVABLE_FIELD_NUMBER: _ClassVar[int]
+    UPLINK_GBPS_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     stage: int
@@ -46,7 +47,8 @@ class Member(_message.Message):
     blocked: _containers.RepeatedScalarFieldContainer[str]
     revision: int
     movable: bool
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., stage: _Optional[int] = ..., location: _Optional[str] = ..., compute_s: _Optional[float] = ..., capacity: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., blocked: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ..., movable: _Optional[bool] = ...) -> None: ...
+    uplink_gbps: float
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., stage: _Optional[int] = ..., location: _Optional[str] = ..., compute_s: _Optional[float] = ..., capacity: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., blocked: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ..., movable: _Optional[bool] = ..., uplink_gbps: _Optional[float] = ...) -> None: ...
 
 class LinkReport(_message.Message):
     __slots__ = ("site", "rtt_level", "bandwidth_level")

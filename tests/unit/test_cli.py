@@ -160,3 +160,15 @@ def test_node_moves_are_on_for_auto_nodes_unless_turned_off(tmp_path: Path) -> N
     config.write_text("no-moves = true\n")
     argv = with_config(["--config", str(config)], _subcommand(parser, "node"))
     assert parser.parse_args(["node", *argv]).no_moves
+
+
+def test_node_uplink_is_declared_in_mbit_and_bad_values_are_usage_errors() -> None:
+    from gwtf.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["node"]).uplink_mbps is None
+    assert parser.parse_args(["node", "--uplink-mbps", "40"]).uplink_mbps == 40.0
+    for bad in ("0", "-5", "fast"):
+        result = run_gwtf("node", "--uplink-mbps", bad)
+        assert result.returncode == 2 and "--uplink-mbps" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

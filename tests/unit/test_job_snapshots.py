@@ -12,6 +12,7 @@ from gwtf.job.iterations import (
 )
 from gwtf.job.snapshots import (
     LAUNCH_WINDOW_S,
+    Boundaries,
     SnapshotPolicy,
     declare_due,
     keeper_keeps,
@@ -68,6 +69,40 @@ def test_declared_boundaries_come_one_at_a_time_after_the_last_landed_everywhere
     assert restore_point(policy, 14, kept={9, 3}, held=own_kept(policy, 14, floor=3)) == 3
     # Undeclared, every `every`-th boundary, as before.
     assert SnapshotPolicy(every=2, thin=0).undo(0).periodic(4)
+
+
+def test_the_sender_is_the_replica_with_the_fastest_declared_uplink() -> None:
+    alive = lambda p: True  # noqa: E731
+    swarm = {"a0": 1, "a1": 1, "a2": 1, "z0": 2}
+    # 20 Mbit/s, 1 Gbit/s, not said: the fast one sends; without rates, the smallest id.
+    rate = {"a0": 0.02, "a1": 1.0, "a2": 0.0, "z0": 0.0}.__getitem__
+    assert snapshot_sender(swarm, set(), 1, alive, rate) == ("a1", 3)
+    assert snapshot_sender(swarm, {"a1"}, 1, alive, rate) == ("a0", 2)
+    assert snapshot_sender(swarm, set(), 1, alive) == ("a0", 3)
+    # Equal rates (the simulator's pair model: every uplink infinite) fall back to the id.
+    assert snapshot_sender(swarm, set(), 1, alive, lambda p: float("inf")) == ("a0", 3)
+
+
+def test_a_thin_stage_declares_the_next_boundary_whether_the_latest_landed_or_not() -> None:
+    """Under volunteer churn every stage's snapshot of a boundary rarely lands before the nodes
+    that hold its state leave; the latest periodic boundary then stays for hours, and a thin
+    stage wiped meanwhile rolled the swarm back to it although its keepers held its state of a
+    few iterations before. While a stage is thin the boundaries come every `every` iterations
+    all the same, and the floor keeps the newest one that landed everywhere."""
+    policy = SnapshotPolicy(every=2, thin=2, start=0, declared=(2,))
+    landed: set[int] = {0}
+    assert not declare_due(policy, 4, landed.__contains__)
+    assert declare_due(policy, 4, landed.__contains__, thin=True)
+    assert not declare_due(policy, 3, landed.__contains__, thin=True)  # `every` still holds
+    # The coordinator's record: thin is any stage at or below `thin` live replicas.
+    boundaries = Boundaries(SnapshotPolicy(every=2, thin=2, start=0, declared=()), stages=3,
+                            landed={0: {0}, 1: {0}, 2: {0}})
+    assert boundaries.step(1, replicas=[3, 3, 3]) == (True, 0)  # 2: the latest (0) landed
+    assert boundaries.step(3, replicas=[3, 3, 3]) == (False, 0)  # 2 has not landed anywhere
+    assert boundaries.step(3, replicas=[3, 2, 3]) == (True, 0)  # stage 1 is thin: 4 comes
+    assert boundaries.policy.declared == (2, 4)
+    # The nodes keep the latest and the floor, not every boundary declared since the floor.
+    assert own_kept(boundaries.policy, 5, floor=0) == {4, 0}
 
 
 def test_more_keepers_each_sharing_least_with_those_chosen_before() -> None:

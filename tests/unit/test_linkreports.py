@@ -160,7 +160,8 @@ def _member(**kw: object) -> MemberInfo:
 
 def test_records_cross_the_wire_unchanged() -> None:
     info = _member(
-        links=(LinkReport("B", 27, None), LinkReport("C", None, -3)), blocked=("n7",), revision=4
+        links=(LinkReport("B", 27, None), LinkReport("C", None, -3)), blocked=("n7",), revision=4,
+        uplink_gbps=0.04,
     )
     assert member_from_pb(member_to_pb(info), 1) == info
 
@@ -177,6 +178,8 @@ def test_records_cross_the_wire_unchanged() -> None:
         ({"blocked": ("n1",)}, "blocks an arc to itself"),
         ({"blocked": ("n2", "n2")}, "the same head twice"),
         ({"links": tuple(LinkReport(f"s{i}", 1) for i in range(MAX_REPORTS + 1))}, "at most"),
+        ({"uplink_gbps": -1.0}, "uplink -1.0"),
+        ({"uplink_gbps": float("nan")}, "uplink nan"),
     ],
 )
 def test_a_bad_record_from_a_peer_is_refused_with_its_reason(

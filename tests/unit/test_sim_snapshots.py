@@ -187,3 +187,18 @@ def test_a_keeper_moved_into_the_wiped_stage_keeps_its_snapshots(tmp_path: Path)
     assert result.moves >= 1
     assert result.rollbacks == []
     assert result.iterations_completed > 5
+
+
+def test_while_a_stage_is_thin_boundaries_come_without_waiting_for_the_last_to_land(
+    tmp_path: Path,
+) -> None:
+    # The home uplinks above: a copy outlasts an iteration. With no stage thin the next
+    # periodic boundary waits until the last one landed everywhere; with every stage thin (two
+    # replicas each) one is declared every `every` iterations all the same (declare_due), so
+    # the boundary every node keeps follows the thin stages' own snapshots.
+    links = "uplink_gbps = [0.2]\ndownlink_gbps = [1.0]\n"
+    waiting = run(scenario(tmp_path, "", every=2, thin=0, keepers=4, nodes=links))
+    thin = run(scenario(tmp_path, "", every=2, thin=2, keepers=4, nodes=links))
+    assert waiting.snapshots["declared"] < thin.snapshots["declared"]
+    assert thin.snapshots["declared"] == (thin.iterations_completed - 1) // 2
+    exact(thin)
