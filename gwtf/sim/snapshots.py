@@ -3,11 +3,13 @@
 
 - the periodic boundaries are declared one at a time (`declare_due`): at the first boundary at
   least `snapshot_every` iterations after the latest one, once the latest one's snapshot has
-  landed at every keeper of every stage (and every stage has a live replica to send it). At a
-  declared boundary every stage's smallest live replica (`snapshot_sender`) sends the stage's
-  state (`params * state_bytes_per_param`) to each of the stage's keepers (`snapshot_keepers`,
-  `snapshot_keepers` of them, as the node chooses them: the coordinator, then nodes of other
-  stages sharing the fewest failure domains, by stage, location and start, with those chosen);
+  landed at every keeper of every stage, or while some stage is thin whether it landed or not
+  (and every stage has a live replica to send it). At a declared boundary every stage's sender
+  (`snapshot_sender`: its replica with the fastest uplink, the scenario's access link, ties by
+  the smallest id) sends the stage's state (`params * state_bytes_per_param`) to each of the
+  stage's keepers (`snapshot_keepers`, `snapshot_keepers` of them, as the node chooses them:
+  the coordinator, then nodes of other stages sharing the fewest failure domains, by stage,
+  location and start, with those chosen);
   a thin stage (at most `snapshot_thin` live replicas) sends its state at every other boundary
   too, and when a death makes it thin mid-iteration (the state of the iteration's start), each
   unless one of its snapshots is still on its way. A stage whose copies of the latest periodic
