@@ -6,6 +6,7 @@ A 3-stage pipeline: data holder h (stage 0) -> x or y (stage 1, peers) -> z (sta
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -30,19 +31,18 @@ from gwtf.recovery import (
 S = 3
 
 
-def run(mb: int, h: Ledger, mid: Ledger, z: Ledger) -> None:
-    """`mb` goes h -> mid -> z and all the way back (every stage accumulates it)."""
-    h.activation_sent(mb, mid.node)
-    mid.activation_received(mb, h.node)
-    mid.activation_sent(mb, z.node)
-    z.activation_received(mb, mid.node)
-    z.accumulated(mb)
-    z.gradient_sent(mb, mid.node)
-    mid.gradient_received(mb, z.node)
-    mid.accumulated(mb)
-    mid.gradient_sent(mb, h.node)
-    h.gradient_received(mb, mid.node)
-    h.accumulated(mb)
+def run(mb: int, *path: Ledger) -> None:
+    """`mb` goes down `path` (one node per stage, e.g. h -> mid -> z) and all the way back
+    (every stage accumulates it)."""
+    hops = list(itertools.pairwise(path))
+    for up, down in hops:
+        up.activation_sent(mb, down.node)
+        down.activation_received(mb, up.node)
+    path[-1].accumulated(mb)
+    for up, down in reversed(hops):
+        down.gradient_sent(mb, up.node)
+        up.gradient_received(mb, down.node)
+        up.accumulated(mb)
 
 
 def ship(sender: Ledger, keeper: Ledger) -> None:
@@ -207,22 +207,7 @@ def _keep_chain(records: bool) -> tuple[int, int]:
     Returns (microbatches kept, recomputed) at z's death."""
     h, x, y, z, w, t = (Ledger("h", 0), Ledger("x", 1), Ledger("y", 1), Ledger("z", 2),
                         Ledger("w", 2), Ledger("t", 3))
-    h.activation_sent(1, "x")
-    x.activation_received(1, "h")
-    x.activation_sent(1, "z")
-    z.activation_received(1, "x")
-    z.activation_sent(1, "t")
-    t.activation_received(1, "z")
-    t.accumulated(1)
-    t.gradient_sent(1, "z")
-    z.gradient_received(1, "t")
-    z.accumulated(1)
-    z.gradient_sent(1, "x")
-    x.gradient_received(1, "z")
-    x.accumulated(1)
-    x.gradient_sent(1, "h")
-    h.gradient_received(1, "x")
-    h.accumulated(1)
+    run(1, h, x, z, t)
     ship(x, y)
     ship(z, w)
     plan = plan_crash("x", 1, 4, [h.report_about("x"), z.report_about("x")],
