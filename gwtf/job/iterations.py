@@ -658,10 +658,8 @@ class IterationCoordinator:
         loss = sum(losses[m] for m in sorted(losses)) / len(losses) if losses else float("nan")
         final = self.injecting == self.iterations - 1
         next_holders = () if final else self.live_holders()
-        replicas = [sum(1 for s in self.participants.values() if s == stage)
-                    for stage in range(self.num_stages)]
         periodic, floor = (False, None) if self.boundaries is None or final else \
-            self.boundaries.step(self.injecting, replicas)
+            self.boundaries.step(self.injecting, self.participants.values())
         order = StepOrder(
             iteration=self.injecting,
             round=self.round,

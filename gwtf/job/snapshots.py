@@ -188,15 +188,18 @@ class Boundaries:
         common = set.intersection(*(self.landed.get(s, set()) for s in range(self.stages)))
         return max((b for b in common if b <= current), default=self.policy.start)
 
-    def step(self, iteration: int, replicas: Iterable[int] = ()) -> tuple[bool, int]:
+    def step(self, iteration: int, stages: Iterable[int] | None = None) -> tuple[bool, int]:
         """The step of `iteration` is ordered: (the boundary after it is declared periodic, the
-        floor every node keeps its own state of until the next step, `own_kept`). `replicas`:
-        the live replicas of each stage that go on (`declare_due`'s `thin`)."""
+        floor every node keeps its own state of until the next step, `own_kept`). `stages`: the
+        stage of each live participant that goes on (`declare_due`'s `thin`: a stage with at
+        most `thin` of them); None: no stage counts as thin."""
         boundary = iteration + 1
         latest = self.policy.last_periodic(boundary)
         stuck = any(self.lacking.get(s) == latest and latest not in self.landed.get(s, ())
                     for s in range(self.stages))
-        thin = any(self.policy.is_thin(n) for n in replicas)
+        held = None if stages is None else list(stages)
+        thin = held is not None and any(self.policy.is_thin(held.count(s))
+                                        for s in range(self.stages))
         periodic = declare_due(self.policy, boundary, lambda b: self.floor(b) >= b, stuck=stuck,
                                thin=thin)
         if periodic:

@@ -97,9 +97,10 @@ def test_a_thin_stage_declares_the_next_boundary_whether_the_latest_landed_or_no
     # The coordinator's record: thin is any stage at or below `thin` live replicas.
     boundaries = Boundaries(SnapshotPolicy(every=2, thin=2, start=0, declared=()), stages=3,
                             landed={0: {0}, 1: {0}, 2: {0}})
-    assert boundaries.step(1, replicas=[3, 3, 3]) == (True, 0)  # 2: the latest (0) landed
-    assert boundaries.step(3, replicas=[3, 3, 3]) == (False, 0)  # 2 has not landed anywhere
-    assert boundaries.step(3, replicas=[3, 2, 3]) == (True, 0)  # stage 1 is thin: 4 comes
+    three = [0, 0, 0, 1, 1, 1, 2, 2, 2]  # the stage of each live participant
+    assert boundaries.step(1, three) == (True, 0)  # 2: the latest (0) landed
+    assert boundaries.step(3, three) == (False, 0)  # 2 has not landed anywhere
+    assert boundaries.step(3, [0, 0, 0, 1, 1, 2, 2, 2]) == (True, 0)  # stage 1 is thin: 4
     assert boundaries.policy.declared == (2, 4)
     # The nodes keep the latest and the floor, not every boundary declared since the floor.
     assert own_kept(boundaries.policy, 5, floor=0) == {4, 0}
