@@ -197,9 +197,9 @@ class Boundaries:
         latest = self.policy.last_periodic(boundary)
         stuck = any(self.lacking.get(s) == latest and latest not in self.landed.get(s, ())
                     for s in range(self.stages))
-        held = None if stages is None else list(stages)
-        thin = held is not None and any(self.policy.is_thin(held.count(s))
-                                        for s in range(self.stages))
+        members = None if stages is None else list(stages)
+        thin = members is not None and any(self.policy.is_thin(members.count(s))
+                                           for s in range(self.stages))
         periodic = declare_due(self.policy, boundary, lambda b: self.floor(b) >= b, stuck=stuck,
                                thin=thin)
         if periodic:

@@ -191,14 +191,12 @@ class Shipper:
         keeps = [r for r in plan.recoveries if r.rule == Rule.KEEP]
         peers = self._peers(dead)
         s = dead.stage
+        # Stage 0's `activation_from` is the stage-1 node holding the tokens, no upstream.
+        upstream = {r.mb: r.activation_from for r in keeps if r.activation_from} if s else {}
+        downstream = {r.mb: r.gradient_from for r in keeps if r.gradient_from}
         for peer in peers:
             if keeps and peer.id == keeps[0].keeper:
-                peer.ledger.adopt(
-                    dead.id,
-                    upstream={r.mb: r.activation_from for r in keeps
-                              if s > 0 and r.activation_from is not None},
-                    downstream={r.mb: r.gradient_from for r in keeps
-                                if r.gradient_from is not None})
+                peer.ledger.adopt(dead.id, upstream, downstream)
             else:
                 peer.ledger.drop_kept(dead.id)
             if peer.ledger.keeper == dead.id:
