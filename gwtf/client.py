@@ -191,6 +191,9 @@ class JobResult:
     """Of those, the ones whose stage work was done again (rules 2-3)..."""
     replayed_s: float = 0.0
     """...and that work's compute, seconds (the job's wasted compute)."""
+    kept_microbatches: int = 0
+    """A dead node's accumulated microbatches that a stage peer kept in its shipped running
+    sum and adopted instead of a replay (bounded replay, docs/design.md 4.9)."""
     compute_s: float = 0.0
     """Stage compute of the whole job, every node summed, seconds."""
     lost_microbatches: int = 0
@@ -235,6 +238,7 @@ class JobResult:
             "rerouted_microbatches": self.rerouted_microbatches,
             "replayed_microbatches": self.replayed_microbatches,
             "replayed_s": self.replayed_s,
+            "kept_microbatches": self.kept_microbatches,
             "compute_s": self.compute_s,
             "lost_microbatches": self.lost_microbatches,
             "restarts": self.restarts,
@@ -271,6 +275,7 @@ def job_result(pb: Any) -> JobResult:
         rerouted_microbatches=pb.rerouted_microbatches,
         replayed_microbatches=pb.replayed_microbatches,
         replayed_s=pb.replayed_s,
+        kept_microbatches=pb.kept_microbatches,
         compute_s=pb.compute_s,
         lost_microbatches=pb.lost_microbatches,
         dropped=tuple((d.iteration, tuple(d.microbatches)) for d in pb.dropped),
@@ -898,6 +903,7 @@ def format_result(result: JobResult) -> str:
     lines.append(f"recovery        {result.rerouted_microbatches} microbatches rerouted, "
                  f"{result.replayed_microbatches} replayed ({result.replayed_s:.2f} s of "
                  f"stage work, {waste:.2f}% of {result.compute_s:.1f} s), "
+                 f"{result.kept_microbatches} kept at a stage peer, "
                  f"{result.restarts} iterations restarted")
     lines.append(f"microbatches    {result.dropped_microbatches} dropped (a data holder died "
                  f"with them), {result.lost_microbatches} lost")

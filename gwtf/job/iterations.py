@@ -67,7 +67,14 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from gwtf.job.nexthop import SmoothRoundRobin
 from gwtf.job.quorum import QuorumVerdict, commit_quorum
 from gwtf.job.snapshots import Boundaries, SnapshotPolicy
-from gwtf.recovery import CrashPlan, NeighbourReport, Rule, check_commit, plan_crash
+from gwtf.recovery import (
+    CrashPlan,
+    NeighbourReport,
+    Rule,
+    best_cover,
+    check_commit,
+    plan_crash,
+)
 
 __all__ = [
     "INPUTS",
@@ -240,13 +247,37 @@ class RecoveryOrders:
     `plan`: the recoveries and drops not planned before in this round (a sweep plans the same
     death again and orders only what is new). `sources[i]`: the node that sends the input of
     `plan.recoveries[i]` (the upstream neighbour that keeps its activation; for stage 0 a live
-    data holder, which rebuilds the token ids from its own data). `restart`: when not empty, the
+    data holder, which rebuilds the token ids from its own data; for a `Rule.KEEP`, the keeper
+    of the dead node's running sum). `restart`: when not empty, the
     round cannot recover (a microbatch's input died with the dead node, or no data holder is
     left): the reason to start it again; `sources` then stops at the recovery that failed."""
 
     plan: CrashPlan
     sources: tuple[str, ...]
     restart: str = ""
+
+
+def _orders(plan: CrashPlan, holders: Sequence[str], turn: int) -> tuple[RecoveryOrders, int]:
+    """The sources of `plan`'s recoveries (`RecoveryOrders`), and the holders' next turn: a
+    dead holder's microbatches go round the live `holders` from `turn` on."""
+    sources: list[str] = []
+    for recovery in plan.recoveries:
+        if recovery.rule == Rule.KEEP:
+            assert recovery.keeper is not None
+            sources.append(recovery.keeper)
+            continue
+        if recovery.activation_from is None:
+            return RecoveryOrders(plan, tuple(sources), f"microbatch {recovery.mb} of "
+                                  f"{plan.dead} has no live node holding its input"), turn
+        if plan.stage != 0:
+            sources.append(recovery.activation_from)
+            continue
+        if not holders:
+            return RecoveryOrders(plan, tuple(sources), "no live data holder can recover a "
+                                  "dead holder's microbatch"), turn
+        sources.append(holders[turn % len(holders)])
+        turn += 1
+    return RecoveryOrders(plan, tuple(sources)), turn
 
 
 @dataclass(frozen=True)
@@ -530,25 +561,33 @@ class IterationCoordinator:
 
     @_input
     def recovering(self, plan: CrashPlan) -> None:
-        """A dead node's recovery was planned: record its drops and the replays to wait for."""
+        """A dead node's recovery was planned: record its drops and the replays to wait for (a
+        `Rule.KEEP` too, until its keeper reports the sum adopted with `replayed`)."""
         self.unplanned.pop(plan.dead, None)
         self.dropped |= set(plan.dropped)
         for recovery in plan.recoveries:
-            if recovery.rule == Rule.REPLAY:
+            if recovery.rule in (Rule.REPLAY, Rule.KEEP):
                 self.replays.add((recovery.mb, recovery.stage))
 
     @_input
-    def plan_recovery(self, dead: str, stage: int, reports: Sequence[NeighbourReport]
-                      ) -> RecoveryOrders:
+    def plan_recovery(self, dead: str, stage: int, reports: Sequence[NeighbourReport],
+                      kept: Mapping[str, frozenset[int]] | None = None) -> RecoveryOrders:
         """`dead` (of `stage`) died in the round in progress and its live neighbours reported
         `reports`: the rules decide (`gwtf.recovery.plan_crash`; a dead holder's unfinished
-        share is what it held), what was planned for it before in this round is left alone,
-        and the new drops and replays are recorded (`recovering`). See `RecoveryOrders`."""
+        share is what it held; `kept`: what each live stage peer keeps of its running sum, the
+        largest taken whole as `Rule.KEEP` where the rules allow, docs/design.md 4.9), what was
+        planned for it before in this round is left alone, and the new drops, replays and keeps
+        are recorded (`recovering`). See `RecoveryOrders`."""
         self.unplanned.pop(dead, None)
         held = self.held_by(dead) if stage == 0 else ()
-        crash = plan_crash(dead, stage, self.num_stages, reports, finished=self.finished,
-                           held_by_dead=held)
         planned = self.planned.setdefault(dead, set())
+        keeper, covered = best_cover(dead, {p: ids for p, ids in (kept or {}).items()
+                                            if self.participants.get(p) == stage})
+        if not covered.isdisjoint(planned):
+            keeper, covered = None, frozenset()  # a sum is one tensor: all of it, or none
+        crash = plan_crash(dead, stage, self.num_stages, reports, finished=self.finished,
+                           held_by_dead=held, covered=covered, keeper=keeper,
+                           dropped_before=self.dropped)
         recoveries = tuple(r for r in crash.recoveries if r.mb not in planned)
         dropped = frozenset(m for m in crash.dropped
                             if m not in planned and m not in self.finished)
@@ -558,21 +597,9 @@ class IterationCoordinator:
         planned.update(r.mb for r in recoveries)
         planned.update(dropped)
         self.recovering(fresh)
-        sources: list[str] = []
-        for recovery in recoveries:
-            if recovery.activation_from is None:
-                return RecoveryOrders(fresh, tuple(sources), f"microbatch {recovery.mb} of "
-                                      f"{dead} has no live node holding its input")
-            if stage != 0:
-                sources.append(recovery.activation_from)
-                continue
-            holders = [h for h in self.live_holders() if h != dead]
-            if not holders:
-                return RecoveryOrders(fresh, tuple(sources), "no live data holder can recover "
-                                      "a dead holder's microbatch")
-            sources.append(holders[self._holder_turn % len(holders)])
-            self._holder_turn += 1
-        return RecoveryOrders(fresh, tuple(sources))
+        holders = [h for h in self.live_holders() if h != dead]
+        orders, self._holder_turn = _orders(fresh, holders, self._holder_turn)
+        return orders
 
     def quorum(self) -> QuorumVerdict:
         """May the live participants commit the iteration in progress (`gwtf.job.quorum`)?"""

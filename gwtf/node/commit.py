@@ -33,6 +33,7 @@ from gwtf.job.snapshots import snapshot_sender
 from gwtf.node.errors import NotReady, Refusal, StaleIteration
 from gwtf.node.exchange import SliceExchange, contribute, poisoned
 from gwtf.node.gradsync import (
+    KEPT,
     PARTIAL,
     REDUCED,
     WHOLE,
@@ -125,7 +126,17 @@ class CommitParticipant:
             raise ContributionError(
                 f"job {ctx.job_id} exchanges whole vectors, not a {header.kind} contribution"
             )
-        if header.kind == WHOLE:
+        if header.kind == KEPT:
+            if (header.iteration, header.round) != (ctx.it.number, ctx.it.round):
+                raise StaleIteration(
+                    f"a kept sum of iteration {header.iteration} round {header.round} came at "
+                    f"iteration {ctx.it.number} round {ctx.it.round}"
+                )
+            if header.sender in ctx.it.sealed:
+                raise ContributionError(
+                    f"{header.sender[:40]!r} was reported dead here; its kept sum is sealed"
+                )
+        if header.kind in (WHOLE, KEPT):
             return self._numel
         lo, hi, start, end = header.slice_lo, header.slice_hi, header.offset, header.offset
         end += header.numel
@@ -143,6 +154,17 @@ class CommitParticipant:
         `complete`, gwtf.node.slices)."""
         ctx = self._ctx
         self.contribution_numel(header)
+        if header.kind == KEPT:
+            ctx.metrics.count("gwtf_job_kept_sums", ctx.job_id, "kept")
+            ctx.it.kept_sums[header.sender] = (GradContribution(
+                node_id=header.sender, stage=ctx.stage, iteration=header.iteration,
+                microbatch_ids=header.microbatches, grad_sums=unflatten(flat, self._shapes),
+            ), header.hops)
+            ctx.ledger.kept(header.sender, header.microbatches, {
+                hop.microbatch: (hop.upstream or None, hop.downstream or None)
+                for hop in header.hops
+            })
+            return True
         if header.kind != WHOLE:
             ctx.metrics.count("gwtf_job_bytes_received", ctx.job_id, "gradient_sums",
                               flat.numel() * flat.element_size())

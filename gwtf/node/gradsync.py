@@ -19,6 +19,7 @@ replica combine them into the same bits.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,9 +31,11 @@ from gwtf.v1 import job_pb2
 
 __all__ = [
     "CHUNK_BYTES",
+    "KEPT",
     "PARTIAL",
     "REDUCED",
     "WHOLE",
+    "KeptHop",
     "ContributionAssembler",
     "ContributionError",
     "ContributionHeader",
@@ -49,16 +52,45 @@ _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 WHOLE = "whole"
 PARTIAL = "partial"
 REDUCED = "reduced"
+KEPT = "kept"
 _KINDS = {
     WHOLE: job_pb2.ContributionHeader.WHOLE,
     PARTIAL: job_pb2.ContributionHeader.PARTIAL,
     REDUCED: job_pb2.ContributionHeader.REDUCED,
+    KEPT: job_pb2.ContributionHeader.KEPT,
 }
 _KIND_NAMES = {number: name for name, number in _KINDS.items()}
 
 
 class ContributionError(ValueError):
     """A contribution stream that is malformed or not what this stage expects (one sentence)."""
+
+
+@dataclass(frozen=True)
+class KeptHop:
+    """One microbatch of a kept running sum (bounded replay, docs/design.md 4.9): its neighbours
+    at the sender (`gwtf.recovery.Hops`; "" for none) and, on the last stage, its loss and the
+    path it took, which the keeper reports in the dead sender's place if it adopts the sum."""
+
+    microbatch: int
+    upstream: str = ""
+    downstream: str = ""
+    loss: float = 0.0
+    path: tuple[str, ...] = ()
+
+    def to_pb(self) -> job_pb2.KeptHop:
+        return job_pb2.KeptHop(microbatch=self.microbatch, upstream=self.upstream,
+                               downstream=self.downstream, loss=self.loss, path=self.path)
+
+    @staticmethod
+    def from_pb(pb: job_pb2.KeptHop) -> KeptHop:
+        """Checked: names of at most 200 characters, a finite loss (ContributionError)."""
+        names = (pb.upstream, pb.downstream, *pb.path)
+        if any(len(name) > 200 for name in names) or len(pb.path) > 1024:
+            raise ContributionError("a kept microbatch names a node id longer than 200 chars")
+        if not math.isfinite(pb.loss):
+            raise ContributionError(f"kept microbatch {pb.microbatch} has loss {pb.loss}")
+        return KeptHop(pb.microbatch, pb.upstream, pb.downstream, pb.loss, tuple(pb.path))
 
 
 @dataclass(frozen=True)
@@ -86,6 +118,8 @@ class ContributionHeader:
     basis: str = ""
     """REDUCED: the digest of the (member, microbatch ids) summed (gwtf.node.slices.basis);
     `microbatches` is then their union."""
+    hops: tuple[KeptHop, ...] = ()
+    """KEPT (a shipment to the sender's keeper): the sender's records of each microbatch."""
 
 
 def flatten(sums: Mapping[str, Tensor], names: Sequence[str], dtype: torch.dtype) -> Tensor:
@@ -127,6 +161,7 @@ def _header_to_pb(header: ContributionHeader) -> job_pb2.ContributionHeader:
         slice_lo=header.slice_lo,
         slice_hi=header.slice_hi,
         basis=header.basis,
+        hops=[hop.to_pb() for hop in header.hops],
     )
 
 
@@ -193,7 +228,10 @@ class ContributionAssembler:
             slice_lo=pb.slice_lo,
             slice_hi=pb.slice_hi,
             basis=pb.basis[:64],
+            hops=tuple(KeptHop.from_pb(hop) for hop in pb.hops),
         )
+        if {hop.microbatch for hop in header.hops} - set(header.microbatches):
+            raise ContributionError("the contribution's hops name a microbatch it does not hold")
         if pb.kind not in _KIND_NAMES:
             raise ContributionError(f"contribution kind {pb.kind} is not known here")
         expected = self._expect(header) if header.microbatches else 0

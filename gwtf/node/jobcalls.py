@@ -324,12 +324,20 @@ class JobCalls:
 
     async def report(self, request: job_pb2.ReportRequest) -> job_pb2.ReportReply:
         _, worker = self._participating(request.job_id, request.sender)
-        report = await worker.report(request.iteration, request.round, request.dead)
+        report, kept = await worker.report(request.iteration, request.round, request.dead)
         return job_pb2.ReportReply(
             node=report.node, stage=report.stage,
             evidence=[job_pb2.EvidenceEntry(microbatch=m, evidence=int(e))
                       for m, e in report.evidence],
+            kept=sorted(kept),
         )
+
+    async def keep(self, request: job_pb2.KeepRequest) -> job_pb2.KeepReply:
+        _, worker = self._participating(request.job_id, request.sender)
+        check_name("keeper", request.keeper)
+        check_name("dead", request.dead)
+        await worker.keep(request)
+        return job_pb2.KeepReply()
 
     def recover(self, request: job_pb2.RecoverRequest) -> job_pb2.RecoverReply:
         _, worker = self._participating(request.job_id, request.sender)

@@ -54,12 +54,12 @@ from gwtf.node.codec import member_to_pb
 from gwtf.node.jobhost import JobsHost
 from gwtf.node.jobquorum import QuorumProbe
 from gwtf.node.jobrecord import record_journal
+from gwtf.node.jobrecover import CrashRecovery
 from gwtf.node.jobroll import Entrance, participants_pb
 from gwtf.node.membership import MemberInfo
 from gwtf.node.moves import MovePlanner
 from gwtf.node.observe import job_event
 from gwtf.node.transport import Stubs
-from gwtf.recovery import Evidence, NeighbourReport, Rule
 from gwtf.v1 import job_pb2, node_pb2
 
 __all__ = ["ActiveJob", "JobCoordinator", "Manager"]
@@ -113,6 +113,8 @@ class Manager(Protocol):
 
     def recover(self, request: job_pb2.RecoverRequest) -> job_pb2.RecoverReply: ...
 
+    async def keep(self, request: job_pb2.KeepRequest) -> job_pb2.KeepReply: ...
+
     def restart(self, request: job_pb2.RestartRequest) -> job_pb2.RestartReply: ...
 
     def sync(self, request: job_pb2.SyncRequest) -> job_pb2.SyncReply: ...
@@ -131,9 +133,6 @@ def _step_call(request: job_pb2.StepRequest) -> Callable[[Stubs, float], Awaitab
     return call
 
 
-REPORT_TRIES = 4
-"""Times the live neighbours of a dead node are asked for their evidence before the iteration
-starts over instead."""
 DEAD_MEMORY_S = 60.0
 """How long a death stays in the sweeps' list (far longer than every node takes to hear of it)."""
 
@@ -163,6 +162,8 @@ class JobCoordinator:
         self.stall_s = manager.host.config.recovery_stall_s
         self.entrance = Entrance(self)
         self.moves = MovePlanner(self)
+        self.recovery = CrashRecovery(self, stopped=lambda: self._stopped,
+                                      restart=self._restart, try_commit=self._try_commit)
         record_journal(plan, self.host.node_id, self.job_id, self.log)
         self.probe = QuorumProbe(
             manager.host, active.job_id, plan, self._quorum_changed,
@@ -423,119 +424,8 @@ class JobCoordinator:
             self.manager.completed(self.active, outcome)
         self.update_pause()
         self.moved()
-        self.spawn(self._recover(node, stage), f"recover {node}")
-        self.spawn(self._recover_later(node, stage), f"sweep {node}")
-
-    async def _recover_later(self, dead: str, stage: int) -> None:
-        """Plan `dead` again once every node must have heard of its death: what they sent it
-        meanwhile (in this round or the next one) is recovered too."""
-        await asyncio.sleep(self.host.config.failure_timeout_s)
-        await self._recover(dead, stage)
-
-    async def _report_from(self, node: str, iteration: int, round_: int, dead: str
-                           ) -> NeighbourReport | None:
-        request = job_pb2.ReportRequest(
-            sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,
-            dead=dead,
-        )
-        reply = await self.call_to(
-            node,
-            lambda stubs, t: stubs.jobs.Report(request, timeout=t),
-            lambda: self.manager.report(request),
-            attempts=3,
-        )
-        if not isinstance(reply, job_pb2.ReportReply):
-            return None
-        return NeighbourReport(
-            reply.node, reply.stage,
-            tuple((e.microbatch, Evidence(min(e.evidence, 2))) for e in reply.evidence),
-        )
-
-    async def _recover(self, dead: str, stage: int, tries: int = REPORT_TRIES) -> None:
-        """Plan the recovery of `dead`'s microbatches of the round in progress and carry it out
-        (again for a sweep: what was planned already is left alone)."""
-        plan = self.plan
-        iteration, round_ = plan.injecting, plan.round
-        if iteration >= plan.iterations or self._stopped:
-            return
-        if dead in plan.participants:
-            # It entered the job again (the stale side of a healed partition, admitted): its
-            # work of this round is its own, not a dead node's (a later sweep of its death
-            # dropped the microbatches it held as a holder of the new round, and it stalled).
-            return
-        neighbours = sorted(
-            p for p, s in self.live_participants().items() if s in (stage - 1, stage + 1)
-        )
-        replies = await asyncio.gather(
-            *(self._report_from(n, iteration, round_, dead) for n in neighbours)
-        )
-        if (plan.injecting, plan.round) != (iteration, round_) or self._stopped or (
-            dead in plan.participants
-        ):
-            return  # the iteration moved on meanwhile (or it entered again): nothing to recover
-        silent = [n for n, r in zip(neighbours, replies, strict=True)
-                  if r is None and n in self.live_participants()]
-        if silent:
-            # A plan without a live neighbour's evidence could redo what it holds (a resend
-            # where a recompute is due): ask again, and start over if it stays silent.
-            if tries > 1:
-                await asyncio.sleep(1.0)
-                await self._recover(dead, stage, tries - 1)
-            else:
-                self._restart(f"{silent[0]} did not report what it holds of {dead}'s work")
-            return
-        reports = [r for r in replies if r is not None]
-        orders = plan.plan_recovery(dead, stage, reports)
-        fresh = orders.plan
-        if not fresh.recoveries and not fresh.dropped:
-            return
-        progress = self.progress()
-        progress.rerouted_microbatches += len(fresh.recoveries)
-        progress.replayed_microbatches += fresh.count(Rule.RECOMPUTE) + fresh.count(Rule.REPLAY)
-        if fresh.dropped:
-            self._record_drops(iteration, fresh.dropped)
-        self.log.warning(
-            "job %s iteration %d: recovery of %s (stage %d): %d resent, %d recomputed, "
-            "%d replayed, %d dropped (from %d neighbour reports)", self.job_id, iteration, dead,
-            stage, fresh.count(Rule.RESEND), fresh.count(Rule.RECOMPUTE),
-            fresh.count(Rule.REPLAY), len(fresh.dropped), len(reports),
-            extra=job_event(self.job_id, iteration),
-        )
-        self.manager.changed(self.active)
-        for recovery, source in zip(fresh.recoveries, orders.sources, strict=False):
-            self.spawn(self._dispatch(recovery.mb, stage, recovery.rule, dead, source,
-                                      recovery.gradient_from or "", iteration, round_),
-                       f"dispatch {recovery.mb}")
-        if orders.restart:
-            self._restart(orders.restart)
-            return
-        self._try_commit()
-
-    def _record_drops(self, iteration: int, dropped: frozenset[int]) -> None:
-        progress = self.progress()
-        for entry in progress.dropped:
-            if entry.iteration == iteration:
-                entry.microbatches.extend(sorted(dropped))
-                break
-        else:
-            progress.dropped.append(
-                job_pb2.IterationMicrobatches(iteration=iteration, microbatches=sorted(dropped))
-            )
-        progress.dropped_microbatches += len(dropped)
-
-    async def _dispatch(self, mb: int, stage: int, rule: Rule, dead: str, source: str,
-                        gradient_from: str, iteration: int, round_: int) -> None:
-        request = job_pb2.RecoverRequest(
-            sender=self.host.node_id, job_id=self.job_id, iteration=iteration, round=round_,
-            microbatch=mb, stage=stage, rule=int(rule), dead=dead, gradient_from=gradient_from,
-        )
-        took = await self.call_to(
-            source,
-            lambda stubs, t: stubs.jobs.Recover(request, timeout=t),
-            lambda: self.manager.recover(request),
-        )
-        if took is None and (self.plan.injecting, self.plan.round) == (iteration, round_):
-            self._restart(f"{source} could not recover microbatch {mb} of {dead}")
+        self.spawn(self.recovery.recover(node, stage), f"recover {node}")
+        self.spawn(self.recovery.later(node, stage), f"sweep {node}")
 
     # ------------------------------------------------------------------ restarts, pauses
 
@@ -623,7 +513,7 @@ class JobCoordinator:
                     "are swept again", self.job_id, self.plan.injecting, self.stall_s,
                 )
                 for dead, (stage, _) in sorted(self.dead.items()):
-                    self.spawn(self._recover(dead, stage), f"sweep {dead}")
+                    self.spawn(self.recovery.recover(dead, stage), f"sweep {dead}")
                 continue
             self._restart(f"no progress for {self.stall_s:.0f} s", stalled=True)
 

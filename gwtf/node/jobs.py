@@ -213,6 +213,9 @@ class JobManager:
     def recover(self, request: job_pb2.RecoverRequest) -> job_pb2.RecoverReply:
         return self.calls.recover(request)
 
+    async def keep(self, request: job_pb2.KeepRequest) -> job_pb2.KeepReply:
+        return await self.calls.keep(request)
+
     def redirect(self, request: job_pb2.RedirectRequest) -> job_pb2.RedirectReply:
         return self.calls.redirect(request)
 
@@ -520,7 +523,7 @@ class JobManager:
         active.departed.add(member.id)
         worker = active.worker
         if worker is not None:
-            worker.depart(member.id)
+            worker.depart(member.id, crashed=verb != "left")
         stage = active.participants[member.id]
         how = "left" if verb == "left" else "crashed"
         self.metrics.count("gwtf_job_participants_down", active.job_id, how)

@@ -248,6 +248,11 @@ JOB_FAMILIES: dict[str, _Family] = {
         "counter", "Microbatches this node resent to a replacement of a dead node, by rule of "
         "docs/design.md 4", "rule", ("resend", "recompute", "replay"),
     ),
+    "gwtf_job_kept_sums": _Family(
+        "counter", "Bounded replay (docs/design.md 4.9): running gradient sums this node "
+        "shipped to its keeper and that landed, took from its stage peers, and adopted from a "
+        "dead peer in its place", "event", ("shipped", "kept", "adopted"),
+    ),
     "gwtf_job_replays": _Family(
         "counter", "A dead node's stage work redone here: forwards recomputed (rule 2), "
         "forward and backward replayed (rule 3)", "rule", ("recompute", "replay"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -48,8 +48,12 @@ class MicrobatchPipeline:
         runtime: ComputeRuntime,
         sender: DataPlaneSender,
         corpus: Corpus | None,
+        accumulated: Callable[[Iteration], None],
     ) -> None:
+        """`accumulated`: called each time this node accumulated a microbatch (its shipper's
+        cue, gwtf.node.shipping)."""
         self._ctx = ctx
+        self._accumulated = accumulated
         self._runtime = runtime
         self._sender = sender
         self.host = ctx.host
@@ -264,6 +268,7 @@ class MicrobatchPipeline:
             path = it.paths[m]
             it.routes[path] = it.routes.get(path, 0) + 1
             ctx.ledger.accumulated(m)
+            self._accumulated(it)
             ctx.hit("after-backward", key.iteration, m)
             if mode == Mode.REPLAY:
                 self._replayed(it, m)
@@ -304,6 +309,7 @@ class MicrobatchPipeline:
             if ctx.current(it):
                 ctx.free.release()
         ctx.ledger.accumulated(m)
+        self._accumulated(it)
         self.host.log.debug(
             "job %s it %d mb %d: backward done at stage %d", self.job_id, it.number, m,
             self.stage, extra=job_event(self.job_id, it.number, m),

@@ -24,9 +24,10 @@ from gwtf.node.errors import InvalidOrder, NotHeld, StaleIteration
 from gwtf.node.observe import job_event
 from gwtf.node.runtime import COMMIT, ComputeRuntime
 from gwtf.node.sender import DataPlaneSender
-from gwtf.node.stage import Iteration, StageContext, WorkerStopped
+from gwtf.node.stage import Iteration, StageContext, Stale, WorkerStopped
 from gwtf.node.tensors import TensorError
 from gwtf.recovery import Mode, NeighbourReport, Rule
+from gwtf.train import ExecutorError
 from gwtf.train.state import StateError
 from gwtf.v1 import job_pb2
 
@@ -45,15 +46,18 @@ class RecoveryHandler:
         *,
         begin: Callable[[tuple[str, ...], Mapping[str, int] | None], None],
         own_forward: Callable[[Iteration, int], Coroutine[Any, Any, None]],
+        adopted: Callable[[Iteration], None],
     ) -> None:
         """`begin`: the worker's start of the iteration's injection (holders); `own_forward`:
-        its forward of a microbatch this holder builds from its data."""
+        its forward of a microbatch this holder builds from its data; `adopted`: this node
+        adopted a dead peer's kept sum (its shipper's cue)."""
         self._ctx = ctx
         self._runtime = runtime
         self._sender = sender
         self._commit = commit
         self._begin = begin
         self._own_forward = own_forward
+        self._adopted = adopted
         self._restarts: dict[
             int, tuple[int, tuple[str, ...], Mapping[str, int] | None]
         ] = {}
@@ -63,15 +67,70 @@ class RecoveryHandler:
 
     # ------------------------------------------------------------------ recovery
 
-    async def report(self, iteration: int, round_: int, dead: str) -> NeighbourReport:
-        """This node's ledger evidence about `dead` for the iteration in progress."""
+    async def report(self, iteration: int, round_: int, dead: str
+                     ) -> tuple[NeighbourReport, frozenset[int]]:
+        """This node's ledger evidence about `dead` for the iteration in progress, and the
+        microbatches of the running sum it keeps for `dead` (sealed from now on: the plan
+        adopts this one or none, gwtf.node.shipping)."""
         ctx = self._ctx
         deadline = time.monotonic() + ctx.config.rpc_timeout_s
         try:
             await ctx.reach(iteration, round_, deadline)
         except TensorError as err:
             raise StaleIteration(str(err)) from None
-        return ctx.ledger.report_about(dead)
+        ctx.it.sealed.add(dead)
+        return ctx.ledger.report_about(dead), ctx.ledger.held_for(dead)
+
+    async def keep(self, request: job_pb2.KeepRequest) -> None:
+        """The coordinator's `Rule.KEEP` for a dead stage peer's running sum (docs/design.md
+        4.9): the keeper adopts it in the dead node's place; a neighbour of the dead node moves
+        its records of those microbatches to the keeper. Returns once done (NotHeld: this
+        keeper does not hold exactly that sum, and the coordinator starts the round again)."""
+        ctx = self._ctx
+        it = self._check_recovery(request.iteration, request.round, 0)
+        if it is None:
+            return  # the iteration moved on: moot
+        hops = {hop.microbatch: hop for hop in request.hops}
+        if any(not 0 <= m < ctx.job.microbatches for m in hops):
+            raise InvalidOrder("a keep order names a microbatch outside the job")
+        me = ctx.host.node_id
+        if request.keeper != me:
+            for m, hop in hops.items():
+                if me in (hop.upstream, hop.downstream):
+                    ctx.ledger.contribution_moved(m, request.stage, request.keeper)
+                if me == hop.downstream and len(it.paths.get(m, ())) > request.stage:
+                    path = list(it.paths[m])
+                    path[request.stage] = request.keeper
+                    it.paths[m] = tuple(path)
+            return
+        held = ctx.ledger.held_for(request.dead)
+        kept = it.kept_sums.get(request.dead)
+        if request.stage != ctx.stage or kept is None or held != set(hops):
+            raise NotHeld(f"{me} keeps no sum of {request.dead} covering exactly the "
+                          f"{len(hops)} microbatches of the order")
+        contribution, carried = kept
+        try:
+            await self._runtime.compute(COMMIT, lambda: ctx.executor.adopt(contribution), 0.0, it)
+        except (WorkerStopped, Stale):
+            return
+        except ExecutorError as err:
+            raise NotHeld(f"{me} cannot adopt {request.dead}'s sum: {err}") from None
+        if not ctx.current(it):
+            return
+        del it.kept_sums[request.dead]
+        ctx.ledger.adopt(request.dead,
+                         {m: hop.upstream for m, hop in hops.items() if hop.upstream},
+                         {m: hop.downstream for m, hop in hops.items() if hop.downstream})
+        if ctx.is_last:
+            for carry in carried:
+                it.losses[carry.microbatch] = carry.loss
+                it.routes[carry.path] = it.routes.get(carry.path, 0) + 1
+        ctx.metrics.count("gwtf_job_kept_sums", ctx.job_id, "adopted")
+        ctx.host.log.info(
+            "job %s it %d: adopted %s's running gradient sum of %d microbatches (kept here)",
+            ctx.job_id, it.number, request.dead, len(hops), extra=job_event(ctx.job_id, it.number),
+        )
+        self._adopted(it)
 
     def _check_recovery(self, iteration: int, round_: int, m: int) -> Iteration | None:
         ctx = self._ctx

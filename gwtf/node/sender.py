@@ -52,6 +52,8 @@ class DataPlaneSender:
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         ctx.metrics.count(f"gwtf_job_microbatches_{verb}", ctx.job_id, direction)
         ctx.metrics.count(f"gwtf_job_bytes_{verb}", ctx.job_id, direction, nbytes)
+        if verb == "sent":
+            ctx.it.sent_bytes += nbytes
 
     def _candidates(self, exclude: str = "") -> dict[str, float]:
         ctx = self._ctx

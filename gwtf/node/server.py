@@ -174,6 +174,7 @@ JOBS: Mapping[str, Rpc | Raw] = {
     "Step": Rpc(lambda n, r: n.jobs.step(r)),
     "Report": Rpc(lambda n, r: n.jobs.report(r)),
     "Recover": Rpc(lambda n, r: n.jobs.recover(r)),
+    "Keep": Rpc(lambda n, r: n.jobs.keep(r)),
     "Redirect": Rpc(lambda n, r: n.jobs.redirect(r)),
     "Replayed": Rpc(lambda n, r: n.jobs.replayed(r)),
     "Restart": Rpc(lambda n, r: n.jobs.restart(r)),

@@ -27,6 +27,7 @@ from gwtf.job.microbatches import MicrobatchTable, StageRole
 from gwtf.job.snapshots import SnapshotPolicy, own_kept
 from gwtf.node.errors import Busy
 from gwtf.node.faults import Fault
+from gwtf.node.gradsync import KeptHop
 from gwtf.node.membership import MemberInfo
 from gwtf.node.observe import JobMetrics
 from gwtf.node.retry import FINAL, Backoff
@@ -174,6 +175,16 @@ class Iteration(MicrobatchTable):
     """Sends with a loop running (a redirect only changes its target)."""
     prepared: tuple[CommitOrder, list[GradContribution] | Summed] | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    kept_sums: dict[str, tuple[GradContribution, tuple[KeptHop, ...]]] = field(
+        default_factory=dict)
+    """Bounded replay (gwtf.node.shipping): the last running sum each stage peer shipped here,
+    with its records of the microbatches it covers."""
+    sealed: set[str] = field(default_factory=set)
+    """Dead senders whose kept sum this node reported to the coordinator: it takes no later one
+    from them (the plan adopts the sum that was reported, or none)."""
+    sent_bytes: int = 0
+    """Data-plane payload bytes this node sent in the iteration (its uplink's load)."""
+    began: float = field(default_factory=time.monotonic)
 
 
 class StageContext:

@@ -91,6 +91,7 @@ from gwtf.node.pipeline import MicrobatchPipeline
 from gwtf.node.recoveries import RecoveryHandler
 from gwtf.node.runtime import COMMIT, ComputeRuntime
 from gwtf.node.sender import DataPlaneSender
+from gwtf.node.shipping import SumShipper
 from gwtf.node.stage import (
     Iteration,
     LastStep,
@@ -135,11 +136,14 @@ class StageWorker:
             ctx.ledger = ledger
         self._runtime = ComputeRuntime(ctx, emulate_compute_s)
         self._sender = DataPlaneSender(ctx)
-        self._pipeline = MicrobatchPipeline(ctx, self._runtime, self._sender, corpus)
+        self.shipper = SumShipper(ctx, self._runtime)
+        self._pipeline = MicrobatchPipeline(ctx, self._runtime, self._sender, corpus,
+                                            self.shipper.accumulated)
         self._commit = CommitParticipant(ctx, self._runtime, self._advance)
         self._recovery = RecoveryHandler(
             ctx, self._runtime, self._sender, self._commit,
             begin=self._pipeline.begin, own_forward=self._pipeline.own_forward,
+            adopted=self.shipper.accumulated,
         )
         self._since = time.monotonic()
         self._metrics = host.metrics
@@ -263,10 +267,15 @@ class StageWorker:
         self._ctx.participants.update(participants)
         self._ctx.signal()
 
-    def depart(self, node: str) -> None:
+    def depart(self, node: str, *, crashed: bool = False) -> None:
         """`node` died or left: no microbatch goes to it (nor to a new process under its id,
-        until the coordinator admits that one)."""
+        until the coordinator admits that one). `crashed`: a death, which the shipper's hazard
+        counts (gwtf.node.shipping)."""
         self._ctx.departed.add(node)
+        if crashed:
+            self.shipper.death()
+        else:
+            self.shipper.census()
 
     def exclude(self, node: str) -> None:
         """`node` was excluded from the job as a bad peer."""
@@ -333,9 +342,15 @@ class StageWorker:
 
     # ------------------------------------------------------------------ recovery and restarts
 
-    async def report(self, iteration: int, round_: int, dead: str) -> NeighbourReport:
-        """This node's ledger evidence about `dead` for the iteration in progress."""
+    async def report(self, iteration: int, round_: int, dead: str
+                     ) -> tuple[NeighbourReport, frozenset[int]]:
+        """This node's ledger evidence about `dead` for the iteration in progress, and what the
+        running sum it keeps for `dead` covers."""
         return await self._recovery.report(iteration, round_, dead)
+
+    async def keep(self, request: job_pb2.KeepRequest) -> None:
+        """The coordinator's order for a dead stage peer's kept running sum (rule KEEP)."""
+        await self._recovery.keep(request)
 
     def recover(self, request: job_pb2.RecoverRequest) -> None:
         """The coordinator's order: carry out one recovery of a dead node's microbatch."""

@@ -56,6 +56,7 @@ from gwtf.recovery.shipments import (
     ShipCost,
     best_cover,
     pick_keeper,
+    replay_bound,
     ship_due,
     ship_interval,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "check_commit",
     "merge_reports",
     "pick_keeper",
+    "replay_bound",
     "plan_crash",
     "ship_due",
     "ship_interval",

@@ -47,7 +47,7 @@ from gwtf.recovery.ledger import Ledger, MicrobatchId
 
 __all__ = [
     "DEFAULT_REPLAY_BOUND", "REPLAY_AUTO", "HazardEstimate", "ShipCost", "best_cover",
-    "pick_keeper", "ship_due", "ship_interval",
+    "pick_keeper", "replay_bound", "ship_due", "ship_interval",
 ]
 
 REPLAY_AUTO = -1
@@ -64,6 +64,15 @@ PRIOR_EXPOSURE_S = 86_400.0
 hazard (a day is well beyond every churn trace in simulations/ and the shortest spot-instance
 lifetimes of the Bamboo trace), so a node ships on evidence of churn, not on the prior; one
 death is weight enough for the evidence to take over within the first deaths."""
+
+
+def replay_bound(value: int | str, robust: bool = False) -> int:
+    """A job's `replay_bound` key as this module reads it: N, 0 (off) or `REPLAY_AUTO` for
+    "auto". Off for a robust aggregation: its screen judges each replica's own vector, which an
+    adopted sum would change (docs/design.md 4.7 and 4.9)."""
+    if robust:
+        return 0
+    return REPLAY_AUTO if value == "auto" else int(value)
 
 
 def ship_due(ledger: Ledger, bound: float) -> bool:

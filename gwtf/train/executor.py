@@ -13,7 +13,9 @@ Life of a microbatch `key = (job_id, iteration, microbatch)` at stage s:
   (docs/design.md 4 rules 2 and 3); counted apart, as replayed work.
 - `drop(key)`: forget a microbatch in flight (its sender chose another route, or it was dropped).
 - `abandon()`: forget the whole iteration's work, no step (the iteration starts again).
-- `contribution(node_id)` -> the sums and the ids accumulated, for the stage's commit;
+- `contribution(node_id)` -> the sums and the ids accumulated, for the stage's commit (and the
+  running sum a node ships to its keeper); `adopt(kept)` adds a dead stage peer's kept running
+  sum to this replica's (docs/design.md 4.9);
   `commit(aggregated)` -> one AdamW step with the combined gradient, then the next iteration.
 - `steps_bytes(iteration)` -> the mean gradients of the steps from `iteration` on, kept for a
   joiner (the last `job.catch_up_steps`); `catch_up(data)` applies them to a joiner's state with
@@ -309,6 +311,35 @@ class StageExecutor:
             # On the CPU whatever the device: what the node sends is device-independent.
             grad_sums={name: total.cpu() for name, total in self._sums.items()},
         )
+
+    def adopt(self, kept: GradContribution) -> None:
+        """Add a dead stage peer's running gradient sum, kept here (bounded replay,
+        docs/design.md 4.9), to this replica's: its microbatches count as accumulated here from
+        now on. Refused (nothing changes) if one of them is accumulated here already, or if the
+        sums are of another stage or iteration or do not fit this stage's parameters."""
+        if (kept.stage, kept.iteration) != (self.stage, self.iteration):
+            raise ExecutorError(
+                f"a kept sum of stage {kept.stage} iteration {kept.iteration} cannot be adopted "
+                f"at stage {self.stage} iteration {self.iteration}"
+            )
+        twice = set(kept.microbatch_ids) & set(self._accumulated)
+        if twice:
+            raise DuplicateMicrobatchError(
+                f"microbatch {min(twice)} of a kept sum is already accumulated on stage "
+                f"{self.stage}"
+            )
+        if not kept.microbatch_ids:
+            return
+        if set(kept.grad_sums) != set(self._params) or any(
+            kept.grad_sums[name].shape != param.shape for name, param in self._params.items()
+        ):
+            raise ExecutorError(f"a kept sum does not fit stage {self.stage}'s parameters")
+        for name, grad in kept.grad_sums.items():
+            grad = grad.to(self._accum_device, self._accum_dtype)
+            total = self._sums.get(name)
+            self._sums[name] = grad.clone() if total is None else total + grad
+        for mb in kept.microbatch_ids:
+            self._accumulated[mb] = None
 
     def commit(self, aggregated: AggregatedGradient) -> str:
         """Step AdamW with the stage's combined gradient and start the next iteration.

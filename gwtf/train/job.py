@@ -17,6 +17,9 @@ File format (TOML; every key is listed, optional ones with their default)::
     data_order = "random"      # optional, random|sequential: windows at random offsets, or
                                # consecutive windows in corpus order (default "random")
     grad_accum = "float64"     # optional, float64|float32: dtype of the gradient sums (below)
+    replay_bound = "auto"      # optional, "auto" or N (0: off): how often a node ships its
+                               # running gradient sum to a stage peer, so that its death
+                               # replays at most N microbatches (docs/design.md 4.9)
     aggregation = "mean"       # optional, mean|trimmed-mean|centered-clip (below); or a table:
 
     [model]
@@ -413,6 +416,10 @@ class JobConfig:
     """How many of its last steps' mean gradients each replica keeps, so that a joiner whose
     state a step made stale applies them instead of fetching the state again (0: never;
     docs/design.md 3.8). Costs that many gradients of the stage in every replica's memory."""
+    replay_bound: int | str = "auto"
+    """Bounded replay (docs/design.md 4.9): a node ships its running gradient sum to a stage
+    peer every this many microbatches (0: never), or when the replay it saves outweighs the
+    upload ("auto"), so that its death replays at most that many."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelConfig):
@@ -440,6 +447,10 @@ class JobConfig:
         _check_int("snapshot_thin", self.snapshot_thin, minimum=0)
         _check_int("snapshot_keepers", self.snapshot_keepers, minimum=1)
         _check_int("catch_up_steps", self.catch_up_steps, minimum=0)
+        if self.replay_bound != "auto":
+            if not _is_int(self.replay_bound) or self.replay_bound < 0:  # type: ignore[operator]
+                raise JobError(f'replay_bound must be "auto" or an integer of at least 0, got '
+                               f"{self.replay_bound!r}")
         _check_int("seed", self.seed, minimum=0)
         if self.data is not None and (not isinstance(self.data, str) or not self.data):
             raise JobError(f"data must be a non-empty path string, got {self.data!r}")
@@ -479,6 +490,8 @@ class JobConfig:
             del out["snapshot_keepers"]
         if self.catch_up_steps == CATCH_UP_STEPS:
             del out["catch_up_steps"]
+        if self.replay_bound == "auto":
+            del out["replay_bound"]
         # The default is left out, so that a job that does not choose keeps its id.
         if self.aggregation == AggregationConfig():
             del out["aggregation"]
@@ -502,6 +515,7 @@ _TOP_KEYS = {
     "snapshot_thin",
     "snapshot_keepers",
     "catch_up_steps",
+    "replay_bound",
     "grad_accum",
     "model",
     "optimizer",

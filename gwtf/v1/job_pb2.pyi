@@ -44,7 +44,7 @@ class RouteCount(_message.Message):
     def __init__(self, path: _Optional[_Iterable[str]] = ..., microbatches: _Optional[int] = ...) -> None: ...
 
 class JobProgress(_message.Message):
-    __slots__ = ("job_id", "name", "state", "iterations", "iterations_completed", "loss", "param_checksum", "throughput_mb_s", "dropped_microbatches", "error", "microbatches_trained", "elapsed_s", "coordinator", "job_json", "routes", "checksum_mismatches", "iteration_s", "crashes", "leaves", "joins", "rerouted_microbatches", "replayed_microbatches", "replayed_s", "compute_s", "dropped", "lost_microbatches", "restarts", "paused", "paused_s", "excluded", "resumed_from", "rollbacks", "moves")
+    __slots__ = ("job_id", "name", "state", "iterations", "iterations_completed", "loss", "param_checksum", "throughput_mb_s", "dropped_microbatches", "error", "microbatches_trained", "elapsed_s", "coordinator", "job_json", "routes", "checksum_mismatches", "iteration_s", "crashes", "leaves", "joins", "rerouted_microbatches", "replayed_microbatches", "replayed_s", "compute_s", "dropped", "lost_microbatches", "restarts", "paused", "paused_s", "excluded", "resumed_from", "rollbacks", "moves", "kept_microbatches")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class JobProgress(_message.Message):
     RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
     ROLLBACKS_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
+    KEPT_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     state: JobState
@@ -111,7 +112,8 @@ class JobProgress(_message.Message):
     resumed_from: int
     rollbacks: _containers.RepeatedCompositeFieldContainer[Rollback]
     moves: _containers.RepeatedCompositeFieldContainer[Move]
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., iterations: _Optional[int] = ..., iterations_completed: _Optional[int] = ..., loss: _Optional[_Iterable[float]] = ..., param_checksum: _Optional[str] = ..., throughput_mb_s: _Optional[float] = ..., dropped_microbatches: _Optional[int] = ..., error: _Optional[str] = ..., microbatches_trained: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., coordinator: _Optional[str] = ..., job_json: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteCount, _Mapping]]] = ..., checksum_mismatches: _Optional[int] = ..., iteration_s: _Optional[_Iterable[float]] = ..., crashes: _Optional[int] = ..., leaves: _Optional[int] = ..., joins: _Optional[int] = ..., rerouted_microbatches: _Optional[int] = ..., replayed_microbatches: _Optional[int] = ..., replayed_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., lost_microbatches: _Optional[int] = ..., restarts: _Optional[int] = ..., paused: _Optional[str] = ..., paused_s: _Optional[float] = ..., excluded: _Optional[_Iterable[_Union[Exclusion, _Mapping]]] = ..., resumed_from: _Optional[int] = ..., rollbacks: _Optional[_Iterable[_Union[Rollback, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ...) -> None: ...
+    kept_microbatches: int
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., iterations: _Optional[int] = ..., iterations_completed: _Optional[int] = ..., loss: _Optional[_Iterable[float]] = ..., param_checksum: _Optional[str] = ..., throughput_mb_s: _Optional[float] = ..., dropped_microbatches: _Optional[int] = ..., error: _Optional[str] = ..., microbatches_trained: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., coordinator: _Optional[str] = ..., job_json: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteCount, _Mapping]]] = ..., checksum_mismatches: _Optional[int] = ..., iteration_s: _Optional[_Iterable[float]] = ..., crashes: _Optional[int] = ..., leaves: _Optional[int] = ..., joins: _Optional[int] = ..., rerouted_microbatches: _Optional[int] = ..., replayed_microbatches: _Optional[int] = ..., replayed_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., dropped: _Optional[_Iterable[_Union[IterationMicrobatches, _Mapping]]] = ..., lost_microbatches: _Optional[int] = ..., restarts: _Optional[int] = ..., paused: _Optional[str] = ..., paused_s: _Optional[float] = ..., excluded: _Optional[_Iterable[_Union[Exclusion, _Mapping]]] = ..., resumed_from: _Optional[int] = ..., rollbacks: _Optional[_Iterable[_Union[Rollback, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., kept_microbatches: _Optional[int] = ...) -> None: ...
 
 class Rollback(_message.Message):
     __slots__ = ("stage", "from_iteration", "to_iteration", "reason")
@@ -438,14 +440,16 @@ class EvidenceEntry(_message.Message):
     def __init__(self, microbatch: _Optional[int] = ..., evidence: _Optional[int] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("node", "stage", "evidence")
+    __slots__ = ("node", "stage", "evidence", "kept")
     NODE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
     node: str
     stage: int
     evidence: _containers.RepeatedCompositeFieldContainer[EvidenceEntry]
-    def __init__(self, node: _Optional[str] = ..., stage: _Optional[int] = ..., evidence: _Optional[_Iterable[_Union[EvidenceEntry, _Mapping]]] = ...) -> None: ...
+    kept: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node: _Optional[str] = ..., stage: _Optional[int] = ..., evidence: _Optional[_Iterable[_Union[EvidenceEntry, _Mapping]]] = ..., kept: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RecoverRequest(_message.Message):
     __slots__ = ("sender", "job_id", "iteration", "round", "microbatch", "stage", "rule", "dead", "gradient_from")
@@ -470,6 +474,44 @@ class RecoverRequest(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., microbatch: _Optional[int] = ..., stage: _Optional[int] = ..., rule: _Optional[int] = ..., dead: _Optional[str] = ..., gradient_from: _Optional[str] = ...) -> None: ...
 
 class RecoverReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KeptHop(_message.Message):
+    __slots__ = ("microbatch", "upstream", "downstream", "loss", "path")
+    MICROBATCH_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
+    DOWNSTREAM_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    microbatch: int
+    upstream: str
+    downstream: str
+    loss: float
+    path: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, microbatch: _Optional[int] = ..., upstream: _Optional[str] = ..., downstream: _Optional[str] = ..., loss: _Optional[float] = ..., path: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KeepRequest(_message.Message):
+    __slots__ = ("sender", "job_id", "iteration", "round", "dead", "stage", "keeper", "hops")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    DEAD_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    KEEPER_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    job_id: str
+    iteration: int
+    round: int
+    dead: str
+    stage: int
+    keeper: str
+    hops: _containers.RepeatedCompositeFieldContainer[KeptHop]
+    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., round: _Optional[int] = ..., dead: _Optional[str] = ..., stage: _Optional[int] = ..., keeper: _Optional[str] = ..., hops: _Optional[_Iterable[_Union[KeptHop, _Mapping]]] = ...) -> None: ...
+
+class KeepReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
@@ -700,15 +742,17 @@ class FailReply(_message.Message):
     def __init__(self) -> None: ...
 
 class ContributionHeader(_message.Message):
-    __slots__ = ("sender", "job_id", "iteration", "stage", "microbatches", "dtype", "numel", "round", "attempt", "kind", "offset", "slice_lo", "slice_hi", "basis")
+    __slots__ = ("sender", "job_id", "iteration", "stage", "microbatches", "dtype", "numel", "round", "attempt", "kind", "offset", "slice_lo", "slice_hi", "basis", "hops")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         WHOLE: _ClassVar[ContributionHeader.Kind]
         PARTIAL: _ClassVar[ContributionHeader.Kind]
         REDUCED: _ClassVar[ContributionHeader.Kind]
+        KEPT: _ClassVar[ContributionHeader.Kind]
     WHOLE: ContributionHeader.Kind
     PARTIAL: ContributionHeader.Kind
     REDUCED: ContributionHeader.Kind
+    KEPT: ContributionHeader.Kind
     SENDER_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -723,6 +767,7 @@ class ContributionHeader(_message.Message):
     SLICE_LO_FIELD_NUMBER: _ClassVar[int]
     SLICE_HI_FIELD_NUMBER: _ClassVar[int]
     BASIS_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
     sender: str
     job_id: str
     iteration: int
@@ -737,7 +782,8 @@ class ContributionHeader(_message.Message):
     slice_lo: int
     slice_hi: int
     basis: str
-    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ..., microbatches: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., numel: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., kind: _Optional[_Union[ContributionHeader.Kind, str]] = ..., offset: _Optional[int] = ..., slice_lo: _Optional[int] = ..., slice_hi: _Optional[int] = ..., basis: _Optional[str] = ...) -> None: ...
+    hops: _containers.RepeatedCompositeFieldContainer[KeptHop]
+    def __init__(self, sender: _Optional[str] = ..., job_id: _Optional[str] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ..., microbatches: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., numel: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., kind: _Optional[_Union[ContributionHeader.Kind, str]] = ..., offset: _Optional[int] = ..., slice_lo: _Optional[int] = ..., slice_hi: _Optional[int] = ..., basis: _Optional[str] = ..., hops: _Optional[_Iterable[_Union[KeptHop, _Mapping]]] = ...) -> None: ...
 
 class ContributionChunk(_message.Message):
     __slots__ = ("seq", "header", "payload")

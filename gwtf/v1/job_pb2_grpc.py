@@ -124,6 +124,11 @@ class JobServiceStub:
                 request_serializer=gwtf_dot_v1_dot_job__pb2.RecoverRequest.SerializeToString,
                 response_deserializer=gwtf_dot_v1_dot_job__pb2.RecoverReply.FromString,
                 _registered_method=True)
+        self.Keep = channel.unary_unary(
+                '/gwtf.v1.JobService/Keep',
+                request_serializer=gwtf_dot_v1_dot_job__pb2.KeepRequest.SerializeToString,
+                response_deserializer=gwtf_dot_v1_dot_job__pb2.KeepReply.FromString,
+                _registered_method=True)
         self.Redirect = channel.unary_unary(
                 '/gwtf.v1.JobService/Redirect',
                 request_serializer=gwtf_dot_v1_dot_job__pb2.RedirectRequest.SerializeToString,
@@ -288,6 +293,12 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Keep(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Redirect(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -437,6 +448,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.Recover,
                     request_deserializer=gwtf_dot_v1_dot_job__pb2.RecoverRequest.FromString,
                     response_serializer=gwtf_dot_v1_dot_job__pb2.RecoverReply.SerializeToString,
+            ),
+            'Keep': grpc.unary_unary_rpc_method_handler(
+                    servicer.Keep,
+                    request_deserializer=gwtf_dot_v1_dot_job__pb2.KeepRequest.FromString,
+                    response_serializer=gwtf_dot_v1_dot_job__pb2.KeepReply.SerializeToString,
             ),
             'Redirect': grpc.unary_unary_rpc_method_handler(
                     servicer.Redirect,
@@ -970,6 +986,33 @@ class JobService:
             '/gwtf.v1.JobService/Recover',
             gwtf_dot_v1_dot_job__pb2.RecoverRequest.SerializeToString,
             gwtf_dot_v1_dot_job__pb2.RecoverReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Keep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gwtf.v1.JobService/Keep',
+            gwtf_dot_v1_dot_job__pb2.KeepRequest.SerializeToString,
+            gwtf_dot_v1_dot_job__pb2.KeepReply.FromString,
             options,
             channel_credentials,
             insecure,

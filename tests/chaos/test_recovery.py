@@ -171,6 +171,20 @@ def test_a_crash_during_aggregation_reruns_it(swarm: LocalSwarm) -> None:
     assert result.restarts == 0
 
 
+def test_a_crash_during_aggregation_with_shipped_sums_is_kept_at_a_peer(swarm: LocalSwarm) -> None:
+    """Bounded replay (docs/design.md 4.9) between real processes: with `replay_bound = 1` a
+    node ships its running gradient sum to a stage peer after each microbatch it accumulates.
+    a5 dies in the commit of iteration 1, its share accumulated: its keeper adopts the sum its
+    last shipment carried, in its place, and only what no shipment covered is replayed."""
+    victim = armed(swarm, "a5", 1, "crash-in:aggregation:iteration=1")
+    job = dataclasses.replace(job_for("kept"), replay_bound=1)
+    result = train(swarm, job)
+    died(victim)
+    assert_equals_reference(result, job)
+    assert result.crashes == 1 and result.restarts == 0
+    assert result.kept_microbatches >= 1
+
+
 def test_a_dead_data_holder_drops_only_what_never_left_it(swarm: LocalSwarm) -> None:
     victim = armed(swarm, "h2", 0, "crash-in:forward:iteration=1")
     job = job_for("holder")

@@ -201,7 +201,8 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
     assert set(summary) == {"job_id", "iterations_completed", "loss", "param_checksum",
                             "throughput_mb_s", "dropped_microbatches", "crashes", "leaves",
                             "joins", "rerouted_microbatches", "replayed_microbatches",
-                            "replayed_s", "compute_s", "lost_microbatches", "restarts",
+                            "replayed_s", "kept_microbatches", "compute_s", "lost_microbatches",
+                            "restarts",
                             "dropped", "excluded", "resumed_from", "rollbacks", "moves"}
     assert summary["rollbacks"] == []
     assert summary["moves"] == []  # every node is pinned (--stage K): none moves

@@ -398,9 +398,10 @@ def test_no_commit_is_ordered_before_a_dead_participants_recovery_is_planned() -
     assert order is not None and order.attempt == 2 and "b" not in order.members
 
 
-def test_a_kept_sum_is_not_waited_for_and_the_keeper_contributes_it() -> None:
+def test_a_kept_sum_is_waited_for_until_adopted_and_the_keeper_contributes_it() -> None:
     """Bounded replay (docs/design.md 4.9): b shipped its sum of 3 to a before dying, so only 4
-    is replayed; a's adopted 3 is its contribution at the commit, counted once."""
+    is replayed; a's adopted 3 is its contribution at the commit, counted once. No commit is
+    ordered before a says it adopted the sum: a commit prepared before would lack it."""
     c = coordinator()
     c.done("h0", 0, 0, range(5))
     c.member_down("b")
@@ -408,6 +409,8 @@ def test_a_kept_sum_is_not_waited_for_and_the_keeper_contributes_it() -> None:
                                     Recovery(4, 1, Rule.REPLAY, "h0", "z")), frozenset()))
     assert c.commit_order() is None
     c.replayed("a", 0, 0, 4, 1)
+    assert c.commit_order() is None
+    c.replayed("a", 0, 0, 3, 1)
     order = c.commit_order()
     assert order is not None and "b" not in order.members
     prepared(c, "h0", range(5))
@@ -431,6 +434,36 @@ def test_plan_recovery_orders_each_microbatch_once_per_round() -> None:
     assert c.plan_recovery("b", 1, reports).plan.recoveries == ()
     c.restart("test")
     assert len(c.plan_recovery("b", 1, reports).plan.recoveries) == 2
+
+
+def test_plan_recovery_keeps_the_largest_sum_a_live_stage_peer_reported() -> None:
+    """Bounded replay (docs/design.md 4.9): b's running sum of 2 and 3 at a is taken as a
+    whole (`Rule.KEEP`, sent to a); 4, which no shipment covered, is replayed. The commit
+    waits for a's adoption as for the replay. A sum kept by a node not of b's stage, or by
+    nobody live, is not used; nor is one that covers a microbatch planned before."""
+    c = coordinator()
+    c.done("h0", 0, 0, range(5))
+    c.member_down("b")
+    reports = [NeighbourReport("h0", 0, tuple((m, Evidence.BACKWARD_DONE) for m in (2, 3, 4))),
+               NeighbourReport("z", 2, tuple((m, Evidence.FORWARD_DONE) for m in (2, 3, 4)))]
+    orders = c.plan_recovery("b", 1, reports, {"a": frozenset({2, 3}), "z": frozenset({4}),
+                                               "gone": frozenset({2, 3, 4})})
+    assert [(r.mb, r.rule, r.keeper) for r in orders.plan.recoveries] == [
+        (2, Rule.KEEP, "a"), (3, Rule.KEEP, "a"), (4, Rule.REPLAY, None)]
+    assert orders.sources == ("a", "a", "h0") and orders.restart == ""
+    assert c.replays == {(2, 1), (3, 1), (4, 1)}
+    c.replayed("a", 0, 0, 4, 1)
+    assert c.commit_order() is None  # the kept sum is not adopted yet
+    c.replayed("a", 0, 0, 2, 1)
+    c.replayed("a", 0, 0, 3, 1)
+    assert c.commit_order() is not None
+    # A later round: 2 was planned before in it, so a sum covering it is not taken.
+    c.restart("test")
+    c.done("h0", 0, c.round, range(5))
+    c.plan_recovery("b", 1, [NeighbourReport("h0", 0, ((2, Evidence.BACKWARD_DONE),))])
+    again = c.plan_recovery("b", 1, reports, {"a": frozenset({2, 3})})
+    assert [(r.mb, r.rule) for r in again.plan.recoveries] == [(3, Rule.REPLAY),
+                                                              (4, Rule.REPLAY)]
 
 
 def test_plan_recovery_deals_a_dead_holders_work_round_the_live_holders() -> None:

@@ -163,7 +163,8 @@ def test_a_restart_right_after_the_heal_reaches_the_joiners_membership_shows_dea
         def __getattr__(self, name: str) -> Any:  # this node's own part of each call
             return lambda request: local.append(name) or SimpleNamespace()
 
-    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2, replay_bound=0,
+                          aggregation=SimpleNamespace(robust=False))
     active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
                         participants=dict(PARTICIPANTS), coordinator="h0")
     plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
@@ -200,7 +201,7 @@ async def _drain(tasks: list[Any]) -> None:
         batch = list(tasks)
         tasks.clear()
         for coro in batch:
-            if "_recover" in coro.__qualname__:
+            if coro.__qualname__.startswith("CrashRecovery."):
                 coro.close()
             else:
                 await coro
@@ -236,7 +237,8 @@ def test_a_coordinator_whose_round_stalls_yields_to_the_one_its_participants_fol
         return job_pb2.SyncReply(iteration=9, round=2, coordinator="h0")
 
     host.stubs = lambda info: SimpleNamespace(jobs=SimpleNamespace(Sync=sync))  # type: ignore
-    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2, replay_bound=0,
+                          aggregation=SimpleNamespace(robust=False))
     active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
                         participants=dict(PARTICIPANTS), coordinator="h1")
     plan = IterationCoordinator(iterations=16, microbatches=8, participants=PARTICIPANTS,
@@ -451,7 +453,8 @@ def test_a_joiner_waits_while_its_stages_replica_is_dead_only_by_a_stale_verdict
         def completed(self, active: Any, outcome: Any) -> None:
             pass
 
-    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2, replay_bound=0,
+                          aggregation=SimpleNamespace(robust=False))
     active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
                         participants=dict(PARTICIPANTS), coordinator="h0")
     plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
@@ -495,7 +498,8 @@ def test_the_commit_waits_once_for_a_joiner_fetching_the_state_of_the_iteration(
         def changed(self, active: Any) -> None:
             pass
 
-    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2, replay_bound=0,
+                          aggregation=SimpleNamespace(robust=False))
     active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
                         participants=dict(PARTICIPANTS), coordinator="h0")
     plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
@@ -522,7 +526,7 @@ def test_the_commit_waits_once_for_a_joiner_fetching_the_state_of_the_iteration(
 
 
 def test_a_late_sweep_of_a_death_leaves_the_node_alone_once_it_entered_again() -> None:
-    """h1 died to the west at the cut; 3 s later its death was swept again (`_recover_later`),
+    """h1 died to the west at the cut; 3 s later its death was swept again (`CrashRecovery.later`),
     by then in a round where h1, admitted back, was a holder: its microbatches were dropped as
     a dead node's, its reports refused, and the commit stalled. An admitted node is a
     participant again: nothing of it is recovered."""
@@ -542,11 +546,12 @@ def test_a_late_sweep_of_a_death_leaves_the_node_alone_once_it_entered_again() -
         def progress_record(self, job_id: str) -> job_pb2.JobProgress:
             return record
 
-    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2)
+    job = SimpleNamespace(snapshot_every=4, snapshot_thin=2, replay_bound=0,
+                          aggregation=SimpleNamespace(robust=False))
     active = CurrentJob(job=job, job_id=JOB, job_json="{}", worker=None,
                         participants=dict(PARTICIPANTS), coordinator="h0")
     plan = IterationCoordinator(iterations=16, microbatches=8, participants=west, num_stages=3,
                                 holders=("h0", "h1"), iteration=2, base=west)  # fmt: skip
     coord = JobCoordinator(Manager(), active, plan)  # type: ignore[arg-type]
-    asyncio.run(coord._recover("h1", 0))
+    asyncio.run(coord.recovery.recover("h1", 0))
     assert calls.sent == []  # no neighbour asked, nothing planned

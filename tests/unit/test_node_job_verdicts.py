@@ -41,7 +41,7 @@ class FakeWorker:
     iteration: int = 1
     calls: list[tuple[str, Any]] = field(default_factory=list)
 
-    def depart(self, node: str) -> None:
+    def depart(self, node: str, *, crashed: bool = False) -> None:
         self.calls.append(("depart", node))
 
     def exclude(self, node: str) -> None:

@@ -223,6 +223,43 @@ def test_replayed_accumulation_ends_equal_to_no_crash(corpus: Corpus) -> None:
     assert iteration(crash=True) == iteration(crash=False)
 
 
+def test_an_adopted_running_sum_ends_equal_to_no_crash(corpus: Corpus) -> None:
+    """Bounded replay (docs/design.md 4.9): replica A of stage 1 shipped its running sum of 0
+    and 2 to B, then accumulated 4 and died. B adopts the shipped sum (0 and 2 count as B's),
+    4 is replayed at B, and the commit equals the one without the crash. A sum that overlaps
+    what B accumulated, or of another iteration, is refused and changes nothing."""
+
+    def iteration(crash: bool) -> str:
+        firsts, lasts = replicas(), replicas()
+        a, b = StageExecutor(JOB, 1, S), StageExecutor(JOB, 1, S)
+        ledgers = {}
+        shipped = None
+        for m in range(JOB.microbatches):
+            middle = a if m % 2 == 0 else b
+            ledgers[m] = run([firsts[0], middle, lasts[2]], corpus, m)
+            if m == 2:
+                shipped = a.contribution("a")
+        assert shipped is not None and shipped.microbatch_ids == (0, 2)
+        if not crash:
+            contributions = [b.contribution("b"), a.contribution("a")]
+        else:
+            before = b.contribution("b")
+            with pytest.raises(ExecutorError, match="already accumulated"):
+                b.adopt(dataclasses.replace(shipped, microbatch_ids=(0, 1)))
+            with pytest.raises(ExecutorError, match="iteration 1"):
+                b.adopt(dataclasses.replace(shipped, iteration=1))
+            assert b.contribution("b").microbatch_ids == before.microbatch_ids
+            b.adopt(shipped)
+            b.recompute(key(4), ledgers[4].inputs[1])
+            b.backward(key(4), ledgers[4].grads[1])
+            assert b.accumulated == (1, 3, 5, 0, 2, 4)
+            contributions = [b.contribution("b")]
+        aggregated = combine_contributions(contributions, expected_ids=range(JOB.microbatches))
+        return b.commit(aggregated)
+
+    assert iteration(crash=True) == iteration(crash=False)
+
+
 def test_commit_steps_every_replica_the_same_and_checks_the_aggregate(corpus: Corpus) -> None:
     a, b = replicas(), replicas()
     for m in range(4):

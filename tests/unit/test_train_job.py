@@ -120,6 +120,14 @@ def test_catch_up_steps_is_read_and_keeps_the_job_id_at_its_default(tmp_path: Pa
     assert plain.job_id == load_job(write(tmp_path, MINIMAL)).job_id != job.job_id
 
 
+def test_replay_bound_is_read_and_keeps_the_job_id_at_its_default(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, "replay_bound = 4\n" + MINIMAL))
+    assert job.replay_bound == 4 and job_from_dict(job.to_dict()) == job
+    plain = load_job(write(tmp_path, 'replay_bound = "auto"\n' + MINIMAL))
+    assert plain.replay_bound == "auto" and "replay_bound" not in plain.to_dict()
+    assert plain.job_id == load_job(write(tmp_path, MINIMAL)).job_id != job.job_id
+
+
 def test_a_vocab_below_256_needs_a_tokenizer(tmp_path: Path) -> None:
     small = MINIMAL + "vocab = 40\n"
     assert load_job(write(tmp_path, 'tokenizer = "tok.json"\n' + small)).model.vocab == 40
@@ -162,6 +170,9 @@ def test_presets_are_a_few_hundred_thousand_parameters_and_cut_into_three() -> N
         (lambda t: t + "\n[optimizer]\neps = 0\n", "optimizer.eps must be positive"),
         (lambda t: "seed = -1\n" + t, "seed must be at least 0"),
         (lambda t: "catch_up_steps = -1\n" + t, "catch_up_steps must be at least 0"),
+        (lambda t: "replay_bound = -1\n" + t, 'replay_bound must be "auto" or an integer'),
+        (lambda t: 'replay_bound = "often"\n' + t, "replay_bound must be \"auto\" or an"),
+        (lambda t: "replay_bound = 1.5\n" + t, "replay_bound must be \"auto\" or an"),
         (lambda t: 'grad_accum = "float16"\n' + t, "grad_accum must be one of float64, float32"),
         (lambda t: "data = 3\n" + t, "data must be a non-empty path string"),
         (lambda t: "tokenizer = 3\n" + t, "tokenizer must be a non-empty path string, got 3"),
