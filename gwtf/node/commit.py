@@ -156,6 +156,8 @@ class CommitParticipant:
         self.contribution_numel(header)
         if header.kind == KEPT:
             ctx.metrics.count("gwtf_job_kept_sums", ctx.job_id, "kept")
+            ctx.metrics.count("gwtf_job_bytes_received", ctx.job_id, "kept_sums",
+                              flat.numel() * flat.element_size())
             ctx.it.kept_sums[header.sender] = (GradContribution(
                 node_id=header.sender, stage=ctx.stage, iteration=header.iteration,
                 microbatch_ids=header.microbatches, grad_sums=unflatten(flat, self._shapes),

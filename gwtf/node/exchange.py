@@ -41,10 +41,11 @@ def poisoned(ctx: StageContext, flat: Tensor, iteration: int) -> Tensor:
 
 async def contribute(
     ctx: StageContext, peer: str, header: ContributionHeader, flat: Tensor, deadline: float,
-    it: Iteration, attempt: int,
+    it: Iteration, attempt: int, kind: str = "gradient_sums",
 ) -> job_pb2.ContributionAck | None:
     """One contribution stream to `peer`, retried with backoff; its ack, or None when the peer
-    is gone, refused it for good, or the attempt is over here."""
+    is gone, refused it for good, or the attempt is over here. `kind`: the bytes' label in
+    `gwtf_job_bytes_sent` ("kept_sums" for a shipment to a keeper)."""
     for tries in range(ctx.config.send_attempts):
         if tries:
             await asyncio.sleep(ctx.backoff(tries - 1))
@@ -62,7 +63,7 @@ async def contribute(
             ack: job_pb2.ContributionAck = await ctx.host.job_stub(member).Contribute(
                 encode(header, flat), timeout=max(0.001, deadline - time.monotonic())
             )
-            ctx.metrics.count("gwtf_job_bytes_sent", ctx.job_id, "gradient_sums", nbytes)
+            ctx.metrics.count("gwtf_job_bytes_sent", ctx.job_id, kind, nbytes)
             return ack
         except aio.AioRpcError as err:
             if err.code() in FINAL_CODES:

@@ -15,6 +15,9 @@ on. A job with a robust aggregation takes non-finite sums in (`finish(allow_non_
 its screen names the sender, so that the stage can exclude it rather than stall on a refusal.
 Splitting is a view of the received bytes: the sums arrive bit for bit, which is what lets every
 replica combine them into the same bits.
+
+The same stream carries a node's running sum to its keeper between commits (kind KEPT, bounded
+replay, gwtf.node.shipping), with the sender's records of each microbatch it covers (`KeptHop`).
 """
 
 from __future__ import annotations

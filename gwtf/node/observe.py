@@ -227,13 +227,14 @@ JOB_FAMILIES: dict[str, _Family] = {
         "direction", ("forward", "backward"),
     ),
     "gwtf_job_bytes_sent": _Family(
-        "counter", "Tensor payload bytes this node sent: microbatches (forward, backward) and "
-        "gradient sums to its stage's replicas", "kind", ("forward", "backward", "gradient_sums"),
+        "counter", "Tensor payload bytes this node sent: microbatches (forward, backward), "
+        "gradient sums to its stage's replicas at commits, and running sums to its keeper",
+        "kind", ("forward", "backward", "gradient_sums", "kept_sums"),
     ),
     "gwtf_job_bytes_received": _Family(
-        "counter", "Tensor payload bytes this node took: microbatches (forward, backward) and "
-        "gradient sums from its stage's replicas",
-        "kind", ("forward", "backward", "gradient_sums"),
+        "counter", "Tensor payload bytes this node took: microbatches (forward, backward), "
+        "gradient sums from its stage's replicas at commits, and running sums it keeps",
+        "kind", ("forward", "backward", "gradient_sums", "kept_sums"),
     ),
     "gwtf_job_queue_depth": _Family(
         "gauge", "Work items waiting for this node's compute thread (microbatch forwards and "

@@ -59,6 +59,10 @@ simulator's, gwtf.sim.shipping.RECHECK)."""
 DEFAULT_LINK_GBPS = 1.0
 """The rate assumed to a keeper when neither a link matrix nor a declared uplink gives one."""
 
+COPY_BYTES_S = 1e9
+"""Before its first shipment, a node assumes its compute thread copies the sum into one vector
+at this rate (then it uses the time the last copy took)."""
+
 
 class SumShipper:
     """This node's shipments of its running gradient sum, and the hazard it sees."""
@@ -72,6 +76,9 @@ class SumShipper:
         self._next_check = 1.0
         self._checked: Iteration | None = None
         self.shipments = 0
+        self.shipped_bytes = 0
+        """Bytes of running sums this node shipped (that landed) in the iteration in progress."""
+        self._copy_s: float | None = None
         self._dtype = torch.float64 if ctx.job.grad_accum == "float64" else torch.float32
         self._sum_bytes = sum(p.numel() for p in ctx.executor.parameters().values()) * (
             8 if self._dtype == torch.float64 else 4)
@@ -119,14 +126,30 @@ class SumShipper:
         per_mb_bytes = it.sent_bytes / max(1, done)
         sides = (ctx.stage > 0) + (not ctx.is_last)
         contention = 2 * min(1.0, it.sent_bytes * 8 / elapsed / (gbps * 1e9))
+        upload_s = nbytes * 8 / (gbps * 1e9)
+        # The copy of the sum into one vector holds the compute thread up whatever the link
+        # (so a shipment is never free, even on an idle link): as time on the data plane's
+        # path, a share of the upload.
+        copy_s = self._copy_s if self._copy_s is not None else nbytes / COPY_BYTES_S
         self.census()
         return ship_interval(ShipCost(
-            upload_s=nbytes * 8 / (gbps * 1e9), contention=contention, rate=rate,
+            upload_s=upload_s, contention=contention + copy_s / max(upload_s, 1e-9), rate=rate,
             replay_s=compute_s + sides * per_mb_bytes * 8 / (gbps * 1e9),
             hazard=self.hazard.rate(time.monotonic()),
         ))
 
     # ------------------------------------------------------------------ shipping
+
+    def stepped(self, iteration: int) -> None:
+        """`iteration` was stepped here: say what was shipped in it (once a shipment went)."""
+        ctx = self._ctx
+        if self.shipped_bytes:
+            ctx.host.log.info(
+                "job %s it %d: shipped %d running sums to a keeper in the iteration, %d bytes "
+                "in all", ctx.job_id, iteration, self.shipments, self.shipped_bytes,
+            )
+        self.shipments = 0
+        self.shipped_bytes = 0
 
     def accumulated(self, it: Iteration) -> None:
         """This node accumulated a microbatch (or adopted a sum): ship if due."""
@@ -164,9 +187,11 @@ class SumShipper:
         me = ctx.host.node_id
         try:
             def snapshot() -> tuple[tuple[int, ...], Tensor]:
+                began = time.perf_counter()
                 mine = ctx.executor.contribution(me)
-                return mine.microbatch_ids, flatten(mine.grad_sums, sorted(mine.grad_sums),
-                                                    self._dtype)
+                flat = flatten(mine.grad_sums, sorted(mine.grad_sums), self._dtype)
+                self._copy_s = time.perf_counter() - began
+                return mine.microbatch_ids, flat
 
             try:
                 ids, flat = await self._runtime.compute(BACKWARD, snapshot, 0.0, it)
@@ -185,11 +210,13 @@ class SumShipper:
                 ) for m in ids),
             )
             deadline = time.monotonic() + ctx.config.commit_timeout_s
-            ack = await contribute(ctx, keeper, header, flat, deadline, it, it.attempt)
+            ack = await contribute(ctx, keeper, header, flat, deadline, it, it.attempt,
+                                   "kept_sums")
             if ack is None or not ctx.current(it):
                 return
             ctx.ledger.shipped(ids, keeper)
             self.shipments += 1
+            self.shipped_bytes += flat.numel() * flat.element_size()
             ctx.metrics.count("gwtf_job_kept_sums", ctx.job_id, "shipped")
         finally:
             self._busy = False

@@ -313,6 +313,7 @@ class StageWorker:
         was ordered before this node got there)."""
         ctx = self._ctx
         number = order.iteration + 1
+        self.shipper.stepped(order.iteration)
         self._runtime.round_began()
         ctx.it = Iteration(number, order.next_round)
         self._commit.forget(number)

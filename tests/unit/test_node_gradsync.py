@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from gwtf.node.gradsync import (
+    KEPT,
     PARTIAL,
     REDUCED,
     WHOLE,
     ContributionAssembler,
     ContributionError,
     ContributionHeader,
+    KeptHop,
     encode,
     flatten,
     unflatten,
@@ -124,3 +126,21 @@ def test_a_contribution_of_an_unknown_kind_is_refused() -> None:
     assembler = ContributionAssembler(lambda h: 0)
     with pytest.raises(ContributionError, match="kind 7 is not known"):
         assembler.add(job_pb2.ContributionChunk(seq=0, header=pb))
+
+
+def test_a_kept_sum_travels_with_the_senders_records_and_bad_ones_are_refused() -> None:
+    """A shipment to a keeper (bounded replay): the running sum and, per microbatch, where it
+    came from, whose gradient came back, and on the last stage its loss and path."""
+    flat = flatten(sums(), sorted(SHAPES), torch.float64)
+    sent = dataclasses.replace(header(), kind=KEPT, hops=(
+        KeptHop(0, "up", "down"), KeptHop(3, "", "", 2.5, ("h0", "a1", "peer"))))
+    got_header, got = assemble(list(encode(sent, flat, chunk_bytes=64)))
+    assert got_header == sent and torch.equal(got, flat)
+    for hops, message in (
+        ((KeptHop(9, "up", "down"),), "hops name a microbatch it does not hold"),
+        ((KeptHop(0, "x" * 201),), "longer than 200"),
+        ((KeptHop(0, loss=float("nan")),), "has loss nan"),
+    ):
+        bad = dataclasses.replace(sent, hops=hops)
+        with pytest.raises(ContributionError, match=message):
+            assemble(list(encode(bad, flat)))
