@@ -17,6 +17,7 @@ BENCHMARKS = {
     "flow-relax": "benchmarks.flow_relax",
     "sim": "benchmarks.sim",
     "replay": "benchmarks.replay",
+    "replaynode": "benchmarks.replay_node",
     "simspeed": "benchmarks.simspeed",
     "simbase": "benchmarks.simbase",
     "simtargets": "benchmarks.simtargets",

@@ -138,7 +138,10 @@ def simulate(
     return result.throughput_mean, result.wasted_compute_fraction
 
 
-def measure(quick: bool) -> dict[str, Any]:
+def measure(quick: bool, job_changes: dict[str, Any] | None = None,
+            predict: bool = True) -> dict[str, Any]:
+    """One run on the slice. `job_changes`: keys of the tiny-gpt job to change (another
+    benchmark's cases); `predict`: also run the simulator on what happened."""
     window_s = 3600.0 if quick else 7200.0
     replay_s = 80.0 if quick else 180.0
     scale = replay_s / window_s
@@ -202,7 +205,8 @@ def measure(quick: bool) -> dict[str, Any]:
                     return job
         return None
 
-    job = dataclasses.replace(PRESETS["tiny-gpt"], name="churn", iterations=100000)
+    job = dataclasses.replace(PRESETS["tiny-gpt"], **{"name": "churn", "iterations": 100000,
+                                                      **(job_changes or {})})
     try:
         while not addresses:
             at, line = lines.get(timeout=300)
@@ -231,7 +235,8 @@ def measure(quick: bool) -> dict[str, Any]:
         if node in first_reroute and first_reroute[node] >= at:
             delays.append(first_reroute[node] - at)
     sim_tput, sim_waste = simulate(plans, actions, [e for e in events_at if e[0] >= 0],
-                                   elapsed, max(1, result.iterations_completed))
+                                   elapsed, max(1, result.iterations_completed)) if predict \
+        else (float("nan"), float("nan"))
     return {
         "events": len(events),
         "initial": initial_n,

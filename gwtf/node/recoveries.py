@@ -103,21 +103,35 @@ class RecoveryHandler:
                     path[request.stage] = request.keeper
                     it.paths[m] = tuple(path)
             return
+        adopting = it.adopting.get(request.dead)
+        if adopting is not None:
+            # The order again (a retry of the call): done once, answered as the first was.
+            if set(hops) != adopting[0]:
+                raise NotHeld(f"{me} adopted another sum of {request.dead}")
+            await asyncio.shield(adopting[1])
+            return
         held = ctx.ledger.held_for(request.dead)
         kept = it.kept_sums.get(request.dead)
         if request.stage != ctx.stage or kept is None or held != set(hops):
             raise NotHeld(f"{me} keeps no sum of {request.dead} covering exactly the "
                           f"{len(hops)} microbatches of the order")
         contribution, carried = kept
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        it.adopting[request.dead] = (frozenset(hops), done)
+        del it.kept_sums[request.dead]
         try:
             await self._runtime.compute(COMMIT, lambda: ctx.executor.adopt(contribution), 0.0, it)
         except (WorkerStopped, Stale):
+            done.cancel()
             return
         except ExecutorError as err:
-            raise NotHeld(f"{me} cannot adopt {request.dead}'s sum: {err}") from None
+            refusal = NotHeld(f"{me} cannot adopt {request.dead}'s sum: {err}")
+            done.set_exception(refusal)
+            done.exception()  # retrieved: a repeated order, if any, raises it again
+            raise refusal from None
         if not ctx.current(it):
+            done.cancel()
             return
-        del it.kept_sums[request.dead]
         ctx.ledger.adopt(request.dead,
                          {m: hop.upstream for m, hop in hops.items() if hop.upstream},
                          {m: hop.downstream for m, hop in hops.items() if hop.downstream})
@@ -125,6 +139,7 @@ class RecoveryHandler:
             for carry in carried:
                 it.losses[carry.microbatch] = carry.loss
                 it.routes[carry.path] = it.routes.get(carry.path, 0) + 1
+        done.set_result(None)
         ctx.metrics.count("gwtf_job_kept_sums", ctx.job_id, "adopted")
         ctx.host.log.info(
             "job %s it %d: adopted %s's running gradient sum of %d microbatches (kept here)",

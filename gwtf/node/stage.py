@@ -179,6 +179,10 @@ class Iteration(MicrobatchTable):
         default_factory=dict)
     """Bounded replay (gwtf.node.shipping): the last running sum each stage peer shipped here,
     with its records of the microbatches it covers."""
+    adopting: dict[str, tuple[frozenset[int], asyncio.Future[None]]] = field(
+        default_factory=dict)
+    """Dead senders whose kept sum this node adopts or adopted (a repeated order waits for
+    the first one's outcome)."""
     sealed: set[str] = field(default_factory=set)
     """Dead senders whose kept sum this node reported to the coordinator: it takes no later one
     from them (the plan adopts the sum that was reported, or none)."""
