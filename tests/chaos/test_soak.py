@@ -24,7 +24,8 @@ tests/chaos/test_recovery.py), every microbatch trained or reported dropped, the
 record, and the kills and joins the launcher reports having done at least the trace's targets.
 
 `make soak` runs it for 30 minutes and more; `GWTF_SOAK_S=300` is a 6-minute version (figures:
-benchmarks/RESULTS.md, section `soak`).
+benchmarks/RESULTS.md, section `soak`). `GWTF_SOAK_JOB` adds job keys as JSON, for instance
+`{"replay_bound": 1}` to ship every running gradient sum to a stage peer (docs/design.md 4.9).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ NO_COORDINATOR_KILL_S = 60.0
 other stages until their next ones reach it (docs/design.md 4.6, limits)."""
 SETTLED_S = 12.0
 """A joiner younger than this may not have entered the job yet: the trace kills older nodes."""
-JOB = {"name": "soak", "microbatch_size": 1}
+JOB = {"name": "soak", "microbatch_size": 1, **json.loads(os.environ.get("GWTF_SOAK_JOB", "{}"))}
 """tiny-gpt's model and 8 microbatches an iteration, of one sequence each rather than 8: the
 reference the result is checked against trains every iteration the swarm trained, one after
 the other on one core (0.33 s of CPU an iteration with 8 sequences, 0.12 s with one), and the
@@ -366,7 +367,8 @@ def test_a_cluster_under_churn_trains_exactly_what_the_reference_trains(
         "rollbacks": [dataclasses.asdict(r) for r in result.rollbacks],
         "job_crashes": result.crashes, "job_joins": result.joins, "restarts": result.restarts,
         "dropped": result.dropped_microbatches, "lost": result.lost_microbatches,
-        "replayed": result.replayed_microbatches, "coordinator": result.coordinator,
+        "replayed": result.replayed_microbatches, "kept": result.kept_microbatches,
+        "coordinator": result.coordinator,
         "iteration_s": round(float(np.mean(result.iteration_s)), 3) if result.iteration_s else 0,
         "state": result.state, "error": result.error,
     }

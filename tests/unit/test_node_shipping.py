@@ -1,0 +1,102 @@
+"""When a node ships its running gradient sum to a keeper (gwtf.node.shipping, docs/design.md
+4.9): every N microbatches with a fixed `replay_bound`; with "auto" only once the deaths it has
+seen make the replay it saves outweigh the shipment; never for a robust aggregation or without a
+live stage peer. The shipment itself (a contribution stream) is the chaos test's
+(tests/chaos/test_recovery.py); here the decision, on a node's real context and ledger."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Coroutine
+from types import SimpleNamespace
+from typing import Any
+
+from gwtf.node.shipping import SumShipper
+from gwtf.node.stage import StageContext, WorkerConfig
+
+
+class Host:
+    log = logging.LoggerAdapter(logging.getLogger("test"), {})
+
+    def __init__(self, alive: set[str]) -> None:
+        self.node_id = "a0"
+        self.alive = alive
+        self.metrics = SimpleNamespace(count=lambda *a, **k: None)
+        self.shipped: list[str] = []
+
+    def member(self, node_id: str) -> Any:
+        return SimpleNamespace(id=node_id, uplink_gbps=0.0) if node_id in self.alive else None
+
+    def link(self, a: Any, b: Any) -> None:
+        return None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> Any:
+        coro.close()  # the decision is what is tested: the stream is not sent
+        self.shipped.append(name)
+        return Task()
+
+
+class Task:
+    def add_done_callback(self, callback: Any) -> None:
+        pass
+
+
+def shipper(bound: int | str, *, robust: bool = False, peers: tuple[str, ...] = ("a1",)
+            ) -> tuple[SumShipper, StageContext, Host]:
+    host = Host({"a0", *peers})
+    job = SimpleNamespace(job_id="job-ship", microbatches=64, iterations=8, snapshot_every=4,
+                          snapshot_thin=2, replay_bound=bound, grad_accum="float64",
+                          aggregation=SimpleNamespace(robust=robust))
+    executor = SimpleNamespace(
+        stage=1, num_stages=3, iteration=0,
+        # A stage of 50 M parameters: a 400 MB float64 sum (only its size is read).
+        parameters=lambda: {"w": SimpleNamespace(numel=lambda: 50_000_000)},
+        stats=SimpleNamespace(compute_s=2.0, backwards=20),
+    )
+    ctx = StageContext(host, job, executor, slots=2,  # type: ignore[arg-type]
+                       config=WorkerConfig(), fault=None)
+    ctx.participants = {"h0": 0, "a0": 1, "z0": 2, **{p: 1 for p in peers}}
+    ctx.it.began -= 100.0  # the iteration began 100 s ago: 0.4 microbatches/s at 40
+    return SumShipper(ctx, runtime=None), ctx, host  # type: ignore[arg-type]
+
+
+def accumulate(s: SumShipper, ctx: StageContext, mbs: range) -> None:
+    for m in mbs:
+        ctx.ledger.accumulated(m)
+        s.accumulated(ctx.it)
+
+
+def test_a_fixed_bound_ships_every_n_microbatches_to_the_live_peer() -> None:
+    s, ctx, host = shipper(2)
+    accumulate(s, ctx, range(1))
+    assert host.shipped == []
+    accumulate(s, ctx, range(1, 2))
+    assert host.shipped == ["ship to a1"]
+    accumulate(s, ctx, range(2, 6))
+    assert host.shipped == ["ship to a1"]  # one shipment on the wire at a time
+    s._busy = False  # it landed (gwtf.node.shipping records it)
+    ctx.ledger.shipped(range(6), "a1")
+    accumulate(s, ctx, range(6, 7))
+    assert host.shipped == ["ship to a1"]
+    accumulate(s, ctx, range(7, 8))
+    assert host.shipped == ["ship to a1"] * 2
+
+
+def test_auto_ships_on_evidence_of_deaths_not_on_the_prior() -> None:
+    s, ctx, host = shipper("auto")
+    accumulate(s, ctx, range(40))
+    assert host.shipped == []  # one death a day a node: a replay is not worth a shipment
+    for _ in range(200):
+        s.death()  # deaths seen in the swarm: every node-second now counts
+    accumulate(s, ctx, range(40, 48))
+    assert host.shipped == ["ship to a1"]
+
+
+def test_nothing_ships_without_a_peer_or_for_a_robust_rule_or_when_off() -> None:
+    for s, ctx, host in (shipper(1, peers=()), shipper(1, robust=True), shipper(0)):
+        accumulate(s, ctx, range(8))
+        assert host.shipped == []
+    s, ctx, host = shipper(1)
+    host.alive.discard("a1")  # its keeper died: no peer left
+    accumulate(s, ctx, range(4))
+    assert host.shipped == []
