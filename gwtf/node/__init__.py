@@ -32,9 +32,10 @@ real messages. Modules, one idea each (pure ones first; only `server`, `transpor
     ratelimit   a token bucket per peer and per host (--rate-limit), an interceptor
     observe     logs (text or JSON lines, with job/iteration/microbatch ids) and the Prometheus
                 exposition (the control plane's snapshot, the job runtime's families)
-    jobcoord    JobCoordinator: the coordinator's calls: commit phases, crash recovery with
-                gwtf.recovery (evidence, plan_crash, recoveries), the watchdog, joiners, and a
-                new coordinator taking over
+    jobcoord    JobCoordinator: the coordinator's calls: commit phases, the watchdog, joiners,
+                and a new coordinator taking over
+    jobrecover  CrashRecovery: the coordinator's crash recovery with gwtf.recovery (evidence,
+                kept sums, plan_crash, recoveries and keep orders)
     jobs        JobManager: the job runtime as the node and its servicers see it, and the
                 job's life (iterations completed, exclusions, failure, members down, take-over)
     jobstate    JobBook: every job's progress and the job in hand (CurrentJob)
@@ -51,7 +52,8 @@ real messages. Modules, one idea each (pure ones first; only `server`, `transpor
                 out recoveries, the commit with the stage's replicas; it wires its parts:
                 stage (the state they share), runtime (the compute thread), pipeline (the
                 microbatches' life), sender (the data plane's sends), commit (this replica's
-                commit), recoveries (and restarts)
+                commit), recoveries (and restarts, and adopting a kept sum), shipping (its
+                running sum to a stage peer, bounded replay)
     chunks      chunked streams: cutting buffers into chunk payloads, checking a stream coming in
                 (the data plane, the gradient sums and state transfer share it)
     gradsync    replicas' gradient sums as a chunked stream, checked

@@ -127,8 +127,11 @@ class CommitParticipant:
                 f"job {ctx.job_id} exchanges whole vectors, not a {header.kind} contribution"
             )
         if header.kind == KEPT:
-            if (header.iteration, header.round) != (ctx.it.number, ctx.it.round):
-                raise StaleIteration(
+            at, sent = (ctx.it.number, ctx.it.round), (header.iteration, header.round)
+            if sent != at:
+                # Ahead: this node has not stepped (or restarted) yet, the sender retries.
+                refusal = NotReady if sent > at else StaleIteration
+                raise refusal(
                     f"a kept sum of iteration {header.iteration} round {header.round} came at "
                     f"iteration {ctx.it.number} round {ctx.it.round}"
                 )

@@ -122,7 +122,7 @@ class RecoveryHandler:
         try:
             await self._runtime.compute(COMMIT, lambda: ctx.executor.adopt(contribution), 0.0, it)
         except (WorkerStopped, Stale):
-            done.cancel()
+            done.set_result(None)  # moot: the iteration moved on
             return
         except ExecutorError as err:
             refusal = NotHeld(f"{me} cannot adopt {request.dead}'s sum: {err}")
@@ -130,7 +130,7 @@ class RecoveryHandler:
             done.exception()  # retrieved: a repeated order, if any, raises it again
             raise refusal from None
         if not ctx.current(it):
-            done.cancel()
+            done.set_result(None)
             return
         ctx.ledger.adopt(request.dead,
                          {m: hop.upstream for m, hop in hops.items() if hop.upstream},

@@ -278,3 +278,22 @@ def test_a_new_sender_sends_the_periodic_snapshot_its_dead_sender_could_not_repo
     assert_equals_reference(result, job)
     assert [b.stage for b in result.rollbacks] == [2], result.rollbacks
     assert result.rollbacks[0].to_iteration >= 8, result.rollbacks
+
+
+def test_the_replica_with_the_fastest_declared_uplink_sends_its_stages_snapshots(
+    swarm: LocalSwarm,
+) -> None:
+    # a0 and a1 declare no uplink; a2 declares 1 Gbit/s, so it sends stage 1's snapshots
+    # (`snapshot_sender`: the fastest declared uplink, ties and undeclared by the smallest id;
+    # docs/design.md 4.6), where a0 would without it.
+    swarm.join("a2", 1, 0.07, "--uplink-mbps", "1000")
+    swarm.wait_formed()
+    job = job_for("uplink", 6, snapshot_every=2, snapshot_thin=1)
+    client = GwtfClient(swarm.procs["z0"].address)
+    result = client.wait(client.submit(job), timeout_s=WAIT_S)
+    assert_equals_reference(result, job)
+    kept = re.compile(r"keeping stage 1's state of iteration (\d+) \(from (\S+)\)")
+    keepers = [p for p in swarm.live() if p.stage != 1]
+    senders = {m for p in keepers for m in kept.findall(p.log.read_text())}
+    assert {it for it, _ in senders} >= {"2", "4"}, senders
+    assert {sender for _, sender in senders} == {"a2"}, senders
