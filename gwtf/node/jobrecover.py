@@ -21,13 +21,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from gwtf.job.iterations import IterationCoordinator
-from gwtf.node.jobhost import JobsHost
+from gwtf.node.jobroll import Coordinating, CoordinatorManager
 from gwtf.node.observe import job_event
-from gwtf.node.transport import Stubs
 from gwtf.recovery import Evidence, NeighbourReport, Recovery, Rule, replay_bound
 from gwtf.v1 import job_pb2
 
@@ -40,8 +38,8 @@ starts over instead."""
 Reply = tuple[NeighbourReport, frozenset[int]]
 
 
-class _Manager(Protocol):
-    def changed(self, active: Any) -> None: ...
+class RecoveryManager(CoordinatorManager, Protocol):
+    """The job manager's own part of a recovery (this node is a participant too)."""
 
     async def report(self, request: job_pb2.ReportRequest) -> job_pb2.ReportReply: ...
 
@@ -50,30 +48,11 @@ class _Manager(Protocol):
     async def keep(self, request: job_pb2.KeepRequest) -> job_pb2.KeepReply: ...
 
 
-class Recovering(Protocol):
+class Recovering(Coordinating, Protocol):
     """The job coordinator (gwtf.node.jobcoord.JobCoordinator) as its recovery uses it."""
 
-    plan: IterationCoordinator
-    job: Any
-    job_id: str
-    active: Any
-
     @property
-    def manager(self) -> _Manager: ...
-
-    @property
-    def host(self) -> JobsHost: ...
-
-    def live_participants(self) -> dict[str, int]: ...
-
-    def progress(self) -> job_pb2.JobProgress: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None: ...
-
-    async def call_to(
-        self, node: str, remote: Callable[[Stubs, float], Awaitable[Any]],
-        local: Callable[[], Any], *, attempts: int = 5,
-    ) -> Any: ...
+    def manager(self) -> RecoveryManager: ...
 
 
 class CrashRecovery:

@@ -30,10 +30,12 @@ from gwtf.node.jobhost import JobsHost
 from gwtf.node.transport import Stubs
 from gwtf.v1 import job_pb2
 
-__all__ = ["Coordinating", "Entrance"]
+__all__ = ["Coordinating", "CoordinatorManager", "Entrance"]
 
 
-class _Manager(Protocol):
+class CoordinatorManager(Protocol):
+    """The job manager as the coordinator's parts call it (gwtf.node.jobs.JobManager)."""
+
     async def call(
         self, call: Callable[[Stubs, float], Awaitable[Any]], member: Any,
         timeout_s: float, *, attempts: int = 3,
@@ -64,7 +66,7 @@ class Coordinating(Protocol):
     answering: set[str]
 
     @property
-    def manager(self) -> _Manager: ...
+    def manager(self) -> CoordinatorManager: ...
 
     @property
     def host(self) -> JobsHost: ...
