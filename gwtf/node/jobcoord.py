@@ -6,10 +6,12 @@ calls between nodes:
 - holders report finished microbatches (`done`), replacements report replays (`replayed`);
 - once the iteration may commit, phase one (`Commit`) to every live participant, their
   `prepared` reports, rule 6 (`gwtf.recovery.check_commit`), then phase two (`Step`);
-- a participant's death (`member_down`): the live neighbours of the dead node are asked for their
-  ledgers' evidence (`Report`), `gwtf.recovery.plan_crash` decides, the drops are recorded and
-  each recovery goes to the node that holds the microbatch's input (`Recover`); for a dead data
-  holder, to a live holder, which rebuilds the token ids from its own copy of the data;
+- a participant's death (`member_down`): its recovery (`gwtf.node.jobrecover.CrashRecovery`):
+  the live neighbours of the dead node are asked for their ledgers' evidence (`Report`), its
+  stage peers for the running sum they keep of it, `gwtf.recovery.plan_crash` decides, the drops
+  are recorded and each recovery goes to the node that holds the microbatch's input (`Recover`),
+  a kept sum to its keeper (`Keep`); for a dead data holder, to a live holder, which rebuilds the
+  token ids from its own copy of the data;
 - a watchdog: an iteration that makes no progress for `stall_s` (a death whose evidence came late,
   a recovery whose source died too) is swept again, and if that does not help, started again from
   scratch as a new round (`Restart`): safe, since parameters only change at a step;

@@ -24,8 +24,9 @@ the ack says whether it does (`complete`): a receiver that lost pieces (it rolle
 a new process under an old id) gets them whole again, so a wrong record costs bytes, never bits.
 
 The dead member's own sums are never reused: its microbatches are replayed at a live peer by
-rule 3 (docs/design.md 4.3), which changes that peer's contribution (new ids, so its pieces are
-sent again), and the reduced slices that summed the dead member's sums have another basis.
+rule 3 (docs/design.md 4.3), or the stage peer that keeps its last shipped running sum adopts
+that (4.9); either changes that peer's contribution (new ids, so its pieces are sent again), and
+the reduced slices that summed the dead member's sums have another basis.
 """
 
 from __future__ import annotations
