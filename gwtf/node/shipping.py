@@ -14,7 +14,8 @@ one the simulator drives too (gwtf.sim.shipping). Here:
   keeper's downlink), the compute and resends a replayed microbatch costs here, and the deaths
   of participants it has seen per node-second. The link's rate is the link matrix's where the
   swarm emulates a WAN, else the node's declared uplink (`--uplink-mbps`), else
-  `DEFAULT_LINK_GBPS`. A node re-evaluates at most every `RECHECK` microbatches.
+  `DEFAULT_LINK_GBPS`. A node re-evaluates at most every `RECHECK` microbatches
+  (`gwtf.recovery.recheck_at`, as the simulator).
 - At most one shipment is on the wire. It travels as a contribution stream of kind KEPT
   (gwtf.node.gradsync), with the node's records of each microbatch it covers (`Ledger.hops`;
   on the last stage the loss and path too), to the keeper: the live stage peer with the fastest
@@ -30,7 +31,6 @@ sum would change (docs/design.md 4.7).
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -45,16 +45,13 @@ from gwtf.recovery import (
     HazardEstimate,
     ShipCost,
     pick_keeper,
+    recheck_at,
     replay_bound,
     ship_due,
     ship_interval,
 )
 
-__all__ = ["DEFAULT_LINK_GBPS", "RECHECK", "SumShipper"]
-
-RECHECK = 4
-"""Microbatches after which a node that decided not to ship yet evaluates the rule again (the
-simulator's, gwtf.sim.shipping.RECHECK)."""
+__all__ = ["DEFAULT_LINK_GBPS", "SumShipper"]
 
 DEFAULT_LINK_GBPS = 1.0
 """The rate assumed to a keeper when neither a link matrix nor a declared uplink gives one."""
@@ -126,16 +123,14 @@ class SumShipper:
         per_mb_bytes = it.sent_bytes / max(1, done)
         sides = (ctx.stage > 0) + (not ctx.is_last)
         contention = 2 * min(1.0, it.sent_bytes * 8 / elapsed / (gbps * 1e9))
-        upload_s = nbytes * 8 / (gbps * 1e9)
-        # The copy of the sum into one vector holds the compute thread up whatever the link
-        # (so a shipment is never free, even on an idle link): as time on the data plane's
-        # path, a share of the upload.
+        # The copy of the sum into one vector holds the compute thread up whatever the link,
+        # so a shipment is never free, even on an idle link.
         copy_s = self._copy_s if self._copy_s is not None else nbytes / COPY_BYTES_S
         self.census()
         return ship_interval(ShipCost(
-            upload_s=upload_s, contention=contention + copy_s / max(upload_s, 1e-9), rate=rate,
+            upload_s=nbytes * 8 / (gbps * 1e9), contention=contention, rate=rate,
             replay_s=compute_s + sides * per_mb_bytes * 8 / (gbps * 1e9),
-            hazard=self.hazard.rate(time.monotonic()),
+            hazard=self.hazard.rate(time.monotonic()), copy_s=copy_s,
         ))
 
     # ------------------------------------------------------------------ shipping
@@ -175,8 +170,7 @@ class SumShipper:
         if self.bound == REPLAY_AUTO:
             interval = self._interval(it, peers[keeper], self._sum_bytes)
             if not ship_due(ledger, interval):
-                self._next_check = min(math.ceil(interval) if math.isfinite(interval)
-                                       else math.inf, unshipped + RECHECK)
+                self._next_check = recheck_at(interval, unshipped)
                 return
             self._next_check = 1.0
         self._busy = True

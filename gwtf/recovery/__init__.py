@@ -51,11 +51,13 @@ from gwtf.recovery.rules import (
 )
 from gwtf.recovery.shipments import (
     DEFAULT_REPLAY_BOUND,
+    RECHECK,
     REPLAY_AUTO,
     HazardEstimate,
     ShipCost,
     best_cover,
     pick_keeper,
+    recheck_at,
     replay_bound,
     ship_due,
     ship_interval,
@@ -63,6 +65,7 @@ from gwtf.recovery.shipments import (
 
 __all__ = [
     "DEFAULT_REPLAY_BOUND",
+    "RECHECK",
     "REPLAY_AUTO",
     "CommitCheck",
     "HazardEstimate",
@@ -80,6 +83,7 @@ __all__ = [
     "check_commit",
     "merge_reports",
     "pick_keeper",
+    "recheck_at",
     "replay_bound",
     "plan_crash",
     "ship_due",

@@ -47,7 +47,7 @@ from gwtf.recovery.ledger import Ledger, MicrobatchId
 
 __all__ = [
     "DEFAULT_REPLAY_BOUND", "REPLAY_AUTO", "HazardEstimate", "ShipCost", "best_cover",
-    "pick_keeper", "replay_bound", "ship_due", "ship_interval",
+    "RECHECK", "pick_keeper", "recheck_at", "replay_bound", "ship_due", "ship_interval",
 ]
 
 REPLAY_AUTO = -1
@@ -57,6 +57,10 @@ DEFAULT_REPLAY_BOUND = REPLAY_AUTO
 """The bound when a scenario does not say (0: off, N: every N microbatches). Adaptive: a fixed
 bound chosen on swarms whose links are their own (16) made home swarms, where a 300 MB sum
 queues ahead of the activations on a 20-100 Mbit/s uplink, 2x slower (docs/design.md 4.9)."""
+
+RECHECK = 4
+"""Microbatches after which a node that decided not to ship yet evaluates the rule again, so
+that deaths and rates seen within an iteration count (`recheck_at`)."""
 
 PRIOR_DEATHS = 1.0
 PRIOR_EXPOSURE_S = 86_400.0
@@ -81,6 +85,14 @@ def ship_due(ledger: Ledger, bound: float) -> bool:
     return bound > 0 and ledger.unshipped() >= bound
 
 
+def recheck_at(interval: float, unshipped: int) -> float:
+    """How many unshipped contributions a node that chose not to ship at `unshipped` (with
+    `ship_interval`'s `interval`) waits for before it asks again: the interval, and at most
+    `RECHECK` more microbatches (inf when it would never ship and nothing changes)."""
+    due = math.ceil(interval) if math.isfinite(interval) else math.inf
+    return min(due, unshipped + RECHECK)
+
+
 @dataclass(frozen=True)
 class ShipCost:
     """What `ship_interval` weighs, as the sender estimates it."""
@@ -97,6 +109,10 @@ class ShipCost:
     inputs."""
     hazard: float
     """Deaths per second of the sender."""
+    copy_s: float = 0.0
+    """Seconds the sender's compute thread spends copying its sum into one vector to send: a
+    delay to its data plane whatever the link (the node measures it; the simulator, whose
+    nodes' compute is their stage work only, leaves it at 0)."""
 
 
 def ship_interval(cost: ShipCost) -> float:
@@ -105,7 +121,7 @@ def ship_interval(cost: ShipCost) -> float:
     nothing."""
     if cost.hazard <= 0 or cost.replay_s <= 0 or cost.rate <= 0:
         return math.inf
-    delay = cost.upload_s * cost.contention
+    delay = cost.upload_s * cost.contention + cost.copy_s
     return max(1.0, math.sqrt(2 * cost.rate * delay / (cost.hazard * cost.replay_s)))
 
 

@@ -31,15 +31,14 @@ rate in this iteration times the data-plane bytes per microbatch, over the acces
 in the pair model, where sends to a stage peer share no link with the data plane) against the
 replay it saves: the deaths per node-second noticed so far in the run (`HazardEstimate`, fed by
 `census`), times a microbatch's stage compute plus the resend of its two inputs (`hop_estimate`).
-A node evaluates the rule again every `RECHECK` microbatches at most, so that new deaths and
-rates count within an iteration.
+A node evaluates the rule again every `gwtf.recovery.RECHECK` microbatches at most, so that new
+deaths and rates count within an iteration.
 
 Only the policies that recover by the rules and commit exactly (gwtf, gwtf-fixed, oracle) ship.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from gwtf.recovery import (
@@ -51,6 +50,7 @@ from gwtf.recovery import (
     ShipCost,
     best_cover,
     pick_keeper,
+    recheck_at,
     ship_due,
     ship_interval,
 )
@@ -58,10 +58,7 @@ from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import DONE, MB, WAIT_G, SimNode, SimulationError
 from gwtf.sim.simulator import Simulation
 
-__all__ = ["RECHECK", "Shipper"]
-
-RECHECK = 4
-"""Microbatches after which a node that decided not to ship yet evaluates the rule again."""
+__all__ = ["Shipper"]
 
 
 class Shipper:
@@ -139,7 +136,7 @@ class Shipper:
         if self.auto:
             interval = self._interval(node, keeper, peers[keeper_id], nbytes, it.start_s)
             if not ship_due(node.ledger, interval):
-                self._next_check[node.id] = min(math.ceil(interval), unshipped + RECHECK)
+                self._next_check[node.id] = recheck_at(interval, unshipped)
                 return
             self._next_check.pop(node.id, None)
         ids = node.ledger.contributions()

@@ -11,6 +11,12 @@ from collections.abc import Coroutine
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+import torch
+
+from gwtf.node.commit import CommitParticipant
+from gwtf.node.errors import NotReady, StaleIteration
+from gwtf.node.gradsync import KEPT, ContributionError, ContributionHeader
 from gwtf.node.shipping import SumShipper
 from gwtf.node.stage import StageContext, WorkerConfig
 
@@ -100,3 +106,36 @@ def test_nothing_ships_without_a_peer_or_for_a_robust_rule_or_when_off() -> None
     host.alive.discard("a1")  # its keeper died: no peer left
     accumulate(s, ctx, range(4))
     assert host.shipped == []
+
+
+def test_a_keeper_takes_a_sum_of_its_own_iteration_only_and_none_from_a_sealed_sender() -> None:
+    """A shipment for the next iteration, from a sender that stepped first, is "not ready" (the
+    sender retries once this node stepped; refused as stale, it was lost: seen in the soak); one
+    of a round started over is stale; one from a dead sender this node already reported is
+    refused."""
+    host = Host({"a0", "a1"})
+    job = SimpleNamespace(job_id="job-ship", microbatches=8, iterations=8, snapshot_every=4,
+                          snapshot_thin=2, grad_accum="float64",
+                          aggregation=SimpleNamespace(robust=False))
+    executor = SimpleNamespace(stage=1, num_stages=3, iteration=5,
+                               parameters=lambda: {"w": torch.zeros(3)})
+    ctx = StageContext(host, job, executor, slots=2,  # type: ignore[arg-type]
+                       config=WorkerConfig(), fault=None)
+    ctx.participants = {"h0": 0, "a0": 1, "a1": 1, "z0": 2}
+    ctx.started.set()
+    keeper = CommitParticipant(ctx, runtime=None, advance=lambda order: None)  # type: ignore
+
+    def shipment(iteration: int) -> ContributionHeader:
+        return ContributionHeader("a1", "job-ship", iteration, 1, (0, 2), "float64", 3,
+                                  kind=KEPT)
+
+    assert keeper.contribution_numel(shipment(5)) == 3
+    with pytest.raises(NotReady, match="iteration 6 round 0 came at iteration 5"):
+        keeper.contribution_numel(shipment(6))
+    ctx.it.number, ctx.it.round = 6, 1  # stepped, then the round started again
+    with pytest.raises(StaleIteration, match="iteration 6 round 0 came at iteration 6 round 1"):
+        keeper.contribution_numel(shipment(6))
+    ctx.it.round = 0
+    ctx.it.sealed.add("a1")
+    with pytest.raises(ContributionError, match="sealed"):
+        keeper.contribution_numel(shipment(6))

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gwtf.recovery import (
+    RECHECK,
     Evidence,
     HazardEstimate,
     Ledger,
@@ -24,6 +25,7 @@ from gwtf.recovery import (
     check_commit,
     pick_keeper,
     plan_crash,
+    recheck_at,
     ship_due,
     ship_interval,
 )
@@ -281,6 +283,16 @@ def test_ship_interval_never_free_and_link_bound() -> None:
     # No deaths expected, or nothing to replay: never.
     assert ship_interval(replace(home, hazard=0.0)) == math.inf
     assert ship_interval(replace(home, replay_s=0.0)) == math.inf
+    # The copy of the sum holds the sender's compute thread even on an idle path: not free.
+    idle = replace(home, contention=0.0, copy_s=0.3)
+    assert ship_interval(idle) > 1.0
+    assert ship_interval(idle) == ship_interval(replace(home, contention=0.3 / 121.0))
+
+
+def test_recheck_at_waits_for_the_interval_or_recheck_more_at_most() -> None:
+    assert recheck_at(2.2, unshipped=1) == 3
+    assert recheck_at(50.0, unshipped=1) == 1 + RECHECK
+    assert recheck_at(math.inf, unshipped=7) == 7 + RECHECK
 
 
 def test_hazard_estimate_starts_at_the_prior_and_follows_the_deaths() -> None:
