@@ -139,3 +139,63 @@ def test_a_keeper_takes_a_sum_of_its_own_iteration_only_and_none_from_a_sealed_s
     ctx.it.sealed.add("a1")
     with pytest.raises(ContributionError, match="sealed"):
         keeper.contribution_numel(shipment(6))
+
+
+def test_a_keeper_adopts_a_kept_sum_once_however_often_the_order_comes() -> None:
+    """The coordinator's `Keep` order is a retried call: the keeper adopts the dead sender's sum
+    once (a second adoption would count its microbatches twice), answers a repeat as the first,
+    refuses an order for another sum (the round then starts over), and a neighbour of the dead
+    node moves its records to the keeper."""
+    import asyncio
+
+    from gwtf.node.errors import NotHeld
+    from gwtf.node.recoveries import RecoveryHandler
+    from gwtf.recovery import Evidence, Ledger
+    from gwtf.train import GradContribution
+    from gwtf.v1 import job_pb2
+
+    s, ctx, host = shipper(1)
+    adopted: list[tuple[int, ...]] = []
+    ctx.executor.adopt = lambda kept: adopted.append(kept.microbatch_ids)  # type: ignore
+
+    class Runtime:
+        async def compute(self, priority: int, work: Any, emulate: float, it: Any) -> Any:
+            await asyncio.sleep(0)  # the compute thread: the repeated order comes meanwhile
+            return work()
+
+    handler = RecoveryHandler(ctx, Runtime(), None, None,  # type: ignore[arg-type]
+                              begin=lambda holders, weights: None,
+                              own_forward=None, adopted=s.accumulated)  # type: ignore
+    sum_of = GradContribution("a1", 1, 0, (2, 3), {})
+    ctx.it.kept_sums["a1"] = (sum_of, ())
+    ctx.ledger.kept("a1", (2, 3), {2: ("h0", "z0"), 3: ("h0", "z0")})
+
+    def order(*mbs: int) -> job_pb2.KeepRequest:
+        return job_pb2.KeepRequest(sender="h0", job_id="job-ship", iteration=0, round=0,
+                                   dead="a1", stage=1, keeper="a0", hops=[job_pb2.KeptHop(
+                                       microbatch=m, upstream="h0", downstream="z0")
+                                       for m in mbs])
+
+    async def twice() -> None:
+        await asyncio.gather(handler.keep(order(2, 3)), handler.keep(order(2, 3)))
+        await handler.keep(order(2, 3))
+
+    asyncio.run(twice())
+    assert adopted == [(2, 3)]
+    assert ctx.ledger.contributions() == {2, 3}
+    with pytest.raises(NotHeld, match="adopted another sum"):
+        asyncio.run(handler.keep(order(2)))
+    # z0, the dead node's downstream neighbour: its records of 2 and 3 now name the keeper, so
+    # a death of the keeper would be reported as a replay's (its backward done).
+    _, z_ctx, z_host = shipper(1)
+    z_host.node_id = "z0"
+    z_ctx.ledger = Ledger("z0", 2)
+    for m in (2, 3):
+        z_ctx.ledger.activation_received(m, "a1")
+    z0 = RecoveryHandler(z_ctx, Runtime(), None, None,  # type: ignore[arg-type]
+                         begin=lambda holders, weights: None, own_forward=None,  # type: ignore
+                         adopted=lambda it: None)
+    asyncio.run(z0.keep(order(2, 3)))
+    assert dict(z_ctx.ledger.report_about("a0").evidence) == {
+        2: Evidence.BACKWARD_DONE, 3: Evidence.BACKWARD_DONE}
+    assert z_ctx.ledger.report_about("a1").evidence == ()
