@@ -19,8 +19,10 @@ written here once, for all such drivers:
   measures the old way (`in_place` False: re-created empty).
 - *Rescales.* When one machine asks for the scaling to be run again, every machine rescales at
   once (`rescale_if_asked`, gwtf.flow.decentralized).
-- *Phase ends.* When nothing is in flight (the driver's to say), every machine not yet at the
-  final epsilon tightens (`tighten`).
+- *Phase ends.* When nothing is in flight, every machine not yet at the final epsilon tightens
+  (`tighten`). A driver on a clock learns that a while after the fact, as a real swarm does:
+  `PhaseClock` ends the phase `after` seconds past the moment nothing was in flight, unless
+  anything happened meanwhile (the bus, in rounds, ends it at once).
 
 Transport and time are the driver's: `send` puts messages on their way, `schedule_tick` arranges
 a machine's next timer, `clock` is the time machines are built with. The node holds one machine
@@ -30,7 +32,7 @@ same rules as messages, not calls. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from gwtf.flow.decentralized import (
@@ -43,7 +45,7 @@ from gwtf.flow.decentralized import (
 )
 from gwtf.flow.topology import Topology
 
-__all__ = ["FlowSwarm", "peer_edits", "with_epochs"]
+__all__ = ["FlowSwarm", "PhaseClock", "peer_edits", "with_epochs"]
 
 
 def with_epochs(view: NodeView, epochs: Mapping[str, int]) -> NodeView:
@@ -65,6 +67,48 @@ def peer_edits(view: NodeView) -> list[tuple[str, LocalArc, bool]]:
             mirrored = LocalArc(view.node_id, arc.cap, arc.cost, arc.gen)  # epoch: the caller's
             edits.append((arc.peer, mirrored, peer_sees_upstream))
     return edits
+
+
+class PhaseClock:
+    """When a scaling phase ends, for a driver with a clock (docs/design.md 2.7): `after`
+    seconds past the last moment nothing was in flight, if nothing happened since.
+
+    The driver counts the messages on their way in `in_flight` and bumps `activity` at every
+    delivery and change, and calls `quiet` after each; the clock asks the driver for a timer
+    (`schedule(at)`) when one is due, one pending at a time (each quiet moment moves it later).
+    When a timer fires the driver calls `fire`: True ends the phase (the driver tightens every
+    machine, then calls `quiet` again).
+    """
+
+    def __init__(self, after: float, schedule: Callable[[float], None]) -> None:
+        self.after = after
+        self.in_flight = 0
+        self.activity = 0
+        self._schedule = schedule
+        self._at: float | None = None
+        self._stamp = 0
+
+    def quiet(self, now: float, settled: bool) -> None:
+        """Set the timer if nothing is in flight now. `settled`: every machine is at the final
+        epsilon already (no phase left to end)."""
+        if self.in_flight or settled:
+            return
+        at = now + self.after
+        if self._at is not None and self._at >= at:
+            return
+        self._at, self._stamp = at, self.activity
+        self._schedule(at)
+
+    def fire(self, at: float, settled: bool) -> bool:
+        """The timer set for `at` fired (now is `at`): does the phase end? A timer overtaken by
+        activity with no quiet moment after it (a change that sent nothing) is set again."""
+        if self._at != at:
+            return False  # superseded by a later quiet moment
+        self._at = None
+        if self.in_flight or self._stamp != self.activity:
+            self.quiet(at, settled)
+            return False
+        return True
 
 
 class FlowSwarm:

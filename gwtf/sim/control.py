@@ -8,8 +8,9 @@ control plane, with the same rules and the same delays:
   (`rtt / 2 + size / bandwidth`, the links of the topology, `intra` within a location), times
   `1 + jitter * U(0, 1)` (as `GwtfPolicy`: without jitter the machines run in lockstep);
 - a scaling phase ends swarm-wide `phase_end_s` after the moment no message is in flight (the
-  time a real swarm takes to learn it: `GwtfPolicy` uses two of the slowest one-way delays, the
-  node's coordinator two waves of calls), unless anything happened meanwhile;
+  time a real swarm takes to learn it: the scenario's default is two of the slowest one-way
+  delays, the node's coordinator two waves of calls), unless anything happened meanwhile
+  (`gwtf.flow.swarm.PhaseClock`, as `RelaxRouting`);
 - when a machine asks for a rescale (`FlowNode.wants_rescale`), every machine rescales at once;
 - a crash, a join and a link change touch every machine (`note_change`, as the membership does
   in the node and `GwtfPolicy` in the simulator); a re-measured arc only its two ends (as
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from gwtf.flow.bus import BusStats, MessageBus, node_views
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode
+from gwtf.flow.swarm import PhaseClock
 from gwtf.flow.topology import LinkSpec, Topology
 
 __all__ = ["ControlPlane", "Settled"]
@@ -84,12 +86,9 @@ class ControlPlane(MessageBus):
         self.phase_end_s = phase_end_s
         self.time = 0.0
         self.phases = 0
-        self._heap: list[tuple[float, int, FlowMessage | None]] = []
+        self._heap: list[tuple[float, int, FlowMessage | float]] = []
         self._seq = 0
-        self._in_flight = 0
-        self._activity = 0
-        self._phase_at: float | None = None
-        self._phase_stamp = 0
+        self._phase = PhaseClock(phase_end_s, self._timer)
         self._counted = (0, 0, 0)  # messages, rescales, phases at the end of the last run
         self._rng = random.Random(seed)
 
@@ -151,12 +150,12 @@ class ControlPlane(MessageBus):
             at = self.time + self.delay(msg.sender, msg.receiver) * (1 + self.jitter * rand())
             self._seq += 1
             heapq.heappush(self._heap, (at, self._seq, msg))
-            self._in_flight += 1
-        self._activity += 1
+            self._phase.in_flight += 1
+        self._phase.activity += 1
 
     def note_change(self) -> None:
         super().note_change()
-        self._activity += 1
+        self._phase.activity += 1
 
     def place(self, node_id: str, location: str) -> None:
         """Where a joiner is (before `join`)."""
@@ -178,11 +177,11 @@ class ControlPlane(MessageBus):
                 break
             at, _, msg = heapq.heappop(self._heap)
             self.time = max(self.time, at)
-            if msg is None:
-                self._end_phase_at(at)
+            if isinstance(msg, float):
+                self._end_phase(msg)
                 continue
-            self._in_flight -= 1
-            self._activity += 1
+            self._phase.in_flight -= 1
+            self._phase.activity += 1
             node = self.nodes.get(msg.receiver)
             if node is not None:
                 self.messages += 1
@@ -199,23 +198,18 @@ class ControlPlane(MessageBus):
             phases=self.phases - phases0,
         )
 
-    def _maybe_end_phase(self) -> None:
-        if self._in_flight or all(m.final for m in self.nodes.values()):
-            return
-        at = self.time + self.phase_end_s
-        if self._phase_at is not None and self._phase_at >= at:
-            return
-        self._phase_at = at
-        self._seq += 1
-        heapq.heappush(self._heap, (at, self._seq, None))
-        self._phase_stamp = self._activity
+    def _settled(self) -> bool:
+        return all(m.final for m in self.nodes.values())
 
-    def _end_phase_at(self, at: float) -> None:
-        if self._phase_at != at:
-            return  # superseded by a later quiet moment
-        self._phase_at = None
-        if self._in_flight or self._phase_stamp != self._activity:
-            self._maybe_end_phase()
+    def _maybe_end_phase(self) -> None:
+        self._phase.quiet(self.time, self._settled())
+
+    def _timer(self, at: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, at))
+
+    def _end_phase(self, at: float) -> None:
+        if not self._phase.fire(at, self._settled()):
             return
         if self.tighten():
             self.phases += 1

@@ -3,11 +3,12 @@
 The real decentralized flow state machines of `gwtf.flow` (`FlowNode`) run inside the
 simulation; every control message takes the simulated link delay (times `1 + jitter * U(0, 1)`),
 so routing after a change takes the time it really takes. A node handles its inbox in batches
-(`control_batch_s`); scaling phases end swarm-wide `phase_end_s` after no message is in flight;
-a machine that asks for a rescale rescales every machine. A crash, a join and a link change touch
-every machine (`note_change`), a link change updates its arcs in place as a new generation. Those
-rules and edits are `gwtf.flow.swarm.FlowSwarm`'s, as for the bus and the control plane; this
-module is their transport over the simulated links and clock.
+(`control_batch_s`); scaling phases end swarm-wide `phase_end_s` after no message is in flight
+(`PhaseClock`, as in `ControlPlane`); a machine that asks for a rescale rescales every machine.
+A crash, a join and a link change touch every machine (`note_change`), a link change updates its
+arcs in place as a new generation. Those rules and edits are `gwtf.flow.swarm.FlowSwarm`'s, as
+for the bus and the control plane; this module is their transport over the simulated links and
+clock.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from gwtf.flow.bus import COST_HEADROOM, node_views
 from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode
-from gwtf.flow.swarm import FlowSwarm, with_epochs
+from gwtf.flow.swarm import FlowSwarm, PhaseClock, with_epochs
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
@@ -45,7 +46,7 @@ class _Machines(FlowSwarm):
 
     def note_change(self) -> None:
         super().note_change()
-        self.routing.activity += 1
+        self.routing.phase.activity += 1
 
 
 class RelaxRouting:
@@ -64,8 +65,7 @@ class RelaxRouting:
         self.config = self._config(placement)
         # Scaling phases end swarm-wide: once no control message is in flight, and after the
         # time a real swarm takes to learn it (`phase_end_s`), every machine tightens epsilon.
-        self.in_flight = 0
-        self.activity = 0  # bumped at every delivery and change: an older phase end is stale
+        self.phase = PhaseClock(sim.sc.phase_end_s, self._timer)
 
     def _config(self, placement: bool) -> FlowConfig:
         """One config for the whole run, from every node the scenario will ever have and the
@@ -109,7 +109,7 @@ class RelaxRouting:
             if a is None or b is None:
                 continue
             sim.control_messages += 1
-            self.in_flight += 1
+            self.phase.in_flight += 1
             # Real links jitter; without it equal delays make the machines run in lockstep,
             # and a synchronous epsilon-relaxation can cycle (seen on one-region swarms).
             at = now + sim.one_way(a, b, size) * (1.0 + self.jitter * float(self.rng.random()))
@@ -135,8 +135,8 @@ class RelaxRouting:
         receiver, batch, entry = payload
         if entry is not None and self.inbox.get(receiver) is entry:
             del self.inbox[receiver]
-        self.in_flight -= len(batch)
-        self.activity += 1
+        self.phase.in_flight -= len(batch)
+        self.phase.activity += 1
         node = self.flow.get(receiver)
         if node is not None:
             self.send(node.on_messages(batch))
@@ -144,16 +144,20 @@ class RelaxRouting:
             self.swarm.rescale_if_asked(node)
         self._maybe_end_phase()
 
+    def _settled(self) -> bool:
+        return all(m.final for m in self.flow.values())
+
     def _maybe_end_phase(self) -> None:
-        if self.in_flight == 0 and any(not m.final for m in self.flow.values()):
-            at = self.sim.engine.now + self.sim.sc.phase_end_s
-            self.sim.sink.emit(at, Kind.TICK, self._end_phase, self.activity)
+        self.phase.quiet(self.sim.engine.now, self._settled())
+
+    def _timer(self, at: float) -> None:
+        self.sim.sink.emit(at, Kind.TICK, self._end_phase, at)
 
     @returns_events
-    def _end_phase(self, activity: int) -> None:
-        if activity != self.activity or self.in_flight:
-            return  # something happened since: that later quiet moment decides
-        self.activity += 1
+    def _end_phase(self, at: float) -> None:
+        if not self.phase.fire(at, self._settled()):
+            return
+        self.phase.activity += 1
         self.swarm.tighten()
         self._maybe_end_phase()
 
