@@ -2,9 +2,11 @@
 
     .venv/bin/python -m benchmarks noderoute                  # both parts, section `noderoute`
     .venv/bin/python -m benchmarks.node_route --only scale    # one part, printed only
+    .venv/bin/python -m benchmarks.node_route --only scale --explore-peers 0 \
+        --heartbeat-s 1.5 --failure-timeout-s 20               # 64 processes on 2 cores
 
 Real `gwtf node --no-train` processes on 127.0.0.1 (tests/integration/cluster.py), heartbeat
-0.5 s and failure timeout 5 s (the defaults).
+0.5 s and failure timeout 5 s (the defaults) unless the scale part is given others.
 
 - crash: 16 nodes in 4 stages on the emulated geo10 WAN (`--link-matrix geo10_aws.csv`, nodes
   spread over the 10 regions as `gwtf launch` spreads them, compute times from
@@ -26,7 +28,10 @@ Real `gwtf node --no-train` processes on 127.0.0.1 (tests/integration/cluster.py
   (each node a site of its own, no link matrix), started 8 at a time; the time from the last
   start until every node sees every member (formed), and until the flows settle as above, the
   whole swarm's CPU meanwhile, the arcs probed (flow and explored, `--explore-peers`) and the
-  death verdicts in the logs (every one false: nothing is killed).
+  death verdicts in the logs (every one false: nothing is killed). 64 processes on 2 cores get
+  1/32 of a core each and go silent for seconds at a time: `--heartbeat-s` and
+  `--failure-timeout-s` set the failure detector for the machine (their values are in the
+  table).
 """
 
 from __future__ import annotations
@@ -191,10 +196,17 @@ def crash(routing: str) -> dict[str, Any]:
         return {"routing": routing, "cold_start_s": cold_s, "events": rows, "delay_s": delay}
 
 
-def scale(n: int, explore_peers: int = 2) -> dict[str, Any]:
+def scale(
+    n: int, explore_peers: int = 2, heartbeat_s: float = 0.5, failure_timeout_s: float = 5.0,
+    settle_s: float = 300.0,
+) -> dict[str, Any]:
+    """`n` routing-only processes on this machine: the time to form and to settle. The
+    failure detector's settings are the node's defaults unless given: with 64 processes on 2
+    cores each gets 1/32 of a core, and a silence of several seconds says nothing of a death."""
     with tempfile.TemporaryDirectory(prefix="gwtf-bench-") as tmp:
         plans = plan_nodes(n, 4, locations=[], base_compute_s=0.1, seed=0)
-        swarm = LocalSwarm(Path(tmp), heartbeat_s=0.5, failure_timeout_s=5.0,
+        swarm = LocalSwarm(Path(tmp), heartbeat_s=heartbeat_s,
+                           failure_timeout_s=failure_timeout_s,
                            extra=("--explore-peers", str(explore_peers)))  # fmt: skip
         with swarm:
             t0 = time.monotonic()
@@ -212,7 +224,7 @@ def scale(n: int, explore_peers: int = 2) -> dict[str, Any]:
             try:
                 wait_for(lambda: formed(swarm), 300, f"{n} nodes to see each other", 1.0)
                 formed_s = time.monotonic() - started
-                view = settle(swarm, 4, timeout_s=300)
+                view = settle(swarm, 4, timeout_s=settle_s)
             except AssertionError as err:
                 log(f"scale {n}: {err}")
                 return {"nodes": n, "explore_peers": explore_peers, "error": str(err)}
@@ -222,6 +234,8 @@ def scale(n: int, explore_peers: int = 2) -> dict[str, Any]:
             row = {
                 "nodes": n,
                 "explore_peers": explore_peers,
+                "heartbeat_s": heartbeat_s,
+                "failure_timeout_s": failure_timeout_s,
                 "probed_arcs": sum(1 for a in view["arcs"] if a["rtt_probes"] > 0),
                 "false_deaths": deaths,
                 "start_s": started - t0,
@@ -298,18 +312,22 @@ def report(results: dict[str, Any], command: str) -> str:
         lines += [
             "### Routing-only swarms, local routing, loopback (each node a site of its own)",
             "",
-            "| nodes | explored peers per node | processes started (s) | formed after (s) | "
+            "| nodes | explored peers per node | heartbeat / failure timeout (s) | "
+            "processes started (s) | formed after (s) | "
             "settled after (s) | CPU while forming and settling (s, all processes) | arcs | "
             "arcs probed | death verdicts | flow (mb/s) | solves per node | slowest solve (ms) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in results["scale"]:
             explore = r.get("explore_peers", "-")
+            detector = f"{r.get('heartbeat_s', 0.5)} / {r.get('failure_timeout_s', 5.0)}"
             if "error" in r:
-                lines.append(f"| {r['nodes']} | {explore} | {r['error']} |" + " |" * 9)
+                lines.append(f"| {r['nodes']} | {explore} | {detector} | {r['error']} |"
+                             + " |" * 9)
                 continue
             lines.append(
-                f"| {r['nodes']} | {explore} | {r['start_s']:.1f} | {r['formed_s']:.1f} | "
+                f"| {r['nodes']} | {explore} | {detector} | {r['start_s']:.1f} | "
+                f"{r['formed_s']:.1f} | "
                 f"{r['settled_s']:.1f} | {r['cpu_s']:.0f} | {r['arcs']} | "
                 f"{r.get('probed_arcs', '-')} | {r.get('false_deaths', '-')} | "
                 f"{r['flow_value']:.2f} | {r['solves_mean']:.1f} | {r['solve_ms_max']:.0f} |"
@@ -323,7 +341,10 @@ def collect(
     sizes: list[int],
     routings: Iterable[str] = ("local", "relax"),
     explore: Iterable[int] = (2,),
+    detector: tuple[float, float] = (0.5, 5.0),
+    settle_s: float = 300.0,
 ) -> dict[str, Any]:
+    """`detector`: the scale part's heartbeat and failure timeout (s)."""
     results: dict[str, Any] = {}
     OUT.mkdir(exist_ok=True)
 
@@ -339,7 +360,7 @@ def collect(
         results["scale"] = []
         for n in sizes:
             for k in explore:
-                results["scale"].append(scale(n, k))
+                results["scale"].append(scale(n, k, *detector, settle_s=settle_s))
                 keep()
     results["load"] = os.getloadavg()
     keep()
@@ -363,6 +384,12 @@ def main() -> int:
                         default=["local", "relax"])
     parser.add_argument("--explore-peers", type=int, nargs="+", default=[2], metavar="K",
                         help="scale: run each size with each node's --explore-peers K")
+    parser.add_argument("--heartbeat-s", type=float, default=0.5,
+                        help="scale: each node's heartbeat period (default 0.5, the node's)")
+    parser.add_argument("--failure-timeout-s", type=float, default=5.0,
+                        help="scale: each node's failure timeout (default 5, the node's)")
+    parser.add_argument("--settle-s", type=float, default=300.0,
+                        help="scale: how long to wait for the flows to settle (default 300)")
     parser.add_argument("--write", action="store_true", help="put the section in RESULTS.md")
     parser.add_argument("--from-json", metavar="PATH",
                         help="report a run saved in benchmarks/out (its command with --command)")
@@ -373,7 +400,8 @@ def main() -> int:
         results = json.loads(Path(args.from_json).read_text())
         command = args.command or "python -m benchmarks.node_route"
     else:
-        results = collect(args.only, args.sizes, args.routings, args.explore_peers)
+        results = collect(args.only, args.sizes, args.routings, args.explore_peers,
+                          (args.heartbeat_s, args.failure_timeout_s), args.settle_s)
         command = "python -m benchmarks.node_route " + " ".join(sys.argv[1:])
     text = report(results, command.strip())
     print(text)

@@ -10,7 +10,11 @@ live members and the deaths it detects, and asks it for its out-rates.
   only on the records, so every node with the same view computes the same flows; balanced,
   `gwtf.flow.balance`, so that no node of a wide stage is loaded to its capacity) and the node
   switches to it. A burst of joins costs one solve; nodes that learn of a death a little apart
-  still switch within about `quiet_s` of each other.
+  still switch within about `quiet_s` of each other. A view that keeps changing is solved at
+  the latest `max_wait_s` (ten quiet spells by default) after it first differed from the one
+  solved: without the bound, a swarm whose views change more often than every `quiet_s` (churn
+  at a thousand members, or the first measurements of explored peers, each a record revision)
+  never solves at all.
 - *Repair.* A next hop that dies is repaired at once, before any solve (`gossip.repair`): what
   this node sent it is re-split over its other next-stage peers by their residual capacity in
   the solution it holds. Local: it needs only that solution. A member that is gone (it died or
@@ -44,7 +48,12 @@ from gwtf.flow.linkreports import SiteLinks
 from gwtf.flow.localsolve import HUB_SLACK, LinkTerms, link_terms, solve_members
 from gwtf.flow.topology import LinkSpec, Members, NodeSpec
 
-__all__ = ["LocalRoute", "OutArc", "PendingSolve", "Solver", "solver"]
+__all__ = ["MAX_WAIT_QUIETS", "LocalRoute", "OutArc", "PendingSolve", "Solver", "solver"]
+
+MAX_WAIT_QUIETS = 10
+"""The longest a changed view waits for its solve, in quiet spells (`LocalRoute.max_wait_s`).
+Ten keeps the batching of a burst of joins (each a change within a quiet spell of the last)
+and bounds how stale the routes of a swarm whose views never rest can get."""
 
 Solver = Callable[[Members], Mapping[tuple[str, str], int]]
 """The flows of a view's records: `solve_members` (`solver`), or the same answer cached."""
@@ -96,16 +105,19 @@ class LocalRoute:
         *,
         quiet_s: float,
         clock: Callable[[], float],
+        max_wait_s: float | None = None,
         hub_slack: float | None = HUB_SLACK,
         balance: Balance = JOB_OBJECTIVE,
         solve: Solver | None = None,
     ) -> None:
-        """`balance`: the routing objective (docs/design.md 2.2, `gwtf.flow.balance`); None
-        solves for the least cost alone. `solve`, when given,
+        """`max_wait_s`: the longest a changed view waits for its solve (None:
+        `MAX_WAIT_QUIETS` quiet spells). `balance`: the routing objective (docs/design.md 2.2,
+        `gwtf.flow.balance`); None solves for the least cost alone. `solve`, when given,
         replaces `solver(hub_slack, balance)` (the simulator's is the same, cached)."""
         self.node_id = node_id
         self.num_stages = num_stages
         self.quiet_s = quiet_s
+        self.max_wait_s = MAX_WAIT_QUIETS * quiet_s if max_wait_s is None else max_wait_s
         self._clock = clock
         self._solve = solve or solver(hub_slack, balance)
         self._activation_bytes = activation_bytes
@@ -117,6 +129,8 @@ class LocalRoute:
         self._key: tuple[object, ...] = ((), (), frozenset())
         """The view, its measured links and its blocked arcs: what a solve depends on."""
         self._changed_at = clock()
+        self._unsolved_since = self._changed_at
+        """Since when the view held has differed from the one solved."""
         self._solved: tuple[object, ...] | None = None
         self._members: Members | None = None
         """The records of the solution held (what a repair needs)."""
@@ -148,6 +162,8 @@ class LocalRoute:
         key = (view, links.key() if links is not None else (), blocked)
         if key == self._key:
             return False
+        if self._key == self._solved:
+            self._unsolved_since = self._clock()
         self._key = key
         self._view = view
         self._view_links = links if links is not None else self._links
@@ -162,10 +178,11 @@ class LocalRoute:
         return True
 
     def due(self) -> float | None:
-        """When the view will have been quiet long enough to solve; None when it is solved."""
+        """When the view will have been quiet long enough to solve, or will have waited
+        `max_wait_s`; None when it is solved."""
         if self._key == self._solved:
             return None
-        return self._changed_at + self.quiet_s
+        return min(self._changed_at + self.quiet_s, self._unsolved_since + self.max_wait_s)
 
     @property
     def view_size(self) -> int:
@@ -242,6 +259,7 @@ class LocalRoute:
         self.last_solve_s = self._clock() - started
         self.waited_s = pending.waited_s
         self._solved = pending.key
+        self._unsolved_since = started  # a view that changed meanwhile differs since then
         self.solves += 1
 
     def _records(self, view: tuple[NodeSpec, ...]) -> Members:

@@ -14,7 +14,7 @@ from gwtf.flow.gossip import delivered, without_node
 from gwtf.flow.localroute import LocalRoute
 from gwtf.flow.localsolve import solve_members
 from gwtf.flow.oracle import solve_oracle
-from gwtf.flow.topology import Members, Topology
+from gwtf.flow.topology import Members, NodeSpec, Topology
 
 
 class Clock:
@@ -71,6 +71,31 @@ def test_a_view_is_solved_only_once_it_has_been_quiet() -> None:
     assert route.solve() and route.has_solution and route.quiet
     assert route.due() is None and not route.solve()
     assert abs(route.waited_s - 1.0) < 1e-9
+
+
+def test_a_view_that_never_rests_is_solved_after_the_longest_wait() -> None:
+    """Changes every half quiet spell (churn at scale, explored peers' first reports) would put
+    the solve off for ever; the view is solved `max_wait_s` after it first differed from the
+    one solved, and the wait starts again from there."""
+    topo, clock = swarm(), Clock()
+    route = route_of(topo, topo.nodes[0].id, clock, quiet_s=1.0)
+    assert route.max_wait_s == 10.0
+    last = topo.nodes[-1]
+
+    def view(tick: int) -> list[NodeSpec]:  # the last member's record changes at every tick
+        moved = NodeSpec.make(last.id, last.stage, last.compute_s * (1 + tick / 100),
+                              last.location)
+        return [*topo.nodes[:-1], moved]
+
+    route.set_view(view(0))
+    solved_at = []
+    for tick in range(1, 61):  # 30 s, a change every 0.5 s
+        clock.now = tick * 0.5
+        assert route.set_view(view(tick))
+        if route.solve():
+            solved_at.append(clock.now)
+    assert solved_at == [10.0, 20.5]  # unsolved again from the change after the solve
+    assert route.has_solution and not route.quiet
 
 
 def test_every_nodes_own_out_arcs_together_are_the_optimum() -> None:
