@@ -227,7 +227,8 @@ def scale(
                 view = settle(swarm, 4, timeout_s=settle_s)
             except AssertionError as err:
                 log(f"scale {n}: {err}")
-                return {"nodes": n, "explore_peers": explore_peers, "error": str(err)}
+                return {"nodes": n, "explore_peers": explore_peers, "heartbeat_s": heartbeat_s,
+                        "failure_timeout_s": failure_timeout_s, "error": str(err)}
             settled_s = time.monotonic() - started
             cpu_s = (_cpu_ticks(pids) - ticks0) / os.sysconf("SC_CLK_TCK")
             deaths = sum(p.log.read_text().count("declared dead") for p in swarm.live())

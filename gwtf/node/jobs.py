@@ -586,6 +586,9 @@ class JobManager:
         elif verb:
             progress.crashes += 1
         active.coord = coord
+        # The pause cleared above was the holder-less one; the coordinator, which may have set
+        # its own while it took over (a stage emptied with the coordinator), says it again.
+        coord.update_pause()
         self.changed(active)
 
     # ================================================================== leaving, closing
