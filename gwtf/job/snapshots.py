@@ -25,7 +25,7 @@ can still roll back to, instead of failing the job.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -39,7 +39,6 @@ __all__ = [
     "own_kept",
     "restore_point",
     "sender_rank",
-    "relay_targets",
     "snapshot_keepers",
     "snapshot_landed",
     "snapshot_sender",
@@ -295,28 +294,6 @@ def snapshot_keepers(
              any(abs(when(p) - u) < LAUNCH_WINDOW_S for u in starts), p)
             for p in rest)[-1])
     return tuple(chosen)
-
-
-SNAPSHOT_RELAYS = 4
-"""Secondary keepers per stage snapshot (`relay_targets`): nodes that get a copy from a primary
-keeper once it has landed there, not from the stage's sender (docs/design.md 4.6, *Relays*)."""
-
-
-def relay_targets(keepers: Sequence[str], primaries: int, me: str) -> tuple[str, ...]:
-    """The secondary keepers a primary keeper `me` forwards a snapshot it has landed to.
-
-    `keepers` is the rule's choice (`snapshot_keepers`) for `primaries` plus the relays, in its
-    order: the first `primaries` get their copies from the stage's sender, each next one (a
-    secondary) from the primary at its position modulo `primaries`, so that the sender's uplink
-    carries `primaries` copies whatever the number of secondaries, and a secondary's copy does
-    not wait for its own sender's. The greedy rule chooses the first `primaries` alike for any
-    longer count, so primary and secondary agree on who is which. None for a node that is no
-    primary (a secondary does not forward again)."""
-    first = list(keepers[:primaries])
-    if me not in first:
-        return ()
-    mine = first.index(me)
-    return tuple(k for j, k in enumerate(keepers[primaries:]) if j % len(first) == mine)
 
 
 def keeper_keeps(

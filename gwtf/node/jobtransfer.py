@@ -26,7 +26,6 @@ from grpc import aio
 from gwtf.job.snapshots import (
     SnapshotPolicy,
     keeper_keeps,
-    relay_targets,
     snapshot_keepers,
     snapshot_landed,
 )
@@ -211,15 +210,13 @@ class StateTransfer:
         if active is None:
             return []
         found = [self.host.node_id] if (job_id, stage) in self.backups else []
-        for keeper in self._keepers(active, stage, relays=True):
+        for keeper in self._keepers(active, stage):
             if keeper not in found and keeper != self.host.node_id:
                 found.append(keeper)
         return found
 
-    def _keepers(self, active: CurrentJob, stage: int, *, relays: bool = False
-                 ) -> tuple[str, ...]:
-        """The keepers of `stage`'s snapshots by the rule (`snapshot_keepers`): the primary
-        ones, and with `relays` the secondary ones after them (`relay_targets`)."""
+    def _keepers(self, active: CurrentJob, stage: int) -> tuple[str, ...]:
+        """The keepers of `stage`'s snapshots by the rule (`snapshot_keepers`)."""
         host = self.host
 
         def location(node: str) -> str:
@@ -234,7 +231,7 @@ class StateTransfer:
         return snapshot_keepers(
             active.participants, active.departed, stage, active.coordinator,
             lambda p: p == host.node_id or host.member(p) is not None, location, started,
-            count=active.job.snapshot_keepers + (active.job.snapshot_relays if relays else 0),
+            count=active.job.snapshot_keepers,
         )
 
     def snapshot_iterations(self, job_id: str, stage: int) -> set[int]:
@@ -247,15 +244,10 @@ class StateTransfer:
         replica finds it: the newest, and the newest periodic one (docs/design.md 4.6)."""
         first, data = await _read_state(chunks, "backup")
         active = self.book.active
-        if active is None or active.job_id != first.job_id:
+        if active is None or active.job_id != first.job_id or active.participants.get(
+            first.sender
+        ) != first.stage:
             raise InvalidMessage(f"{first.sender[:40]!r} is no stage-{first.stage} participant")
-        # From the stage (its sender), or relayed by one of its primary keepers to this node,
-        # which the rule names among the stage's keepers.
-        relayed = active.participants.get(first.sender) != first.stage
-        if relayed and (first.sender not in active.participants or self.host.node_id not in
-                        self._keepers(active, first.stage, relays=True)):
-            raise InvalidMessage(f"{first.sender[:40]!r} is no stage-{first.stage} participant "
-                                 "and this node keeps none of that stage's relayed snapshots")
         key = (first.job_id, first.stage)
         # Which snapshots are of periodic boundaries, as their senders said (the step order
         # that declared one may reach this node after the snapshot does).
@@ -276,27 +268,7 @@ class StateTransfer:
         declared &= keep
         self.host.log.info("job %s: keeping stage %d's state of iteration %d (from %s)",
                            first.job_id, first.stage, first.iteration, first.sender)
-        if not relayed:
-            self._relay(active, first.stage, first.iteration, data, first.periodic)
         return job_pb2.BackupAck(received_bytes=len(data))
-
-    def _relay(self, active: CurrentJob, stage: int, iteration: int, data: bytes,
-               periodic: bool) -> None:
-        """This node, a primary keeper of `stage`'s snapshots, landed one from the stage: it
-        forwards a copy to its secondary keepers in the background (`relay_targets`;
-        docs/design.md 4.6, *Relays*)."""
-        targets = list(relay_targets(self._keepers(active, stage, relays=True),
-                                     active.job.snapshot_keepers, self.host.node_id))
-        if not targets:
-            return
-        job_id = active.job_id
-
-        async def relay() -> None:
-            landed = await self._send_backup(job_id, stage, iteration, data, targets, periodic)
-            self.host.log.info("job %s: relayed stage %d's state of iteration %d to %s",
-                               job_id, stage, iteration, ", ".join(landed) or "none")
-
-        self.host.spawn(relay(), "relay backup")
 
     def send_backup(self, job_id: str) -> None:
         """This node became its stage's snapshot sender as the stage got thin mid-iteration:

@@ -29,7 +29,6 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     snapshot_every = 4                  # stage snapshots every K iterations, and after every
     snapshot_thin = 2                   # step of a stage of at most T replicas (4.6; the node's
     snapshot_keepers = 4                # defaults, gwtf/train/job.py), each kept by 4 nodes
-    snapshot_relays = 4                 # and relayed by them to 4 more (0: none)
     catch_up_steps = 3                  # a joiner this many steps behind applies them (3.8)
 
     [network]
@@ -101,7 +100,6 @@ import numpy as np
 from gwtf.flow.generate import GPU_FILE, data_path
 from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
 from gwtf.job.catchup import CATCH_UP_STEPS
-from gwtf.job.snapshots import SNAPSHOT_RELAYS
 from gwtf.recovery.shipments import DEFAULT_REPLAY_BOUND, REPLAY_AUTO
 from gwtf.sim.traces import TraceError, TraceEvent, generate_churn, read_trace
 
@@ -190,9 +188,6 @@ class Scenario:
     snapshot_every: int = 4
     snapshot_thin: int = 2
     snapshot_keepers: int = 4
-    snapshot_relays: int = SNAPSHOT_RELAYS
-    """Secondary keepers of each stage snapshot, sent their copies by the primary ones
-    (`gwtf.job.snapshots.relay_targets`)."""
     catch_up_steps: int = CATCH_UP_STEPS
     """A joiner whose state download missed at most this many steps fetches their gradients
     instead of the state again (gwtf.job.catchup; 0: never)."""
@@ -245,8 +240,7 @@ _SECTIONS = {
               "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param",
               "compute", "utilisation", "compute_s_v100"),
     "training": ("iterations", "microbatches_per_iteration", "memory_slots", "replay_bound",
-                 "snapshot_every", "snapshot_thin", "snapshot_keepers", "snapshot_relays",
-                 "catch_up_steps"),
+                 "snapshot_every", "snapshot_thin", "snapshot_keepers", "catch_up_steps"),
     "network": ("matrix", "intra_rtt_ms", "intra_bandwidth_gbps"),
     "nodes": ("count", "gpus", "locations", "uplink_gbps", "downlink_gbps"),
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
@@ -408,7 +402,6 @@ def parse_scenario(
     snapshot_every = training.integer("snapshot_every", 4, minimum=1)
     snapshot_thin = training.integer("snapshot_thin", 2)
     snapshot_keepers = training.integer("snapshot_keepers", 4, minimum=1)
-    snapshot_relays = training.integer("snapshot_relays", SNAPSHOT_RELAYS)
     catch_up_steps = training.integer("catch_up_steps", CATCH_UP_STEPS)
 
     network = _section(where, doc, "network")
@@ -637,7 +630,6 @@ def parse_scenario(
         snapshot_every=snapshot_every,
         snapshot_thin=snapshot_thin,
         snapshot_keepers=snapshot_keepers,
-        snapshot_relays=snapshot_relays,
         catch_up_steps=catch_up_steps,
         routing=routing,
         route_quiet_s=route_quiet_s,

@@ -64,7 +64,6 @@ from gwtf.job.snapshots import (
     declare_due,
     keeper_keeps,
     own_kept,
-    relay_targets,
     restore_point,
     sender_rank,
     snapshot_keepers,
@@ -96,8 +95,6 @@ class Stream:
     generation: int
     left: float
     """Bytes not sent yet."""
-    relay: bool = False
-    """A primary keeper's copy to a secondary (`relay_targets`), not the stage sender's."""
 
     def through(self) -> bool:
         """Are both ends the lives it was sent between, the keeper still of another stage?"""
@@ -130,8 +127,6 @@ class StageSnapshots:
         self.generation = 0
         """Bumped by a rollback: a snapshot sent before it is of an undone iteration."""
         self.sent = 0
-        self.relayed = 0
-        """Copies landed at secondary keepers (relayed by primary ones)."""
         self.landed = 0
         self.cut = 0
         self.bytes = 0.0
@@ -146,14 +141,12 @@ class StageSnapshots:
         return min((n for n in self._live(stage) if n is not but), key=_rank, default=None)
 
     def _keepers_for(self, stage: int) -> list[SimNode]:
-        """The stage's keepers by the node's rule, over the live nodes as the swarm sees them:
-        the primary ones first, then the secondary ones (`snapshot_relays`)."""
+        """The stage's keepers by the node's rule, over the live nodes as the swarm sees them."""
         live = {n.id: n for n in self.sim.active_nodes() if not n.detected}
         coordinator = min((i for i, n in live.items() if n.stage == 0), default="")
         ids = snapshot_keepers({i: n.stage for i, n in live.items()}, (), stage, coordinator,
                                lambda _: True, lambda i: live[i].location,
-                               lambda i: live[i].started,
-                               count=self.sim.sc.snapshot_keepers + self.sim.sc.snapshot_relays)
+                               lambda i: live[i].started, count=self.sim.sc.snapshot_keepers)
         return [live[i] for i in ids]
 
     def _held(self, stage: int) -> frozenset[int]:
@@ -167,8 +160,7 @@ class StageSnapshots:
         return all(boundary in landed for landed in self.landed_periodic)
 
     def _streaming(self, stage: int) -> bool:
-        """Is the stage's sender streaming one of its snapshots (relays are the keepers')?"""
-        return any(st.stage == stage and st.generation == self.generation and not st.relay
+        return any(st.stage == stage and st.generation == self.generation
                    for st in self.streams)
 
     def boundary(self, index: int) -> None:
@@ -224,8 +216,7 @@ class StageSnapshots:
         busy = {st.keeper for st in self.streams
                 if (st.stage, st.index, st.generation) == (stage, index, self.generation)
                 and st.through()}
-        primaries = self._keepers_for(stage)[:self.sim.sc.snapshot_keepers]
-        keepers = [k for k in primaries
+        keepers = [k for k in self._keepers_for(stage)
                    if index not in self.kept[stage].get(k, frozenset()) and k is not skip
                    and k not in busy]
         if not keepers:
@@ -273,39 +264,10 @@ class StageSnapshots:
             return  # sent before a rollback: of an iteration undone since
         self._ended(stream, stream.through())
 
-    def _relay(self, stage: int, index: int, keeper: SimNode) -> None:
-        """`keeper`, a primary keeper, has landed `stage`'s snapshot of `index`: it streams a
-        copy to each of its secondaries (`relay_targets`) that lacks it, in the background
-        as the sender does. What lands there counts for restores only: whether the snapshot
-        landed is the primaries' to say (`snapshot_landed`)."""
-        everyone = self._keepers_for(stage)
-        targets = set(relay_targets([k.id for k in everyone], self.sim.sc.snapshot_keepers,
-                                    keeper.id))
-        busy = {st.keeper for st in self.streams
-                if (st.stage, st.index, st.generation) == (stage, index, self.generation)
-                and st.through()}
-        sc = self.sim.sc
-        nbytes = sc.params_per_stage[stage] * sc.state_bytes_per_param
-        for target in everyone:
-            if target.id not in targets or target in busy \
-                    or index in self.kept[stage].get(target, frozenset()):
-                continue
-            self.bytes += nbytes
-            stream = Stream(stage, index, keeper, keeper.epoch, target, target.epoch,
-                            self.generation, nbytes, relay=True)
-            self.streams.append(stream)
-            self.sink.emit(self.sim.engine.now, Kind.ARRIVE, self._chunk, stream)
-
     def _ended(self, stream: Stream, through: bool) -> None:
         """A copy landed (`through`) or was cut off."""
         self.streams.remove(stream)
         stage, index, sender, keeper = stream.stage, stream.index, stream.sender, stream.keeper
-        if stream.relay:
-            if through:
-                self.relayed += 1
-                self.kept[stage][keeper] = keeper_keeps(
-                    self.policy, self.kept[stage].get(keeper, frozenset()), index)
-            return
         key = (stage, index, stream.generation)
         sent_to = self.sent_to.setdefault(key, {keeper})
         if not through:
@@ -321,9 +283,7 @@ class StageSnapshots:
             self.landed += 1
             self.kept[stage][keeper] = keeper_keeps(
                 self.policy, self.kept[stage].get(keeper, frozenset()), index)
-            self._relay(stage, index, keeper)
-        if not any((st.stage, st.index, st.generation) == key and not st.relay
-                   for st in self.streams):
+        if not any((st.stage, st.index, st.generation) == key for st in self.streams):
             del self.sent_to[key]  # its last copy ended (a resend above is a copy on its way)
             kept = self.kept[stage]
             if self.policy.periodic(index) and snapshot_landed(
@@ -430,4 +390,4 @@ class StageSnapshots:
 
     def totals(self) -> dict[str, Any]:
         return {"sent": self.sent, "landed": self.landed, "cut": self.cut,
-                "relayed": self.relayed, "bytes": self.bytes, "declared": self.declared}
+                "bytes": self.bytes, "declared": self.declared}

@@ -99,7 +99,6 @@ from pathlib import Path
 from typing import Any
 
 from gwtf.job.catchup import CATCH_UP_STEPS
-from gwtf.job.snapshots import SNAPSHOT_RELAYS
 from gwtf.train.hfconfig import CONFIG_FILE, HFConfigError, model_keys, read_config
 
 __all__ = [
@@ -152,9 +151,6 @@ GRAD_ACCUM_DTYPES = ("float64", "float32")
 SNAPSHOT_EVERY = 4
 SNAPSHOT_THIN = 2
 SNAPSHOT_KEEPERS = 4
-# Each primary keeper forwards a snapshot it has landed to secondary ones (SNAPSHOT_RELAYS of
-# them in all, gwtf.job.snapshots.relay_targets): more copies survive a wave, and the sender's
-# uplink, the one a snapshot waits on, carries no more than before (docs/design.md 4.6, *Relays*).
 AGGREGATION_RULES = ("mean", "trimmed-mean", "centered-clip")
 DATA_ORDERS = ("random", "sequential")
 # The MLP activations of each kind, its default first.
@@ -416,8 +412,6 @@ class JobConfig:
     """A stage with at most this many live replicas is snapshotted after every step as well."""
     snapshot_keepers: int = SNAPSHOT_KEEPERS
     """How many nodes of other stages keep each snapshot (fewer where fewer exist)."""
-    snapshot_relays: int = SNAPSHOT_RELAYS
-    """How many more nodes of other stages get each snapshot from those keepers (0: none)."""
     catch_up_steps: int = CATCH_UP_STEPS
     """How many of its last steps' mean gradients each replica keeps, so that a joiner whose
     state a step made stale applies them instead of fetching the state again (0: never;
@@ -452,7 +446,6 @@ class JobConfig:
             _check_int(key, getattr(self, key), minimum=1)
         _check_int("snapshot_thin", self.snapshot_thin, minimum=0)
         _check_int("snapshot_keepers", self.snapshot_keepers, minimum=1)
-        _check_int("snapshot_relays", self.snapshot_relays, minimum=0)
         _check_int("catch_up_steps", self.catch_up_steps, minimum=0)
         if self.replay_bound != "auto":
             if not _is_int(self.replay_bound) or self.replay_bound < 0:  # type: ignore[operator]
@@ -495,8 +488,6 @@ class JobConfig:
             del out["snapshot_thin"]
         if self.snapshot_keepers == SNAPSHOT_KEEPERS:
             del out["snapshot_keepers"]
-        if self.snapshot_relays == SNAPSHOT_RELAYS:
-            del out["snapshot_relays"]
         if self.catch_up_steps == CATCH_UP_STEPS:
             del out["catch_up_steps"]
         if self.replay_bound == "auto":
@@ -523,7 +514,6 @@ _TOP_KEYS = {
     "snapshot_every",
     "snapshot_thin",
     "snapshot_keepers",
-    "snapshot_relays",
     "catch_up_steps",
     "replay_bound",
     "grad_accum",

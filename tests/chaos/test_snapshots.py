@@ -19,8 +19,7 @@ stage) and trains one short tiny-gpt job, killing nodes by pid with SIGKILL whil
 - the coordinator, one keeper of the other stages' snapshots, with both stage-1 nodes: the next
   holder coordinates and the joiner of stage 1 restores it from the second keeper's snapshot;
 - both keepers of stage 1's snapshots with both stage-1 nodes: no snapshot can restore stage 1,
-  and the job fails at once saying so (no relays); with relays, the two other nodes hold
-  relayed copies, and the joiner restores stage 1 from one of them.
+  and the job fails at once saying so.
 - stage 1's snapshot sender killed after the step that declares a periodic boundary and
   before it could report that boundary's snapshot landed: the other replica, now the sender
   (and alone, so thin), sends that boundary's snapshot again from its own state, the floor moves
@@ -225,7 +224,7 @@ def test_a_wiped_stage_with_no_snapshot_fails_the_job_with_its_reason(
     # nodes take every copy along. The next holder coordinates, finds stage 1 empty with no
     # snapshot at any live keeper, and the job fails at once with that reason instead of
     # waiting for a joiner.
-    job = job_for("no-snapshot", 8, snapshot_keepers=2, snapshot_relays=0)
+    job = job_for("no-snapshot", 8, snapshot_keepers=2)
     client = GwtfClient(swarm.procs["z1"].address)
     job_id = client.submit(job)
     wait_for(lambda: client.progress(job_id).iterations_completed >= 2, WAIT_S, "2 iterations")
@@ -234,36 +233,6 @@ def test_a_wiped_stage_with_no_snapshot_fails_the_job_with_its_reason(
     assert result.state == "failed"
     assert "stage 1 lost every replica" in result.error, result.error
     assert "no live node keeps a snapshot of it" in result.error, result.error
-
-
-def test_a_stage_wiped_with_its_primary_keepers_is_restored_from_a_relayed_copy(
-    swarm: LocalSwarm,
-) -> None:
-    # The kills of the test above, with two relays: the primaries h0 and z0 forward every
-    # stage-1 snapshot they land to h1 and z1. Once a relayed copy of the periodic snapshot of
-    # iteration 4 is at a secondary, both stage-1 nodes die with both primaries. The next
-    # holder, h1, coordinates, finds a relayed snapshot (its own, or z1's), and the joiner of
-    # stage 1 restores it: the job completes instead of failing.
-    job = job_for("relayed", 10, snapshot_every=4, snapshot_thin=1, snapshot_keepers=2,
-                  snapshot_relays=2)
-    client = GwtfClient(swarm.procs["z1"].address)
-    job_id = client.submit(job)
-    relayed = re.compile(r"keeping stage 1's state of iteration 4 \(from (h0|z0)\)")
-    wait_for(lambda: client.progress(job_id).iterations_completed >= 5
-             and any(relayed.search(swarm.procs[n].log.read_text()) for n in ("h1", "z1")),
-             WAIT_S, "5 iterations and a relayed copy of stage 1's snapshot of 4")
-    kill_at_once(swarm, "h0", "z0", "a0", "a1")
-    wait_for(lambda: "stage 1 has no live node" in client.progress(job_id).paused, 30,
-             "the job to pause for stage 1")
-    swarm.bootstrap = swarm.procs["z1"].address  # the first node, h0, is gone
-    swarm.join("a9", 1, 0.07)
-    result = client.wait(job_id, timeout_s=WAIT_S)
-    assert_equals_reference(result, job)
-    assert result.coordinator == "h1"
-    # Back to the newest periodic boundary a secondary held (4, or 8 if the job got that far
-    # before the kills), never to the job's start.
-    assert [(b.stage, b.to_iteration % 4) for b in result.rollbacks] == [(1, 0)], result.rollbacks
-    assert result.rollbacks[0].to_iteration >= 4
 
 
 def kill_between_steps(swarm: LocalSwarm, node_id: str, stage: int, iteration: int) -> None:

@@ -17,7 +17,6 @@ from gwtf.job.snapshots import (
     declare_due,
     keeper_keeps,
     own_kept,
-    relay_targets,
     restore_point,
     snapshot_keepers,
     snapshot_landed,
@@ -120,25 +119,6 @@ def test_more_keepers_each_sharing_least_with_those_chosen_before() -> None:
     # As many as there are nodes of other stages, at most.
     assert len(snapshot_keepers(swarm, set(), 1, "h0", alive, where, count=9)) == 6
     assert snapshot_keepers(swarm, set(), 1, "h0", alive, where, count=1) == ("h0",)
-
-
-def test_each_primary_keeper_relays_to_its_share_of_the_secondary_ones() -> None:
-    swarm = {"h0": 0, "h1": 0, "a0": 1, "a1": 1, "z0": 2, "z1": 2, "y0": 3, "y1": 3}
-    alive = lambda p: True  # noqa: E731
-    where = {"h0": "us", "h1": "eu", "a0": "us", "a1": "eu", "z0": "us", "z1": "ap",
-             "y0": "us", "y1": "us"}.__getitem__
-    everyone = snapshot_keepers(swarm, set(), 1, "h0", alive, where, count=2 + 3)
-    # The primaries are the rule's choice for two, whatever the count asked for.
-    assert everyone[:2] == snapshot_keepers(swarm, set(), 1, "h0", alive, where, count=2)
-    first, second, *secondaries = everyone
-    assert relay_targets(everyone, 2, first) == (secondaries[0], secondaries[2])
-    assert relay_targets(everyone, 2, second) == (secondaries[1],)
-    # A secondary forwards nothing, and every secondary gets one copy.
-    assert all(relay_targets(everyone, 2, k) == () for k in secondaries)
-    assert sorted(k for p in everyone for k in relay_targets(everyone, 2, p)) == sorted(
-        secondaries)
-    # Fewer nodes than asked: the secondaries are whoever is left; none with no relays.
-    assert relay_targets(everyone[:2], 2, first) == ()
 
 
 def test_two_keepers_of_other_stages_the_second_sharing_least_with_the_first() -> None:

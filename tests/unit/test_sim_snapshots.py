@@ -5,7 +5,7 @@ which every node rebuilds, when no snapshot can restore it.
 
 The swarm of `tests.unit.test_sim_shipping`: three stages of two nodes, an iteration about every
 18 s, a stage's state 600 MB, landing at its keeper 0.5 s after it is sent; two keepers per
-stage, and no relays, unless a test says otherwise."""
+stage unless a test says otherwise."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from tests.unit.test_sim_shipping import scenario as shipping_scenario
 
 
 def scenario(tmp_path: Path, rows: str, *, every: int = 4, thin: int = 2, keepers: int = 2,
-             relays: int = 0, nodes: str = "") -> Scenario:
+             nodes: str = "") -> Scenario:
     sc = shipping_scenario(tmp_path, rows, duration=400, nodes=nodes)
-    return replace(sc, snapshot_every=every, snapshot_thin=thin, snapshot_keepers=keepers,
-                   snapshot_relays=relays)
+    return replace(sc, snapshot_every=every, snapshot_thin=thin, snapshot_keepers=keepers)
 
 
 def run(sc: Scenario, policy: str = "gwtf-fixed") -> SimResult:
@@ -161,31 +160,6 @@ def test_a_wipe_that_takes_the_stages_snapshots_goes_back_to_the_jobs_start(
     assert result.rolled_back_iterations == 4
     assert result.iterations_completed > 4 and result.time_to_train_s is not None
     exact(result)
-
-
-def test_a_secondary_keeper_restores_a_stage_wiped_with_its_primary_keepers(
-    tmp_path: Path,
-) -> None:
-    t = starts(tmp_path, every=2)
-    # The wave of the test above, with two relays: the primaries s0a and s2b forward each copy
-    # they land to the other two nodes, s0b and s2a, which survive the wave. The joiner of
-    # stage 1 restores the newest snapshot they hold, and the swarm never goes back to the
-    # job's start.
-    keepers = f"{t[4] + 2},crash,s0a\n{t[4] + 2},crash,s2b\n"
-    rows = keepers + wipe(t[4] + 2, t[5] + 10)
-    result = run(scenario(tmp_path, rows, every=2, thin=0, relays=2))
-    assert result.failed is None
-    assert result.snapshots["relayed"] > 0
-    assert all(to > 0 for _, _, _, to in result.rollbacks), result.rollbacks
-    assert result.rolled_back_iterations <= 2
-    exact(result)
-    # A relayed copy counts for restores only: the sender's copies, and what landed, are the
-    # primaries' alone.
-    quiet = run(scenario(tmp_path, "", every=2, thin=0, relays=2))
-    alone = run(scenario(tmp_path, "", every=2, thin=0))
-    assert quiet.snapshots["sent"] == alone.snapshots["sent"]
-    assert quiet.snapshots["declared"] == alone.snapshots["declared"]
-    assert 0 < quiet.snapshots["relayed"] <= quiet.snapshots["landed"]
 
 
 def test_a_stage_wiped_in_the_first_iteration_is_rebuilt_from_the_job(tmp_path: Path) -> None:
