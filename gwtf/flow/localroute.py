@@ -12,9 +12,9 @@ live members and the deaths it detects, and asks it for its out-rates.
   switches to it. A burst of joins costs one solve; nodes that learn of a death a little apart
   still switch within about `quiet_s` of each other. A view that keeps changing is solved at
   the latest `max_wait_s` (ten quiet spells by default) after it first differed from the one
-  solved: without the bound, a swarm whose views change more often than every `quiet_s` (churn
-  at a thousand members, or the first measurements of explored peers, each a record revision)
-  never solves at all.
+  solved: without the bound, a swarm whose views change more often than every `quiet_s` never
+  solves at all (seen with 64 processes whose first reports of explored peers, each a record
+  revision, came faster than once a second; heavy churn at scale could do the same).
 - *Repair.* A next hop that dies is repaired at once, before any solve (`gossip.repair`): what
   this node sent it is re-split over its other next-stage peers by their residual capacity in
   the solution it holds. Local: it needs only that solution. A member that is gone (it died or
