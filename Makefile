@@ -46,7 +46,7 @@ proto: $(SETUP_STAMP)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
 
 # The packages whose every function is typed (strict mypy overrides in pyproject.toml).
-TYPED = $(wildcard gwtf/flow gwtf/job gwtf/train gwtf/recovery gwtf/sim gwtf/node gwtf/client.py gwtf/live.py gwtf/demo.py)
+TYPED = $(wildcard gwtf/flow gwtf/job gwtf/train gwtf/recovery gwtf/sim gwtf/node gwtf/client.py gwtf/live.py gwtf/local)
 
 lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)

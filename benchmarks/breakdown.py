@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 import gwtf.sim.network as net
-import gwtf.sim.recovering as recovering
+import gwtf.sim.recovery.recovering as recovering
 import gwtf.sim.simulator as simulator
 from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import load_scenario

@@ -43,8 +43,8 @@ from benchmarks.report import machine, write_section
 from benchmarks.swarmrun import log, log_time, submit_when_formed
 from gwtf.client import JobResult, fetch_jobs
 from gwtf.flow.topology import LinkSpec
-from gwtf.node.churn import plan_churn
-from gwtf.node.launch import plan_nodes
+from gwtf.local.churn import plan_churn
+from gwtf.local.launch import plan_nodes
 from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import NodeInfo, load_scenario
 from gwtf.sim.traces import TraceEvent, read_bamboo_trace
@@ -151,7 +151,7 @@ def measure(quick: bool, job_changes: dict[str, Any] | None = None,
     lead_trace_s = LEAD_S / scale
     shifted = [dataclasses.replace(e, time_s=0.0 if e.time_s == 0 else e.time_s + lead_trace_s)
                for e in events]
-    # The launcher draws its joiners' GPUs with its --seed + 1 (gwtf.node.launch._plan_churn):
+    # The launcher draws its joiners' GPUs with its --seed + 1 (gwtf.local.launch._plan_churn):
     # the same seed here, or the simulator gets other speeds than the nodes that ran.
     actions = plan_churn(shifted, plans, num_stages=STAGES, locations=[],
                          base_compute_s=BASE_COMPUTE_S, time_scale=scale, seed=1)

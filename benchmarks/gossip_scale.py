@@ -11,11 +11,12 @@ Two protocols in the same run, on the same seeds:
   `Membership.incoming` and the ring of watched members (docs/design.md 3.4).
 
 Simulated: n pure `Membership` tables driven in one process by a discrete-event loop, with the
-node's schedule (a heartbeat, the failure detector, then the calls of gwtf.node.control every
-`HEARTBEAT_S`, each node at its own phase) over a transport with a fixed one-way delay. Every
-message is built with the node's codec (gwtf.node.codec) as a GossipRequest or GossipReply,
-serialised, counted, parsed and checked as a node does, so the bytes are the wire's. A node
-counts what it sends: its requests and its replies (as `gossip_bytes_sent` of a real node).
+node's schedule (a heartbeat, the failure detector, then the calls of
+gwtf.node.control.membercontrol every `HEARTBEAT_S`, each node at its own phase) over a transport
+with a fixed one-way delay. Every message is built with the node's codec (gwtf.node.rpc.codec) as a
+GossipRequest or GossipReply, serialised, counted, parsed and checked as a node does, so the bytes
+are the wire's. A node counts what it sends: its requests and its replies (as `gossip_bytes_sent` of
+a real node).
 
 After a steady-state window, one member is SIGKILLed (its calls are refused from then on) and
 the time until the first and the last survivor declare it dead is measured; then another one
@@ -47,8 +48,8 @@ import numpy as np
 
 from benchmarks.report import write_section
 from benchmarks.swarmrun import gossip_rates, log
-from gwtf.node.codec import member_to_pb, members_from_pb
-from gwtf.node.membership import Gossip, MemberInfo, Membership
+from gwtf.node.control.membership import Gossip, MemberInfo, Membership
+from gwtf.node.rpc.codec import member_to_pb, members_from_pb
 from gwtf.v1 import node_pb2
 
 OUT = Path(__file__).with_name("out")
@@ -112,7 +113,8 @@ class GossipSim:
                 # Watching everyone is the full protocol's failure detector.
                 **({} if partial else {"watch": max(2, n)}),
             )
-            table.merge(infos)  # everyone has joined, as a node starts (gwtf.node.control)
+            # everyone has joined, as a node starts (gwtf.node.control.membercontrol)
+            table.merge(infos)
             table.forget_news()
             self.nodes[info.id] = SimNode(info.id, table)
             node = self.nodes[info.id]

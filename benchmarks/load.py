@@ -55,10 +55,10 @@ import uvloop
 from grpc import aio
 
 from benchmarks.report import machine, write_section
-from gwtf.node import tensors
-from gwtf.node.security import Credentials, add_port, open_channel
-from gwtf.node.tensors import MicrobatchTag, TensorLimits, TensorSpec
-from gwtf.node.transport import MalformedRequestInterceptor, channel_options, server_options
+from gwtf.node.dataplane import tensors
+from gwtf.node.dataplane.tensors import MicrobatchTag, TensorLimits, TensorSpec
+from gwtf.node.rpc.security import Credentials, add_port, open_channel
+from gwtf.node.rpc.transport import MalformedRequestInterceptor, channel_options, server_options
 from gwtf.train import resolve_job
 from gwtf.v1 import health_pb2, health_pb2_grpc, node_pb2, node_pb2_grpc
 

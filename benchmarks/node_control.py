@@ -38,7 +38,7 @@ from typing import Any
 from benchmarks.report import write_section
 from benchmarks.swarmrun import gossip_rates, log
 from gwtf.flow.generate import data_path
-from gwtf.node.launch import _locations, plan_nodes
+from gwtf.local.launch import _locations, plan_nodes
 from tests.integration.cluster import LocalSwarm, pipeline_arcs, wait_for
 
 OUT = Path(__file__).with_name("out")
@@ -230,7 +230,7 @@ def churn(geo: bool) -> dict[str, Any]:
 async def _rpc_times(address: str, calls: int) -> dict[str, list[float]]:
     from grpc import aio
 
-    from gwtf.node.transport import channel_options
+    from gwtf.node.rpc.transport import channel_options
     from gwtf.v1 import flow_pb2, flow_pb2_grpc, node_pb2, node_pb2_grpc
 
     async with aio.insecure_channel(address, options=channel_options()) as channel:

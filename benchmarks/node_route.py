@@ -65,7 +65,7 @@ from gwtf.flow.generate import geo10_links
 from gwtf.flow.gossip import delivered
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.topology import DEFAULT_INTRA, Members, NodeSpec, Topology
-from gwtf.node.launch import _locations, plan_nodes
+from gwtf.local.launch import _locations, plan_nodes
 from tests.integration.cluster import LocalSwarm, wait_for
 
 PARTS = ("crash", "scale")

@@ -1,8 +1,8 @@
 """Reconvergence benchmark: how long the routing takes to settle again after a change.
 
 `python -m benchmarks reconverge [--quick]`. The real flow state machines run on
-`gwtf.sim.control.ControlPlane`: every message takes the one-way delay of the geo10 link between
-its ends (`gwtf/data/geo10_aws.csv`, RTT up to ~300 ms, 1 ms within a region) times
+`gwtf.sim.routing.control.ControlPlane`: every message takes the one-way delay of the geo10 link
+between its ends (`gwtf/data/geo10_aws.csv`, RTT up to ~300 ms, 1 ms within a region) times
 1 + 0.1 U(0, 1); a scaling phase ends two of the slowest one-way delays after the swarm went
 quiet; a rescale asked for is applied at once. Swarms from `gwtf.flow.generate.geo10` with the
 node's swarm-wide settings (`SwarmSettings`: arc costs 0.01-2 s, hence 6 scaling phases). From
@@ -57,8 +57,8 @@ from gwtf.flow.generate import geo10, gpu_speeds
 from gwtf.flow.oracle import SINK, SOURCE, build_oracle_network, solve_oracle
 from gwtf.flow.solution import feasibility_violations
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, cost_to_units
-from gwtf.sim.control import ControlPlane, Settled
 from gwtf.sim.policies import GwtfPolicy, simulation
+from gwtf.sim.routing.control import ControlPlane, Settled
 from gwtf.sim.scenario import load_scenario
 from gwtf.sim.simulator import SimulationError
 

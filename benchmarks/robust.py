@@ -167,9 +167,9 @@ def run(quick: bool = False) -> str:
         "|---|---|",
         *robustness,
         "",
-        "The whole commit at one replica, as `gwtf.node.worker` runs it once it holds its stage "
-        "peers' sums: with a robust rule the screen (`norm_outliers`) and the rule, with `mean` "
-        "the exact mean; then the AdamW step of a real stage executor and its parameter "
+        "The whole commit at one replica, as `gwtf.node.worker.worker` runs it once it holds its "
+        "stage peers' sums: with a robust rule the screen (`norm_outliers`) and the rule, with "
+        "`mean` the exact mean; then the AdamW step of a real stage executor and its parameter "
         "checksum. float64 sums, 2 microbatches per replica; best of "
         f"{3 if quick else 5} commits; the ratio is against `mean` in the same run. The exchange "
         "of the sums between the replicas is the same bytes for every rule and is not in it.",

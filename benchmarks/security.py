@@ -43,18 +43,18 @@ import uvloop
 from grpc import aio
 
 from benchmarks.report import machine, write_section
-from gwtf.node import tensors
-from gwtf.node.ratelimit import RateLimit, RateLimiter, RateLimitInterceptor
-from gwtf.node.security import (
+from gwtf.node.dataplane import tensors
+from gwtf.node.dataplane.tensors import MicrobatchTag, TensorLimits
+from gwtf.node.rpc.ratelimit import RateLimit, RateLimiter, RateLimitInterceptor
+from gwtf.node.rpc.security import (
     TLS_TARGET_NAME,
     Credentials,
     TokenServerInterceptor,
     add_port,
     open_channel,
 )
-from gwtf.node.server import HealthServicer
-from gwtf.node.tensors import MicrobatchTag, TensorLimits
-from gwtf.node.transport import MalformedRequestInterceptor, channel_options, server_options
+from gwtf.node.rpc.server import HealthServicer
+from gwtf.node.rpc.transport import MalformedRequestInterceptor, channel_options, server_options
 from gwtf.v1 import health_pb2, health_pb2_grpc
 
 MIB = 2**20

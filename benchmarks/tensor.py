@@ -1,6 +1,6 @@
 """`python -m benchmarks tensor [--quick]`: the tensor data plane on loopback (issue 5).
 
-(a) Transfer: one tensor of 1, 4, 16 and 64 MiB sent with `gwtf.node.tensors.send` to a
+(a) Transfer: one tensor of 1, 4, 16 and 64 MiB sent with `gwtf.node.dataplane.tensors.send` to a
     `DataPlaneServicer` in another process (the receiver assembles and checks it, as a node
     does), against a plain TCP socket carrying the same bytes to the same process (a length
     prefix, `recv_into` a fresh buffer, a one-byte acknowledgement), measured in turn in the
@@ -36,9 +36,9 @@ import uvloop
 from grpc import aio
 
 from benchmarks.report import machine, write_section
-from gwtf.node import tensors
-from gwtf.node.tensors import CHUNK_BYTES, MicrobatchTag, TensorLimits
-from gwtf.node.transport import channel_options, server_options
+from gwtf.node.dataplane import tensors
+from gwtf.node.dataplane.tensors import CHUNK_BYTES, MicrobatchTag, TensorLimits
+from gwtf.node.rpc.transport import channel_options, server_options
 from gwtf.v1 import data_pb2_grpc
 
 MIB = 2**20
@@ -378,13 +378,13 @@ def report(transfers: list[Transfer], latencies: list[Latency], command: str) ->
         f"Measured {time.strftime('%Y-%m-%d')} with `{command}` on {machine()}. The machine is "
         "shared: another engineer's test runs use the same 2 cores, so absolute figures move "
         "from run to run; every ratio compares the two transports measured in turn in the same "
-        "run, on the same receiver process. Sender: `gwtf.node.tensors.send` (one float32 "
-        "tensor, uvloop); receiver: `DataPlaneServicer` in another process (assembles the "
+        "run, on the same receiver process. Sender: `gwtf.node.dataplane.tensors.send` (one "
+        "float32 tensor, uvloop); receiver: `DataPlaneServicer` in another process (assembles the "
         "tensor and checks it, NaN/inf included, as a node does). Socket: length prefix, "
         "`recv_into` a fresh buffer, a one-byte acknowledgement. Throughput = bytes / median "
         f"time to the acknowledgement. Chosen configuration: chunks of {CHUNK_BYTES // 1024} KiB "
         "sent as wire bytes (`tensors.DataPlaneStub`, `tensors.add_DataPlaneServicer_to_server`) "
-        "over the node's own channel and server options (`gwtf.node.transport`).",
+        "over the node's own channel and server options (`gwtf.node.rpc.transport`).",
         "",
         "| size | gRPC GB/s | socket GB/s | gRPC / socket |",
         "|---|---|---|---|",
@@ -400,7 +400,7 @@ def report(transfers: list[Transfer], latencies: list[Latency], command: str) ->
         f"({'met' if met_gbps else 'missed'}).",
         "",
         "What was tried (same run, every variant measured in turn, each right after a socket "
-        "transfer to the same receiver process; \"node\" options are `gwtf.node.transport`'s, "
+        "transfer to the same receiver process; \"node\" options are `gwtf.node.rpc.transport`'s, "
         "4 MiB messages; the lookahead rows go to a second receiver process with "
         "`grpc.http2.lookahead_bytes` = 16 MiB and 80 MiB messages; \"gRPC alone\" counts and "
         "drops the bytes, so it allocates no tensor and checks nothing):",

@@ -36,7 +36,7 @@ from typing import Any
 from benchmarks.report import machine, write_section
 from benchmarks.swarmrun import log
 from gwtf.flow.generate import data_path
-from gwtf.node.launch import _locations, plan_nodes
+from gwtf.local.launch import _locations, plan_nodes
 from tests.integration.cluster import LocalSwarm, pipeline_arcs, wait_for
 
 SECTION = "## Training across the swarm (`python -m benchmarks train`)"

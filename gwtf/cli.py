@@ -57,9 +57,10 @@ def _reference(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     try:
-        from gwtf.train.export_cli import run_export
+        from gwtf.train.checkpoints.export_cli import run_export
     except ModuleNotFoundError as missing:
-        if missing.name not in ("gwtf.train", "gwtf.train.export_cli", "torch", "safetensors"):
+        if missing.name not in ("gwtf.train", "gwtf.train.checkpoints.export_cli", "torch",
+        "safetensors"):
             raise
         print(
             f"gwtf export: not available in this installation (no {missing.name})",
@@ -195,7 +196,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from gwtf.node.launch import run_launch
+    from gwtf.local.launch import run_launch
 
     return run_launch(args)
 
@@ -506,7 +507,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gwtf.demo import run_demo
+    from gwtf.local.demo import run_demo
 
     return run_demo(args)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gwtf.flow.topology import CAP_SCALE
-from gwtf.node.security import Credentials
+from gwtf.node.rpc.security import Credentials
 
 __all__ = [
     "AsyncGwtfClient",
@@ -81,8 +81,8 @@ class StatusError(Exception):
 
 
 async def _fetch(address: str, timeout_s: float, swarm: bool, creds: Credentials) -> Any:
-    from gwtf.node.security import open_channel
-    from gwtf.node.transport import channel_options
+    from gwtf.node.rpc.security import open_channel
+    from gwtf.node.rpc.transport import channel_options
     from gwtf.v1 import node_pb2, node_pb2_grpc
 
     async with open_channel(address, creds, options=channel_options()) as channel:
@@ -369,8 +369,8 @@ class AsyncGwtfClient(_Node):
     async def _call(self, call: Callable[[Any], Any], timeout_s: float | None) -> Any:
         from grpc import aio
 
-        from gwtf.node.security import open_channel
-        from gwtf.node.transport import channel_options
+        from gwtf.node.rpc.security import open_channel
+        from gwtf.node.rpc.transport import channel_options
         from gwtf.v1 import job_pb2_grpc
 
         if self._channel is None:
@@ -433,7 +433,7 @@ class AsyncGwtfClient(_Node):
 
     async def download(self, job_id: str, directory: str | Path) -> Path:
         """Write the job's latest weights into `directory` (`_download`); the model file."""
-        from gwtf.train.checkpoint import MODEL_FILE
+        from gwtf.train.checkpoints.checkpoint import MODEL_FILE
 
         await self._download(job_id, directory)
         return Path(directory) / MODEL_FILE
@@ -449,8 +449,8 @@ class AsyncGwtfClient(_Node):
         stream); every stage must be at the same iteration (a running job's stages step
         together: a download that straddles a step is done again). Once the job completed, the
         weights must have the checksum the swarm reported. The iteration written."""
-        from gwtf.train.checkpoint import CheckpointError, merge_stages, save_model
-        from gwtf.train.resume import remove_optimizer, save_optimizer
+        from gwtf.train.checkpoints.checkpoint import CheckpointError, merge_stages, save_model
+        from gwtf.train.checkpoints.resume import remove_optimizer, save_optimizer
         from gwtf.v1 import job_pb2
 
         record = await self._record(job_id)
@@ -487,8 +487,8 @@ class AsyncGwtfClient(_Node):
         weights and optimizer state (cut for this swarm's number of stages, whatever the
         checkpointed swarm's was), then the job is submitted to start there. It ends equal to an
         uninterrupted run. The job's id (the same job: the same id)."""
-        from gwtf.train.checkpoint import CheckpointError
-        from gwtf.train.resume import load_resumable, stage_state
+        from gwtf.train.checkpoints.checkpoint import CheckpointError
+        from gwtf.train.checkpoints.resume import load_resumable, stage_state
         from gwtf.v1 import job_pb2
 
         try:
@@ -586,9 +586,9 @@ class AsyncGwtfClient(_Node):
     ) -> None:
         from grpc import aio
 
-        from gwtf.node.jobs import STATE_CHUNK_BYTES
-        from gwtf.node.security import open_channel
-        from gwtf.node.transport import channel_options
+        from gwtf.node.jobs.manager import STATE_CHUNK_BYTES
+        from gwtf.node.rpc.security import open_channel
+        from gwtf.node.rpc.transport import channel_options
         from gwtf.v1 import job_pb2, job_pb2_grpc
 
         def chunks() -> Any:
@@ -622,10 +622,10 @@ class AsyncGwtfClient(_Node):
     ) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
         from grpc import aio
 
-        from gwtf.node.security import open_channel
-        from gwtf.node.transport import channel_options
-        from gwtf.train.checkpoint import CheckpointError, weights_from_bytes
-        from gwtf.train.resume import unpack_stage
+        from gwtf.node.rpc.security import open_channel
+        from gwtf.node.rpc.transport import channel_options
+        from gwtf.train.checkpoints.checkpoint import CheckpointError, weights_from_bytes
+        from gwtf.train.checkpoints.resume import unpack_stage
         from gwtf.train.state import StateError
         from gwtf.v1 import job_pb2, job_pb2_grpc
 
@@ -736,8 +736,8 @@ class AsyncGwtfClient(_Node):
         `on_event` hears of each checkpoint written or missed, each resume and each change of
         node, one line each."""
         from gwtf.job.snapshots import checkpoint_due, resumable, wiped_stage
-        from gwtf.train.checkpoint import CheckpointError
-        from gwtf.train.resume import load_resumable
+        from gwtf.train.checkpoints.checkpoint import CheckpointError
+        from gwtf.train.checkpoints.resume import load_resumable
 
         say = on_event or (lambda _: None)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -993,7 +993,7 @@ def _submitted_job(args: argparse.Namespace) -> Any:
 def run_submit(args: argparse.Namespace) -> int:
     """`gwtf submit --to HOST:PORT (--job JOB [--iterations N] [--aggregation RULE] | --resume
     DIR) [--wait [--checkpoint-dir DIR [--checkpoint-every K]]] [--json]`."""
-    from gwtf.node.security import SecurityError, credentials_from_args
+    from gwtf.node.rpc.security import SecurityError, credentials_from_args
 
     try:
         credentials = credentials_from_args(args)
@@ -1057,7 +1057,7 @@ def run_submit(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     """`gwtf cancel JOB_ID --to HOST:PORT [--reason TEXT]`."""
-    from gwtf.node.security import SecurityError, credentials_from_args
+    from gwtf.node.rpc.security import SecurityError, credentials_from_args
 
     try:
         credentials = credentials_from_args(args)
@@ -1298,7 +1298,7 @@ def format_status(view: dict[str, Any]) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from gwtf.node.security import SecurityError, credentials_from_args
+    from gwtf.node.rpc.security import SecurityError, credentials_from_args
 
     try:
         credentials = credentials_from_args(args)

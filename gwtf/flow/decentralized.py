@@ -768,7 +768,8 @@ def rescale_if_asked(machines: Iterable[FlowNode], askers: Iterable[FlowNode]) -
     """The swarm's rescale rule (`FlowNode.wants_rescale`): when one of `askers` (the machines
     a step just touched) asks, every one of `machines` rescales, at once. True when they did.
     The bus, the simulator's control plane and its relaxation routing apply it here; the node's
-    phase coordinator applies it over the wire (gwtf.node.phases: an asker starts a round)."""
+    phase coordinator applies it over the wire (gwtf.node.control.phases: an asker starts a
+    round)."""
     if not any(node.wants_rescale() for node in askers):
         return False
     for machine in machines:

@@ -1,7 +1,7 @@
 """LocalRoute: one node's routing by local solves on its membership view (docs/design.md 2.12).
 
-Pure and deterministic, clock injected: the node (gwtf.node.flows) feeds it the records of its
-live members and the deaths it detects, and asks it for its out-rates.
+Pure and deterministic, clock injected: the node (gwtf.node.control.flowcontrol) feeds it the
+records of its live members and the deaths it detects, and asks it for its out-rates.
 
 - *View.* The records of the live members (`NodeSpec`: id, stage, location, compute_s,
   capacity), the location links (measured ones over the matrix, `gwtf.flow.linkreports`) and
@@ -29,9 +29,9 @@ live members and the deaths it detects, and asks it for its out-rates.
 - *No solution* while a stage has no live member: the routes are empty and the node routes by
   capacities (docs/design.md 2.8).
 
-Two drivers feed it the same way: the node (gwtf.node.routing, over its member table and wall
-time) and the simulator (gwtf.sim.localrouting, over simulated gossip and time). What a driver
-adds is only when the records reach it and when it calls `solve()`; a solve's answer is
+Two drivers feed it the same way: the node (gwtf.node.control.routing, over its member table and
+wall time) and the simulator (gwtf.sim.routing.localrouting, over simulated gossip and time). What a
+driver adds is only when the records reach it and when it calls `solve()`; a solve's answer is
 `solve_members` of the view either way (`solver` lets the simulator share one solve among the
 nodes whose views are equal, since the answer depends only on the records).
 """

@@ -5,8 +5,8 @@ from what it sees of the whole swarm, what the algorithm leaves to drivers. Thos
 written here once, for all such drivers:
 
     MessageBus      (gwtf.flow.bus)            messages delayed by whole rounds
-    ControlPlane    (gwtf.sim.control)         messages delayed by simulated WAN links
-    RelaxRouting    (gwtf.sim.relaxrouting)    the same inside the full simulation
+    ControlPlane    (gwtf.sim.routing.control)         messages delayed by simulated WAN links
+    RelaxRouting    (gwtf.sim.routing.relaxrouting)    the same inside the full simulation
 
 - *Membership.* A crash (`remove`) drops the arcs to the dead machine at its peers; a joiner
   (`join`) starts warm with its peers' current incarnations, and its peers add the mirrored
@@ -26,8 +26,8 @@ written here once, for all such drivers:
 
 Transport and time are the driver's: `send` puts messages on their way, `schedule_tick` arranges
 a machine's next timer, `clock` is the time machines are built with. The node holds one machine
-and learns of the swarm over the wire (gwtf.node.driver, gwtf.node.phases), so it applies the
-same rules as messages, not calls. Pure: no I/O.
+and learns of the swarm over the wire (gwtf.node.control.driver, gwtf.node.control.phases), so it
+applies the same rules as messages, not calls. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Which exchange a stage's commit uses (docs/design.md 3.7), pure, so that the node
-(gwtf.node.commit) and the simulator (gwtf.sim.recovering) decide alike.
+(gwtf.node.worker.commit) and the simulator (gwtf.sim.recovery.recovering) decide alike.
 
 Each of the `r` replicas of a stage holds a sum of `S` bytes. Two exchanges give every replica
 the stage's whole sum, bit for bit the same (`combine_contributions` and `combine_summed` add in

@@ -3,7 +3,7 @@ them (docs/design.md 1 and 4), pure: no I/O, no clock.
 
 One member coordinates a job: the live data holder with the smallest id among those that take
 part (it owns data and injects microbatches, so it is where an iteration starts; when it dies the
-next one takes over, see `gwtf.node.jobcoord`). Iteration `k` goes:
+next one takes over, see `gwtf.node.jobs.coordinator.coordinator`). Iteration `k` goes:
 
 1. the data holders of `k`, each with its share of the microbatch ids (`assign`), inject them;
 2. a holder reports `done(k, ids)` as microbatches finish (their gradient reached stage 0);

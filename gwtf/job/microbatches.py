@@ -3,9 +3,10 @@ arrives must pass (docs/design.md 1, 3.7 and 4), pure.
 
 `MicrobatchTable` is what one node knows of the iteration it works on: which microbatches it
 injects (a data holder), which forwards and gradients came and from whom, each microbatch's path
-and mode, and the losses and routes the last stage reports. The node's worker (gwtf.node.worker)
-keeps one per iteration and round, and forgets it at each step and restart; the I/O it adds (the
-tensors it keeps for a resend, the tasks and events of the microbatches in flight) stays there.
+and mode, and the losses and routes the last stage reports. The node's worker
+(gwtf.node.worker.worker) keeps one per iteration and round, and forgets it at each step and
+restart; the I/O it adds (the tensors it keeps for a resend, the tasks and events of the
+microbatches in flight) stays there.
 
 `tag_problem` is the check of an incoming microbatch's tag against the job's shape and its
 participants, and `MicrobatchTable.too_far` the check of its iteration and round: both answer why a
@@ -83,7 +84,8 @@ class StageRole:
 
 
 class Tag(Protocol):
-    """What `tag_problem` reads of a microbatch's tag (gwtf.node.tensors.MicrobatchTag)."""
+    """What `tag_problem` reads of a microbatch's tag
+    (gwtf.node.dataplane.tensors.MicrobatchTag)."""
 
     @property
     def iteration(self) -> int: ...

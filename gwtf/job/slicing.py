@@ -1,5 +1,5 @@
 """The slices of a stage's commit exchange (docs/design.md 3.7), pure, so that the node
-(gwtf.node.slices) and the simulator (gwtf.sim.exchange) cut the same way.
+(gwtf.node.worker.slices) and the simulator (gwtf.sim.exchange) cut the same way.
 
 The `r` members of a stage in a commit attempt, sorted by node id, cut the flat vector of `n`
 gradient values into `r` contiguous slices, slice `i` = `[i n // r, (i + 1) n // r)`, owned by the

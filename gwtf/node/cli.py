@@ -111,20 +111,20 @@ def with_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
 
 
 def run_node(args: argparse.Namespace) -> int:
-    from gwtf.node.launch import die_with_launcher
+    from gwtf.local.launch import die_with_launcher
 
     die_with_launcher()
     quiet_grpc_core()
 
-    from gwtf.node.codec import InvalidMessage, check_name
     from gwtf.node.config import NodeConfig
+    from gwtf.node.control.peers import read_schedule
     from gwtf.node.faults import FAULT_ENV, FaultError, parse_fault
     from gwtf.node.node import NodeSettings
     from gwtf.node.observe import configure_logging
-    from gwtf.node.peers import read_schedule
-    from gwtf.node.ratelimit import RateLimit
-    from gwtf.node.security import SecurityError, credentials_from_args
-    from gwtf.node.wan import ScheduleError
+    from gwtf.node.rpc.codec import InvalidMessage, check_name
+    from gwtf.node.rpc.ratelimit import RateLimit
+    from gwtf.node.rpc.security import SecurityError, credentials_from_args
+    from gwtf.node.rpc.wan import ScheduleError
 
     if args.stages is None and not args.bootstrap:
         # Before the node binds anything: without a stage, `gwtf node` alone is the likeliest

@@ -96,7 +96,7 @@ class NodeConfig:
     """...and only when the change has been seen continuously for this long while the swarm
     was not scaling (which spans the next bandwidth probe): a burst of load on the machine, such
     as a local swarm starting up, its own scaling or a neighbour's benchmark, is not a slower
-    link. Bandwidth probes wait for a settled swarm too (gwtf.node.prober)."""
+    link. Bandwidth probes wait for a settled swarm too (gwtf.node.control.prober)."""
     max_inflight: int = 4
     """`Exchange` calls in flight to one peer at a time: pipelining cuts the wait for a reply
     out of every hop of the algorithm (up to a round trip on a WAN link); beyond it, new arc

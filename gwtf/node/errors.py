@@ -2,10 +2,11 @@
 the user must fix before the node can run.
 
 Domain code (the job runtime, the data plane, membership, flows) raises one of the `Refusal`
-classes below with one sentence; it names no gRPC status. The RPC edge (`gwtf.node.rpcedge`,
-used by the servicers in `gwtf.node.server` and by the data plane's in `gwtf.node.tensors`) holds
-the one table from class to status code (docs/design.md 3.2). A malformed message is
-`gwtf.node.codec.InvalidMessage` instead (INVALID_ARGUMENT, in the same table).
+classes below with one sentence; it names no gRPC status. The RPC edge (`gwtf.node.rpc.edge`,
+used by the servicers in `gwtf.node.rpc.server` and by the data plane's in
+`gwtf.node.dataplane.tensors`) holds the one table from class to status code (docs/design.md 3.2). A
+malformed message is `gwtf.node.rpc.codec.InvalidMessage` instead (INVALID_ARGUMENT, in the same
+table).
 """
 
 from __future__ import annotations

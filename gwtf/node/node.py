@@ -11,11 +11,12 @@ Everything runs on one event loop (uvloop in `gwtf node`); the state machines ar
 from it, between awaits, so they need no locks. Tasks, each bounded by deadlines:
 
 - heartbeat: every `heartbeat_s`, increment the heartbeat, gossip with `gossip_fanout` members,
-  apply the failure detector, and call silent members directly (gwtf.node.control);
-- links: one task per arc this node owns as its tail (gwtf.node.prober, from gwtf.node.flows);
+  apply the failure detector, and call silent members directly (gwtf.node.control.membercontrol);
+- links: one task per arc this node owns as its tail (gwtf.node.control.prober, from
+gwtf.node.control.flowcontrol);
 - sends: one task per `Exchange` call, up to `max_inflight` per peer, retried with backoff
-  (gwtf.node.flows, gwtf.node.peers, gwtf.node.driver);
-- phases: the coordinator's waves and the members' nudges (gwtf.node.coordinator);
+  (gwtf.node.control.flowcontrol, gwtf.node.control.peers, gwtf.node.control.driver);
+- phases: the coordinator's waves and the members' nudges (gwtf.node.control.phasecoordinator);
 - ticks: only in the uncoordinated `quiet_s` mode.
 
 The parts, each holding the one `NodeState` (who the node is, its swarm, members and driver):
@@ -25,10 +26,10 @@ The parts, each holding the one `NodeState` (who the node is, its swarm, members
     flows    FlowControl: arcs, sends, phases; host of the prober and the coordinator
     status   StatusReport: `Status.Get` and the metrics snapshot
     control  MembershipControl: heartbeats, gossip, what a membership change means
-    jobs     JobManager: the job runtime (gwtf.node.jobs)
+    jobs     JobManager: the job runtime (gwtf.node.jobs.manager)
 
-The Node is what the servicers (gwtf.node.server) and the job runtime (gwtf.node.jobhost) call:
-each of its methods hands the call to the part that does it.
+The Node is what the servicers (gwtf.node.rpc.server) and the job runtime (gwtf.node.jobs.host)
+call: each of its methods hands the call to the part that does it.
 """
 
 from __future__ import annotations
@@ -45,28 +46,28 @@ from grpc import aio
 
 from gwtf.flow.topology import LinkSpec
 from gwtf.node.config import NodeConfig, SwarmSettings
-from gwtf.node.control import MembershipControl
-from gwtf.node.driver import FlowDriver
-from gwtf.node.entry import SwarmEntry
+from gwtf.node.control.driver import FlowDriver
+from gwtf.node.control.entry import SwarmEntry
+from gwtf.node.control.flowcontrol import FlowControl
+from gwtf.node.control.membercontrol import MembershipControl
+from gwtf.node.control.membership import MemberEvent, MemberInfo, Membership
+from gwtf.node.control.peers import Peers
 from gwtf.node.errors import NodeError
 from gwtf.node.faults import Fault
-from gwtf.node.flows import FlowControl
-from gwtf.node.jobs import JobManager
-from gwtf.node.membership import MemberEvent, MemberInfo, Membership
+from gwtf.node.jobs.manager import JobManager
 from gwtf.node.observe import NodeMetrics
-from gwtf.node.peers import Peers
-from gwtf.node.ratelimit import RateLimiter, RateLimitInterceptor
-from gwtf.node.security import TokenServerInterceptor, add_port
-from gwtf.node.server import HealthServicer, add_servicers
-from gwtf.node.settings import NodeSettings
-from gwtf.node.state import NodeState
-from gwtf.node.status import StatusReport
-from gwtf.node.transport import (
+from gwtf.node.rpc.ratelimit import RateLimiter, RateLimitInterceptor
+from gwtf.node.rpc.security import TokenServerInterceptor, add_port
+from gwtf.node.rpc.server import HealthServicer, add_servicers
+from gwtf.node.rpc.transport import (
     MalformedRequestInterceptor,
     Stubs,
     WanServerInterceptor,
     server_options,
 )
+from gwtf.node.settings import NodeSettings
+from gwtf.node.state import NodeState
+from gwtf.node.status import StatusReport
 from gwtf.v1 import flow_pb2, node_pb2
 
 __all__ = ["Node", "NodeError", "NodeSettings"]
@@ -119,7 +120,7 @@ class Node:
     @property
     def settings(self) -> NodeSettings:
         """The node's settings: those it was given until it entered its swarm, then with the
-        stage it chose if it was given none (`--stage auto`, gwtf.node.entry)."""
+        stage it chose if it was given none (`--stage auto`, gwtf.node.control.entry)."""
         return self._state.settings
 
     # ================================================================== lifecycle

@@ -1,8 +1,8 @@
 """Who a node is and where it goes: the `gwtf node` flags (docs/design.md 3.1).
 
 Apart from the node (gwtf.node.node) so that the parts that build a node from them (entering a
-swarm, gwtf.node.entry; the channels to peers, gwtf.node.peers) name them without naming the
-node.
+swarm, gwtf.node.control.entry; the channels to peers, gwtf.node.control.peers) name them without
+naming the node.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from gwtf.node.config import (
     DEFAULT_MIN_ARC_COST_S,
 )
 from gwtf.node.faults import Fault
-from gwtf.node.ratelimit import RateLimit
-from gwtf.node.security import Credentials
+from gwtf.node.rpc.ratelimit import RateLimit
+from gwtf.node.rpc.security import Credentials
 
 __all__ = ["NodeSettings"]
 
@@ -48,7 +48,7 @@ class NodeSettings:
     (the intra-location link without one); "measured", the intra-location link whatever the
     matrix says (the matrix then only emulates the WAN, and routing learns it by measuring)."""
     wan_schedule: str | None = None
-    """A file of the emulated WAN's partitions, re-read when it changes (gwtf.node.peers);
+    """A file of the emulated WAN's partitions, re-read when it changes (gwtf.node.control.peers);
     None: no partition."""
     compute_s: float | None = None
     """Seconds per microbatch; None: measured by a warm-up of the stage of `job`."""
@@ -64,7 +64,7 @@ class NodeSettings:
     seed: int | None = None
     """Seed of the gossip partner order; default: derived from the node id."""
     credentials: Credentials = field(default_factory=Credentials)
-    """The swarm's token and/or TLS certificates (gwtf.node.security); empty: an open swarm."""
+    """The swarm's token and/or TLS certificates (gwtf.node.rpc.security); empty: an open swarm."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port of `host` (0: a free one); None: no metrics."""
     memory_slots: int = 8
@@ -85,7 +85,7 @@ class NodeSettings:
     fault: Fault | None = None
     """Crash (SIGKILL itself) at this point of a job: chaos tests (gwtf.node.faults)."""
     rate_limit: RateLimit = field(default_factory=RateLimit)
-    """Calls per second each peer may make (gwtf.node.ratelimit); rate 0: no limit."""
+    """Calls per second each peer may make (gwtf.node.rpc.ratelimit); rate 0: no limit."""
     moves: bool = True
     """A node that chooses its stage (`stage` None) may be moved to another by the job
     coordinator when the flow gains by it (docs/design.md 2.11); False (`--no-moves`): it keeps

@@ -1,9 +1,9 @@
 """What the parts of a node share (docs/design.md 3.1): who it is, its swarm, its member table,
 its flow driver, whether it serves, its counters and its tasks.
 
-The parts (gwtf.node.entry, .peers, .control, .flows, .status) each hold this one object rather
-than copies of what is in it: the node learns its id (and so its log) only once it listens, and
-the flow driver is replaced when the node comes back as a new incarnation, and every part must
+The parts (gwtf.node.control.entry, .peers, .control, .flows, .status) each hold this one object
+rather than copies of what is in it: the node learns its id (and so its log) only once it listens,
+and the flow driver is replaced when the node comes back as a new incarnation, and every part must
 see the new one at once. Everything here is read and written on the node's event loop only.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from gwtf.node.config import NodeConfig, SwarmSettings
-from gwtf.node.driver import FlowDriver
+from gwtf.node.control.driver import FlowDriver
+from gwtf.node.control.membership import MemberInfo, Membership
 from gwtf.node.errors import NotReady
-from gwtf.node.membership import MemberInfo, Membership
 from gwtf.node.observe import NodeLog
 from gwtf.node.settings import NodeSettings
 

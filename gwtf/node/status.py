@@ -14,13 +14,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from gwtf.node.codec import member_to_pb, swarm_to_pb
-from gwtf.node.flows import FlowControl
+from gwtf.node.control.flowcontrol import FlowControl
+from gwtf.node.control.peers import Peers
+from gwtf.node.control.prober import LinkProber
+from gwtf.node.control.routing import LocalRouting
 from gwtf.node.observe import NodeMetrics
-from gwtf.node.peers import Peers
-from gwtf.node.prober import LinkProber
-from gwtf.node.ratelimit import RateLimiter
-from gwtf.node.routing import LocalRouting
+from gwtf.node.rpc.codec import member_to_pb, swarm_to_pb
+from gwtf.node.rpc.ratelimit import RateLimiter
 from gwtf.node.state import NodeState
 from gwtf.v1 import node_pb2
 
@@ -49,7 +49,7 @@ class StatusReport:
         metrics.add_source(self._refusal_metrics)
 
     def token_refused(self) -> None:
-        """A call without the swarm's token was refused (gwtf.node.security)."""
+        """A call without the swarm's token was refused (gwtf.node.rpc.security)."""
         self._token_refusals += 1
 
     def _refusal_metrics(self) -> Iterable[Any]:

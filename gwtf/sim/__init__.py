@@ -3,8 +3,8 @@
 - `engine`: the heapq event loop; `scenario`: TOML scenario files; `traces`: churn traces;
 - `simulator`: the core for one policy (compute, links, injection, iterations, commit), with
   `entities` (nodes, microbatches, the iteration, the result), `churn` (joins, leaves, crashes,
-  moves), `recovering` (the crash rules, SWARM's losses, dtfm's restarts), `shipping` (partial
-  sums, docs/design.md 4.9), `network` and `costs` around it;
-- `policies` and `baselines`: gwtf, oracle, swarm, swarm-rebalance, dtfm;
+  moves), `recovery/` (the crash rules, SWARM's losses, dtfm's restarts, shipped partial sums,
+  stage snapshots, the client's checkpoints), `network`, `exchange` and `costs` around it;
+- `policies`: gwtf, oracle, swarm, swarm-rebalance, dtfm, with `routing/` (how each routes);
 - `report`: JSON, CSV and PNG outputs; `cli`: the command (runs a scenario's policies).
 """

@@ -2,7 +2,7 @@
 link changes, joiners downloading their stage's state, moves between stages, and deaths being
 noticed (`detection_timeout_s` after a crash, at once for a leave; the policy decides, so the
 `oracle` notices at once). What is done about a dead node's work is the recovery's
-(`gwtf.sim.recovering`)."""
+(`gwtf.sim.recovery.recovering`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from gwtf.job.nexthop import SmoothRoundRobin
 from gwtf.recovery import Ledger
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
+from gwtf.sim.recovery.snapshots import StageSnapshots
 from gwtf.sim.simulator import Simulation
-from gwtf.sim.snapshots import StageSnapshots
 from gwtf.sim.traces import TraceEvent
 
 __all__ = ["Churn"]

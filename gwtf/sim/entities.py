@@ -1,6 +1,7 @@
 """The simulator's entities (docs/design.md 5): nodes, microbatches, the iteration in progress,
 and what a run measured. State only: the rules that change it live in the simulation
-(`gwtf.sim.simulator`), its churn (`gwtf.sim.churn`) and its recovery (`gwtf.sim.recovering`).
+(`gwtf.sim.simulator`), its churn (`gwtf.sim.churn`) and its recovery
+(`gwtf.sim.recovery.recovering`).
 
 A microbatch's progress at stage s is one of NONE, INFLIGHT (its activation travels to the node),
 FWD_Q, WAIT_G (forward done, activations kept, waiting for the gradient), BWD_Q, DONE

@@ -2,8 +2,8 @@
 (docs/design.md 3.7): what the reduce-scatter and all-gather of earlier attempts delivered, so
 that a rerun after a death is charged only what the node would move again.
 
-The node (gwtf.node.slices) keeps, per iteration and round, a partial slice by its sender, the
-sender's microbatch ids and its range, and a reduced slice by its owner, range and basis (the
+The node (gwtf.node.worker.slices) keeps, per iteration and round, a partial slice by its sender,
+the sender's microbatch ids and its range, and a reduced slice by its owner, range and basis (the
 members and their ids it sums); a sender moves only the gaps of what its receiver holds. This
 ledger keeps the same keys over simulated sends: each attempt's sends are scheduled with their
 arrival times (`leg_s`'s model: one after the other through a shared uplink), and at the next

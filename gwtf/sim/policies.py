@@ -3,23 +3,24 @@
 Each policy answers the simulator's questions (where does a sender's next microbatch go, may a
 data holder inject, when is a crash noticed, what happens then) and keeps its own state.
 
-- `gwtf`: routes as the node does. By default (`routing = "local"`, `gwtf.sim.localrouting`)
+- `gwtf`: routes as the node does. By default (`routing = "local"`, `gwtf.sim.routing.localrouting`)
   every node solves its own membership view with the node's `LocalRoute`, its view updated by
   simulated gossip, so routing after a change takes the time it takes a node; with `routing =
-  "relax"` (`gwtf.sim.relaxrouting`) the decentralized flow state machines of `gwtf.flow` run
-  inside the simulation, each control message taking the simulated link delay. A node routes
+  "relax"` (`gwtf.sim.routing.relaxrouting`) the decentralized flow state machines of `gwtf.flow`
+  run inside the simulation, each control message taking the simulated link delay. A node routes
   with its *current* `routes()` (smooth weighted round-robin over its out-rates; with no flow
   yet, the cheapest live arc). Each iteration's microbatches are dealt over the data holders in
   proportion to their out-flows, as the job coordinator deals them (`gwtf.job.iterations.assign`);
   a holder injects its share as fast as its memory slots allow.
 - `oracle`: the networkx optimum, recomputed at once at every change, crashes noticed at once;
   otherwise like gwtf (same recovery rules). The upper bound.
-- `swarm` / `swarm-rebalance`: see `gwtf.sim.baselines`; no pacing (each trainer keeps its
+- `swarm` / `swarm-rebalance`: see `gwtf.sim.routing.baselines`; no pacing (each trainer keeps its
   memory slots full), peers discovered every `swarm_refresh_s`, dead peers banned when a call to
   them fails (after the detection timeout); rebalancing every `swarm_rebalance_period_s` moves a
   peer from the stage with the most throughput to the one with the least when that raises the
   minimum (the move takes effect at the next iteration boundary, after the state download).
-- `dtfm`: a schedule computed once (`gwtf.sim.baselines.dtfm_schedule`); pipeline heads inject
+- `dtfm`: a schedule computed once (`gwtf.sim.routing.baselines.dtfm_schedule`); pipeline heads
+inject
   equal shares; a crash of a scheduled node loses the iteration, and the job restarts after
   `restart_delay_s` with a schedule recomputed for the live nodes (joiners wait for a restart).
 """
@@ -39,16 +40,16 @@ from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
 from gwtf.flow.topology import NodeSpec
 from gwtf.job.iterations import assign
 from gwtf.job.nexthop import next_hop_weights
-from gwtf.sim.baselines import DtfmNode, SwarmBalancer, dtfm_schedule
 from gwtf.sim.churn import Churn
 from gwtf.sim.costs import allreduce_s
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import MB, Iteration, SimNode
-from gwtf.sim.localrouting import LocalRouting
-from gwtf.sim.recovering import RestartRecovery, RuleRecovery, SwarmRecovery
-from gwtf.sim.relaxrouting import RelaxRouting
+from gwtf.sim.recovery.recovering import RestartRecovery, RuleRecovery, SwarmRecovery
+from gwtf.sim.recovery.shipping import Shipper
+from gwtf.sim.routing.baselines import DtfmNode, SwarmBalancer, dtfm_schedule
+from gwtf.sim.routing.localrouting import LocalRouting
+from gwtf.sim.routing.relaxrouting import RelaxRouting
 from gwtf.sim.scenario import NodeInfo, Scenario
-from gwtf.sim.shipping import Shipper
 from gwtf.sim.simulator import Simulation
 
 __all__ = ["Policy", "make_policy", "simulation"]
@@ -59,8 +60,8 @@ class Policy:
 
     name = ""
     recovery: type[RuleRecovery] = RuleRecovery
-    """What is done about a dead node's work (`gwtf.sim.recovering`): the rules, with an exact
-    commit, unless the policy says otherwise."""
+    """What is done about a dead node's work (`gwtf.sim.recovery.recovering`): the rules, with an
+    exact commit, unless the policy says otherwise."""
     activate_at_commit = True
 
     def __init__(self, sim: Simulation) -> None:
@@ -147,7 +148,7 @@ class _FlowPolicy(Policy):
 
     def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None:
         if stage > 0 and stage == source.stage + 1:
-            # The node's sender (gwtf.node.sender) and its chooser (gwtf.job.nexthop): the
+            # The node's sender (gwtf.node.worker.sender) and its chooser (gwtf.job.nexthop): the
             # flows to the job's live participants of the next stage (an id of the routes may
             # now be a node that moved to another stage), else their capacities.
             sim = self.sim
@@ -378,7 +379,7 @@ class GwtfPolicy(_FlowPolicy):
 
 
 class SwarmPolicy(Policy):
-    """SWARM parallelism's stochastic wiring (see `gwtf.sim.baselines`)."""
+    """SWARM parallelism's stochastic wiring (see `gwtf.sim.routing.baselines`)."""
 
     name = "swarm"
     recovery = SwarmRecovery

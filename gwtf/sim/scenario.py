@@ -63,7 +63,7 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     routing = "local"                   # gwtf: local solves (as the node), or "relax"
     route_quiet_s = 1.0                 # local: solve once the view was quiet this long
 
-    [client]                            # the job's client (gwtf/sim/clientcopy.py)
+    [client]                            # the job's client (gwtf/sim/recovery/clientcopy.py)
     checkpoint_every = 10               # a checkpoint every K iterations (gwtf submit
                                         # --checkpoint-every K; 0: none), resumed from when a
                                         # stage is lost with every snapshot of it
@@ -210,7 +210,7 @@ class Scenario:
     client_checkpoint_every: int = 10
     """The job's client keeps a checkpoint every this many iterations (`gwtf submit
     --checkpoint-every`; 0: none) and resumes the job from it when a stage is lost with every
-    snapshot of it (gwtf/sim/clientcopy.py)."""
+    snapshot of it (gwtf/sim/recovery/clientcopy.py)."""
     client_location: str = ""
     """Where the client is (empty: where the first data holder is)."""
     client_uplink_gbps: float = math.inf

@@ -21,8 +21,9 @@ The pieces around this core, each built by `gwtf.sim.policies.simulation` and re
 the hooks below (so that no module here names the ones built around it): the entities
 (`gwtf.sim.entities`: nodes, microbatches, the iteration), the routing policy
 (`gwtf.sim.policies`), churn (`gwtf.sim.churn`: joins, leaves, crashes, moves, detection),
-recovery (`gwtf.sim.recovering`: the rules of docs/design.md 4, SWARM's losses, or nothing, and
-the sends a microbatch waits for) and shipments of partial sums (`gwtf.sim.shipping`, 4.9).
+recovery (`gwtf.sim.recovery.recovering`: the rules of docs/design.md 4, SWARM's losses, or nothing,
+and the sends a microbatch waits for) and shipments of partial sums (`gwtf.sim.recovery.shipping`,
+4.9).
 
 Events are handled vidur-style: a handler (`@returns_events`) changes the entities and returns
 the new events it caused; the engine orders them by time, kind and scheduling order.
@@ -102,7 +103,7 @@ class PolicyHooks(Protocol):
 
 
 class ShippingHooks(Protocol):
-    """Bounded replay (docs/design.md 4.9), `gwtf.sim.shipping.Shipper`."""
+    """Bounded replay (docs/design.md 4.9), `gwtf.sim.recovery.shipping.Shipper`."""
 
     def accumulated(self, node: SimNode) -> None: ...
 
@@ -126,7 +127,7 @@ class ShippingHooks(Protocol):
 
 class RecoveryHooks(Protocol):
     """What is done about dead work, and the sends a microbatch waits for
-    (`gwtf.sim.recovering`)."""
+    (`gwtf.sim.recovery.recovering`)."""
 
     ships: bool
 

@@ -409,8 +409,9 @@ class StageExecutor:
 
     def weights(self) -> tuple[int, bytes]:
         """(iterations trained into them, this stage's parameters as safetensors bytes): what a
-        user downloads (`gwtf.train.checkpoint`). Read together, so they always match."""
-        from gwtf.train.checkpoint import weights_bytes
+        user downloads (`gwtf.train.checkpoints.checkpoint`). Read together, so they always
+        match."""
+        from gwtf.train.checkpoints.checkpoint import weights_bytes
 
         return self.iteration, weights_bytes(self.parameters())
 

@@ -63,13 +63,13 @@ File format (TOML; every key is listed, optional ones with their default)::
 for bit, and trusts every replica. `trimmed-mean` and `centered-clip` bound what one poisoning
 replica can do to the step, and with either the swarm also excludes a replica whose gradient
 norm its stage peers find out of bounds (`norm_factor`) or whose parameters disagree with the
-majority of its stage after a step (`gwtf.node.jobs`).
+majority of its stage after a step (`gwtf.node.jobs.manager`).
 
 `model.pretrained` starts the job from the weights of a Hugging Face LLaMA or GPT-2 folder
-(`config.json` and `model.safetensors`, or shards with their index; `gwtf.train.hf`) instead of
-the seeded initialisation. When the [model] table leaves `kind` out, every architecture key is
-read from the folder's `config.json` (`gwtf.train.hfconfig`), and a key the table states anyway
-must agree with it; the table then needs only `pretrained` and `seq_len`. A table that states
+(`config.json` and `model.safetensors`, or shards with their index; `gwtf.train.models.hf`) instead
+of the seeded initialisation. When the [model] table leaves `kind` out, every architecture key is
+read from the folder's `config.json` (`gwtf.train.models.hfconfig`), and a key the table states
+anyway must agree with it; the table then needs only `pretrained` and `seq_len`. A table that states
 `kind` is taken as written: that is the form a job travels in to the nodes and is saved in beside
 a checkpoint (`to_dict` writes every key that differs from its default), so reading it never
 needs the folder, and each node checks it against its own copy of the folder when it builds its
@@ -99,7 +99,7 @@ from pathlib import Path
 from typing import Any
 
 from gwtf.job.catchup import CATCH_UP_STEPS
-from gwtf.train.hfconfig import CONFIG_FILE, HFConfigError, model_keys, read_config
+from gwtf.train.models.hfconfig import CONFIG_FILE, HFConfigError, model_keys, read_config
 
 __all__ = [
     "BYTE_VOCAB",
@@ -210,9 +210,9 @@ class ModelConfig:
     seq_len: int
     vocab: int = BYTE_VOCAB
     dropout: float = 0.1
-    # The keys below came with models from Hugging Face folders (`gwtf.train.hf`). Each default
-    # is what the presets compute, and `JobConfig.to_dict` leaves a key out at its default, so a
-    # job that does not state them keeps its id. A value equal to the kind's default is stored
+    # The keys below came with models from Hugging Face folders (`gwtf.train.models.hf`). Each
+    # default is what the presets compute, and `JobConfig.to_dict` leaves a key out at its default,
+    # so a job that does not state them keeps its id. A value equal to the kind's default is stored
     # as None, so stating the default or leaving it out is the same job.
     kv_heads: int | None = None
     mlp_hidden: int | None = None

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import sys
 
-from gwtf.train.checkpoint import CheckpointError, save_model
+from gwtf.train.checkpoints.checkpoint import CheckpointError, save_model
 from gwtf.train.data import DataError, job_corpus
 from gwtf.train.job import JobError, resolve_job
 from gwtf.train.reference import train_reference

@@ -8,7 +8,7 @@ and a stage's `state_dict` is exactly a subset of the whole model's.
 Each part is initialised from its own generator, seeded by (job seed, "init", part), so a node
 builds only its own stage, and gets the same bits as the same slice of the whole model. A model
 with `pretrained` weights reads its stage's parts from that Hugging Face folder instead
-(`gwtf.train.hf`), the same tensors whichever stage holds them.
+(`gwtf.train.models.hf`), the same tensors whichever stage holds them.
 
 Randomness in a forward pass (dropout) comes from `DropoutSeeds`: one generator per part, seeded
 by (job seed, "dropout", iteration, microbatch, part). Seeding per part rather than per stage
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gwtf.train.hf import stage_tensors
 from gwtf.train.job import ModelConfig
-from gwtf.train.models import Embedding, Head, init_parameters, make_block
+from gwtf.train.models.builtin import Embedding, Head, init_parameters, make_block
+from gwtf.train.models.hf import stage_tensors
 from gwtf.train.partition import StageSpec, partition, stage_spec
 from gwtf.train.seeds import SeedPart, derive_seed, seeded_generator
 
@@ -97,7 +97,7 @@ class StageModule(nn.Module):
 
 def build_stage(config: ModelConfig, seed: int, spec: StageSpec) -> StageModule:
     """Build and initialise only the parts of stage `spec`: from the seed, or, for a model with
-    `pretrained` weights, from the tensors of those parts in its folder (`gwtf.train.hf`;
+    `pretrained` weights, from the tensors of those parts in its folder (`gwtf.train.models.hf`;
     PretrainedError if the folder cannot give them)."""
     with torch.device("meta"):
         module = StageModule(config, spec)

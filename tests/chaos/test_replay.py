@@ -29,7 +29,7 @@ from cluster import LocalSwarm, wait_for
 
 from gwtf.client import GwtfClient
 from gwtf.job.journal import canonical, decisions, from_record, replay
-from gwtf.node.jobrecord import RECORD_ENV
+from gwtf.node.jobs.journals import RECORD_ENV
 from gwtf.recovery import Rule
 from gwtf.train import PRESETS
 

@@ -48,7 +48,7 @@ import pytest
 from cluster import REPO, wait_for
 
 from gwtf.client import GwtfClient, JobResult, StatusError, fetch_status, status_json
-from gwtf.node.launch import plan_nodes
+from gwtf.local.launch import plan_nodes
 from gwtf.train import PRESETS, train_reference
 
 NODES, STAGES = 7, 3

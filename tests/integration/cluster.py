@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from gwtf.client import StatusError, fetch_status, status_json
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
-from gwtf.node.launch import child_env
+from gwtf.local.launch import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from gwtf.node.security import TLS_TARGET_NAME
+from gwtf.node.rpc.security import TLS_TARGET_NAME
 
 
 def openssl(*args: str) -> None:

@@ -35,7 +35,7 @@ def test_the_quick_demo_loses_nothing_and_equals_the_reference(tmp_path: Path) -
     assert summary["loss"] == summary["reference_loss"]
     assert (out / "demo.png").stat().st_size > 10_000
     # The trained model is handed back, and it is the reference's model.
-    from gwtf.train.checkpoint import load_model
+    from gwtf.train.checkpoints.checkpoint import load_model
 
     assert summary["model"] == str(out / "model.safetensors")
     saved = load_model(out)

@@ -95,8 +95,8 @@ def test_sigkill_is_detected_by_every_peer_within_the_timeout(swarm: LocalSwarm)
     wait_for(lambda: declared_dead_by_all(swarm, "s1a"), FAILURE_TIMEOUT_S + 5, "the verdict")
     # Each node logs the moment it declared the death: within the failure timeout, plus the
     # time a node itself was not listening (a starved process's checks come late, and the
-    # detector does not hold that time against its peers: gwtf.node.membership), bounded here
-    # by STARVED_S on a busy 2-core machine.
+    # detector does not hold that time against its peers: gwtf.node.control.membership), bounded
+    # here by STARVED_S on a busy 2-core machine.
     detected = [detection_time(swarm, p.id, "s1a", after=wall(killed_at)) for p in swarm.live()]
     assert all(t is not None for t in detected), detected
     latest = max(t for t in detected if t is not None)

@@ -17,7 +17,7 @@ from cluster import REPO, LocalSwarm, wait_for
 from grpc import aio
 from test_node_observe import scrape
 
-from gwtf.node.transport import CALLER_NODE
+from gwtf.node.rpc.transport import CALLER_NODE
 from gwtf.v1 import health_pb2, health_pb2_grpc
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ from cluster import REPO, LocalSwarm, wait_for
 
 from gwtf.client import GwtfClient
 from gwtf.train import PRESETS, train_reference
-from gwtf.train.checkpoint import load_model
-from gwtf.train.resume import load_resumable
+from gwtf.train.checkpoints.checkpoint import load_model
+from gwtf.train.checkpoints.resume import load_resumable
 
 pytestmark = pytest.mark.integration
 

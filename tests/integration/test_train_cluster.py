@@ -36,7 +36,7 @@ from grpc import aio
 
 from gwtf.client import AsyncGwtfClient, ClientError, GwtfClient, fetch_jobs
 from gwtf.train import PRESETS, JobConfig, ReferenceResult, train_reference
-from gwtf.train.checkpoint import load_model
+from gwtf.train.checkpoints.checkpoint import load_model
 from gwtf.train.stage import build_model
 
 pytestmark = pytest.mark.integration
@@ -90,7 +90,7 @@ def job_of(preset: str, iterations: int) -> JobConfig:
 
 def send_bad_tensors(address: str, job_id: str) -> list[tuple[grpc.StatusCode, str]]:
     """What a faulty peer could send a stage-1 node: each is refused with its reason."""
-    from gwtf.node.tensors import MicrobatchTag, send
+    from gwtf.node.dataplane.tensors import MicrobatchTag, send
     from gwtf.v1 import data_pb2_grpc
 
     shape = (8, 64, 64)

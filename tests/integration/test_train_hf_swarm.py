@@ -24,8 +24,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from gwtf.client import ClientError, GwtfClient
 from gwtf.train import train_reference
-from gwtf.train.hf import hf_tensors
 from gwtf.train.job import load_job
+from gwtf.train.models.hf import hf_tensors
 from gwtf.train.stage import build_model
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,6 @@
 """The shape of the package (docs/design.md, the table of packages): no import cycle anywhere
-in gwtf/, counting imports inside functions and under TYPE_CHECKING; no class over 600 lines;
+in gwtf/, counting imports inside functions and under TYPE_CHECKING; no class over 600 lines; no
+folder of more than 15 modules, and every package's __init__ saying what it is for;
 the pure layers (flow, job, recovery) free of I/O and of torch; the simulator apart from the
 node.
 
@@ -45,7 +46,8 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, *([base] if base else [])])
             found.add(base)
-            # `from gwtf.node import worker` imports the submodule worker, not only the package.
+            # `from gwtf.node.worker import worker` imports the submodule worker, not only the
+            # package.
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return {m for m in found if m in known and m != name}
 
@@ -97,6 +99,29 @@ def test_no_class_over_600_lines() -> None:
                 if lines > 600:
                     long.append(f"{path.relative_to(PACKAGE.parent)}:{node.name} ({lines})")
     assert not long, f"classes over 600 lines: {long}"
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    """A folder of more modules hides its structure: it splits into packages that name its
+    parts (STYLE.md, the shape of the tree)."""
+    crowded = []
+    for folder in sorted({p.parent for p in PACKAGE.rglob("*.py")}):
+        if folder == GENERATED:
+            continue
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        if len(modules) > 15:
+            crowded.append(f"{folder.relative_to(PACKAGE.parent)} ({len(modules)})")
+    assert not crowded, f"folders of more than 15 modules: {crowded}"
+
+
+def test_every_package_says_what_it_is_for() -> None:
+    """Each package's __init__ opens with a paragraph: a newcomer reads the architecture there."""
+    bare = [
+        str(init.relative_to(PACKAGE.parent)) for init in sorted(PACKAGE.rglob("__init__.py"))
+        if GENERATED not in (init, *init.parents) and init.parent != GENERATED
+        and len(ast.get_docstring(ast.parse(init.read_text())) or "") < 80
+    ]
+    assert not bare, f"packages with no paragraph on what they are for: {bare}"
 
 
 @pytest.mark.parametrize("layer", ["gwtf.flow", "gwtf.job", "gwtf.recovery"])

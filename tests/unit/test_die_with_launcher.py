@@ -16,10 +16,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 # The launcher starts a "node" that asks to die with it, prints the node's pid, and waits.
 LAUNCHER = """
 import subprocess, sys, time
-from gwtf.node.launch import child_env
+from gwtf.local.launch import child_env
 node = subprocess.Popen(
     [sys.executable, "-c",
-     "import time; from gwtf.node.launch import die_with_launcher; die_with_launcher(); "
+     "import time; from gwtf.local.launch import die_with_launcher; die_with_launcher(); "
      "print('ready', flush=True); time.sleep(60)"],
     env=child_env(), stdout=subprocess.PIPE, text=True,
 )
@@ -65,7 +65,7 @@ def test_a_node_whose_launcher_is_already_gone_stops() -> None:
     # could ask): the node stops at once instead of living on unowned.
     env = {**os.environ, "GWTF_LAUNCHER_PID": "1"}
     node = subprocess.run(
-        [sys.executable, "-c", "import time; from gwtf.node.launch import die_with_launcher; "
+        [sys.executable, "-c", "import time; from gwtf.local.launch import die_with_launcher; "
          "die_with_launcher(); time.sleep(30)"],
         env=env, timeout=20, check=False,
     )  # fmt: skip

@@ -30,8 +30,8 @@ from gwtf.flow.linkreports import (
 )
 from gwtf.flow.localroute import LocalRoute
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
-from gwtf.node.codec import InvalidMessage, member_from_pb, member_to_pb
-from gwtf.node.membership import MemberInfo, Membership
+from gwtf.node.control.membership import MemberInfo, Membership
+from gwtf.node.rpc.codec import InvalidMessage, member_from_pb, member_to_pb
 
 ACT = 8 * 2**20
 

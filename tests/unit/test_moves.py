@@ -196,7 +196,7 @@ class _Host:
         import logging
 
         from gwtf.node.config import NodeConfig
-        from gwtf.node.membership import MemberInfo
+        from gwtf.node.control.membership import MemberInfo
 
         self.node_id = "h0"
         self.config = NodeConfig()
@@ -234,7 +234,7 @@ class _Coord:
 
 def test_the_planner_moves_once_after_a_change_never_the_pinned_nor_itself() -> None:
     pytest.importorskip("torch")
-    from gwtf.node.moves import MovePlanner
+    from gwtf.node.jobs.coordinator.moves import MovePlanner
 
     # 3/1 after a death at stage 1: h0 coordinates, h1 is pinned, m0 chose its stage. All are
     # equally fast, so h0 and h1 come before m0 (by id) if they were candidates.

@@ -1,4 +1,4 @@
-"""The node's one chunked-stream helper (gwtf.node.chunks, docs/design.md 3.2): how a payload is
+"""The node's one chunked-stream helper (gwtf.node.rpc.chunks, docs/design.md 3.2): how a payload is
 cut, how a stream's chunks are checked, and the state stream that uses it, on its wire."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Iterable
 
 import pytest
 
-from gwtf.node.chunks import Incoming, pieces
-from gwtf.node.codec import InvalidMessage
-from gwtf.node.jobtransfer import STATE_CHUNK_BYTES, _chunks, _read_state
+from gwtf.node.jobs.transfer import STATE_CHUNK_BYTES, _chunks, _read_state
+from gwtf.node.rpc.chunks import Incoming, pieces
+from gwtf.node.rpc.codec import InvalidMessage
 from gwtf.v1 import job_pb2
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gwtf.node.churn import ChurnError, load_churn, plan_churn, trace_format
-from gwtf.node.launch import plan_nodes
+from gwtf.local.churn import ChurnError, load_churn, plan_churn, trace_format
+from gwtf.local.launch import plan_nodes
 from gwtf.sim.traces import TraceEvent
 
 SHARED_P3 = Path(__file__).parents[2] / "simulations" / "traces" / "spot_p3_bamboo.csv"

@@ -16,9 +16,9 @@ from gwtf.flow.generate import geo10, random_layered
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.solution import make_result
 from gwtf.flow.topology import LinkSpec, Topology
-from gwtf.node.driver import ArcAnnounce, FlowDriver, Outgoing
-from gwtf.node.links import ArcParamsSpec, ring_params
-from gwtf.node.phases import PhaseDetector
+from gwtf.node.control.driver import ArcAnnounce, FlowDriver, Outgoing
+from gwtf.node.control.links import ArcParamsSpec, ring_params
+from gwtf.node.control.phases import PhaseDetector
 
 
 class Harness:

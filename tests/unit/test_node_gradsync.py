@@ -1,11 +1,11 @@
-"""Gradient sums on the wire between stage replicas (gwtf.node.gradsync)."""
+"""Gradient sums on the wire between stage replicas (gwtf.node.dataplane.gradsync)."""
 
 import dataclasses
 
 import pytest
 import torch
 
-from gwtf.node.gradsync import (
+from gwtf.node.dataplane.gradsync import (
     KEPT,
     PARTIAL,
     REDUCED,

@@ -1,6 +1,7 @@
 """After a partition (docs/design.md 4.5): which side is stale and re-enters the job, decided by
-gwtf.node.jobheal (a participant hearing the job's record) and gwtf.node.jobquorum (a paused
-coordinator hearing a silent voter), with the real rules and a host that knows who is alive."""
+gwtf.node.jobs.heal (a participant hearing the job's record) and gwtf.node.jobs.coordinator.quorum
+(a paused coordinator hearing a silent voter), with the real rules and a host that knows who is
+alive."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from gwtf.job.iterations import IterationCoordinator
-from gwtf.node.jobheal import Healer
-from gwtf.node.jobquorum import QuorumProbe
-from gwtf.node.jobstate import CurrentJob, JobBook
+from gwtf.node.jobs.book import CurrentJob, JobBook
+from gwtf.node.jobs.coordinator.quorum import QuorumProbe
+from gwtf.node.jobs.heal import Healer
 from gwtf.v1 import job_pb2
 
 JOB = "job-heal"
@@ -135,7 +136,7 @@ def test_a_restart_right_after_the_heal_reaches_the_joiners_membership_shows_dea
     good when that restart was skipped too."""
     import asyncio
 
-    from gwtf.node.jobcoord import JobCoordinator
+    from gwtf.node.jobs.coordinator.coordinator import JobCoordinator
 
     calls = Calls()
     west = {"h0": 0, "a0": 1, "z0": 2}
@@ -213,7 +214,7 @@ def test_a_coordinator_whose_round_stalls_yields_to_the_one_its_participants_fol
     asks them where they are, and h1 enters through h0 instead of restarting for good."""
     import asyncio
 
-    from gwtf.node.jobcoord import JobCoordinator
+    from gwtf.node.jobs.coordinator.coordinator import JobCoordinator
 
     calls = Calls()
     host = CoordHost("h1", set(PARTICIPANTS), calls)
@@ -267,7 +268,7 @@ def test_a_take_over_that_ends_after_a_resync_starts_no_coordinator() -> None:
     its record would name h1 to the joiners of the job."""
     import asyncio
 
-    from gwtf.node.jobcoord import JobCoordinator
+    from gwtf.node.jobs.coordinator.coordinator import JobCoordinator
 
     east = {"h1": 0, "a1": 1, "z1": 2}
     calls = Calls()
@@ -312,9 +313,9 @@ def test_a_stage_peer_admitted_before_its_new_incarnation_gets_the_gradient_sums
 
     import torch
 
-    from gwtf.node.exchange import contribute
-    from gwtf.node.gradsync import PARTIAL, ContributionHeader
-    from gwtf.node.stage import StageContext, WorkerConfig
+    from gwtf.node.dataplane.gradsync import PARTIAL, ContributionHeader
+    from gwtf.node.worker.allreduce import contribute
+    from gwtf.node.worker.stage import StageContext, WorkerConfig
 
     sent: list[str] = []
 
@@ -354,7 +355,7 @@ def test_a_stage_peer_admitted_before_its_new_incarnation_gets_the_gradient_sums
         return asyncio.run(contribute(ctx, "a1", header, flat, 1e12, ctx.it, 1))
 
     assert send() is None and sent == []  # dead as far as the job knows: a new attempt follows
-    ctx.departed.discard("a1")  # admitted (gwtf.node.worker.StageWorker.undepart)
+    ctx.departed.discard("a1")  # admitted (gwtf.node.worker.worker.StageWorker.undepart)
     assert ctx.peer("a1") is not None and host.member("a1") is None
     assert send() is not None and sent == ["a1"]
     ctx.departed.add("a1")  # it died after all, and the job confirmed it
@@ -373,8 +374,8 @@ def test_a_node_entering_the_job_has_its_peers_retry_and_holds_nothing_for_sync(
     from grpc import aio
 
     from gwtf.node.errors import Refusal
-    from gwtf.node.jobcalls import JobCalls
-    from gwtf.node.rpcedge import status
+    from gwtf.node.jobs.calls import JobCalls
+    from gwtf.node.rpc.edge import status
 
     async def confirmed(code: grpc.StatusCode, details: str) -> str:
         class Asked(Host):
@@ -407,7 +408,7 @@ def test_a_node_entering_the_job_has_its_peers_retry_and_holds_nothing_for_sync(
         calls.sync(job_pb2.SyncRequest(sender="h0", job_id=JOB))
     assert status(refused.value)[0] == grpc.StatusCode.FAILED_PRECONDITION
     # A participant that hears a stale verdict of the entering node's old incarnation asks it
-    # (gwtf.node.jobheal): it is no dead member, which would keep its stage peers from it.
+    # (gwtf.node.jobs.heal): it is no dead member, which would keep its stage peers from it.
     entering = refused.value
     assert asyncio.run(confirmed(*status(entering))) == "alive"
     assert asyncio.run(confirmed(grpc.StatusCode.FAILED_PRECONDITION,
@@ -424,7 +425,7 @@ def test_a_joiner_waits_while_its_stages_replica_is_dead_only_by_a_stale_verdict
     no live replica, z1 got z0's keeper's snapshot and the swarm rolled back without the
     replicas the coordinator could not see, which went on: the job hung. Until the death is
     confirmed (z0 is still a participant) the joiner gets no donor and asks again."""
-    from gwtf.node.jobcoord import JobCoordinator
+    from gwtf.node.jobs.coordinator.coordinator import JobCoordinator
 
     calls = Calls()
     west = {"h0": 0, "a0": 1, "z0": 2}
@@ -478,7 +479,7 @@ def test_the_commit_waits_once_for_a_joiner_fetching_the_state_of_the_iteration(
     time and once."""
     import time
 
-    from gwtf.node.jobcoord import JobCoordinator
+    from gwtf.node.jobs.coordinator.coordinator import JobCoordinator
 
     calls = Calls()
     west = {"h0": 0, "a0": 1, "z0": 2}
@@ -532,7 +533,7 @@ def test_a_late_sweep_of_a_death_leaves_the_node_alone_once_it_entered_again() -
     participant again: nothing of it is recovered."""
     import asyncio
 
-    from gwtf.node.jobcoord import JobCoordinator
+    from gwtf.node.jobs.coordinator.coordinator import JobCoordinator
 
     calls = Calls()
     west = {"h0": 0, "a0": 1, "z0": 2, "h1": 0}

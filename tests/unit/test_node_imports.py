@@ -5,7 +5,7 @@ import sys
 
 CODE = """
 import sys
-import gwtf.cli, gwtf.client, gwtf.node.cli, gwtf.node.launch, gwtf.node.node
+import gwtf.cli, gwtf.client, gwtf.node.cli, gwtf.local.launch, gwtf.node.node
 assert "torch" not in sys.modules, "torch was imported"
 assert "grpc" in sys.modules
 """

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from gwtf.job.iterations import CommitOrder
-from gwtf.node.codec import InvalidMessage, member_to_pb
 from gwtf.node.config import NodeConfig
-from gwtf.node.jobs import JobManager
-from gwtf.node.jobstate import CurrentJob as _Active
-from gwtf.node.membership import MemberInfo, Membership, State
+from gwtf.node.control.membership import MemberInfo, Membership, State
+from gwtf.node.jobs.book import CurrentJob as _Active
+from gwtf.node.jobs.manager import JobManager
+from gwtf.node.rpc.codec import InvalidMessage, member_to_pb
 from gwtf.v1 import job_pb2
 
 JOB = "job-verdicts"

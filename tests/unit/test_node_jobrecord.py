@@ -1,4 +1,5 @@
-"""The node's journals on disk (gwtf.node.jobrecord): off unless GWTF_JOB_RECORD names a folder."""
+"""The node's journals on disk (gwtf.node.jobs.journals): off unless GWTF_JOB_RECORD names a
+folder."""
 
 import json
 import logging
@@ -8,7 +9,7 @@ import pytest
 
 from gwtf.job.iterations import IterationCoordinator
 from gwtf.job.journal import JournaledLedger, decisions, replay
-from gwtf.node.jobrecord import RECORD_ENV, journaled_ledger, record_journal
+from gwtf.node.jobs.journals import RECORD_ENV, journaled_ledger, record_journal
 
 LOG = logging.getLogger("test")
 

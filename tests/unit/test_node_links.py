@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
-from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params, changed, ring_params
+from gwtf.node.control.links import ArcParamsSpec, LinkEstimate, arc_params, changed, ring_params
 
 positive = st.floats(min_value=1e-4, max_value=10.0, allow_nan=False, allow_infinity=False)
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from gwtf.node.membership import MemberInfo, Membership, State
+from gwtf.node.control.membership import MemberInfo, Membership, State
 
 TIMEOUT = 4.0
 
@@ -214,7 +214,7 @@ def swarm_of(n: int, clock: Clock) -> dict[str, Membership]:
 
 
 def call(tables: dict[str, Membership], caller: str, callee: str) -> None:
-    """One push-pull, as gwtf.node.control does it (the wire left out)."""
+    """One push-pull, as gwtf.node.control.membercontrol does it (the wire left out)."""
     a, b = tables[caller], tables[callee]
     events, answer = b.incoming(caller, a.outgoing(callee))
     a.merge(answer.members)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gwtf.node.phases import PhaseDetector, PhaseReportData
+from gwtf.node.control.phases import PhaseDetector, PhaseReportData
 
 STAGES = {"a": 0, "b": 1}
 

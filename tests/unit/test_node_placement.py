@@ -1,13 +1,13 @@
 """A node without a stage (`gwtf node --stage auto`, docs/design.md 2.11) chooses it from the
-members its bootstrap member knows: gwtf.node.entry.swarm_view and choose_stage, pure."""
+members its bootstrap member knows: gwtf.node.control.entry.swarm_view and choose_stage, pure."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from gwtf.flow.topology import LinkSpec
-from gwtf.node.entry import choose_stage, swarm_view
-from gwtf.node.membership import MemberInfo, State
+from gwtf.node.control.entry import choose_stage, swarm_view
+from gwtf.node.control.membership import MemberInfo, State
 
 ACT = 8 * 2**20  # the swarm default: on the intra-location link (10 Gbit/s) ~149 mb/s per arc
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gwtf.node.config import NodeConfig
-from gwtf.node.links import ArcParamsSpec, LinkEstimate, arc_params
-from gwtf.node.membership import MemberInfo
-from gwtf.node.prober import LinkProber
+from gwtf.node.control.links import ArcParamsSpec, LinkEstimate, arc_params
+from gwtf.node.control.membership import MemberInfo
+from gwtf.node.control.prober import LinkProber
 
 HEAD = MemberInfo("s1n0", "127.0.0.1:1", 1, "", 0.1, 10.0, epoch=1)
 CONFIG = NodeConfig(probe_s=1e-4, bandwidth_probe_s=2.0, change_persistence_s=20.0)

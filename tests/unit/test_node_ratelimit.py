@@ -1,5 +1,5 @@
-"""The per-peer rate limit (gwtf.node.ratelimit): the token bucket and the limiter's keys, with an
-injected clock; and the interceptor on a real gRPC server on loopback."""
+"""The per-peer rate limit (gwtf.node.rpc.ratelimit): the token bucket and the limiter's keys, with
+an injected clock; and the interceptor on a real gRPC server on loopback."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from gwtf.node.ratelimit import (
+from gwtf.node.rpc.ratelimit import (
     HOST_SHARE,
     RateLimit,
     RateLimiter,
@@ -18,8 +18,8 @@ from gwtf.node.ratelimit import (
     TokenBucket,
     peer_host,
 )
-from gwtf.node.server import ProbeServicer
-from gwtf.node.transport import CALLER_NODE
+from gwtf.node.rpc.server import ProbeServicer
+from gwtf.node.rpc.transport import CALLER_NODE
 from gwtf.v1 import node_pb2, node_pb2_grpc
 
 

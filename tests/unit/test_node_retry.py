@@ -1,5 +1,5 @@
-"""The node's one retry policy (gwtf.node.retry, docs/design.md 3.10): the waits each of its loops
-had before are the policy's to the bit, which failures are retried, and the ban list."""
+"""The node's one retry policy (gwtf.node.rpc.retry, docs/design.md 3.10): the waits each of its
+loops had before are the policy's to the bit, which failures are retried, and the ban list."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import grpc
 import pytest
 from grpc import aio
 
-from gwtf.node.codec import InvalidMessage
 from gwtf.node.config import NodeConfig
 from gwtf.node.errors import Busy, NotParticipant, NotReady
-from gwtf.node.jobwire import CALL_BACKOFF, REPORT_ATTEMPTS, REPORT_BACKOFF
-from gwtf.node.retry import FINAL, TRANSIENT, Backoff, BanList, code_of, is_final, is_transient
-from gwtf.node.stage import FINAL_CODES, WorkerConfig
+from gwtf.node.jobs.wire import CALL_BACKOFF, REPORT_ATTEMPTS, REPORT_BACKOFF
+from gwtf.node.rpc.codec import InvalidMessage
+from gwtf.node.rpc.retry import FINAL, TRANSIENT, Backoff, BanList, code_of, is_final, is_transient
+from gwtf.node.worker.stage import FINAL_CODES, WorkerConfig
 
 Code = grpc.StatusCode
 
@@ -27,13 +27,13 @@ def test_the_loops_wait_what_they_waited_before_the_policy() -> None:
     """Each loop's own formula before it used the policy, against the policy's delay."""
     cfg, worker = NodeConfig(), WorkerConfig()
     flow = Backoff(cfg.retry_min_s, cfg.retry_max_s)
-    last = cfg.retry_min_s / 2  # gwtf.node.peers kept the last delay and doubled it
+    last = cfg.retry_min_s / 2  # gwtf.node.control.peers kept the last delay and doubled it
     send = Backoff(worker.retry_s, worker.retry_max_s)
     for retry in range(12):
         last = min(2 * last, cfg.retry_max_s)
         assert flow.delay(retry) == last
         assert send.delay(retry) == min(worker.retry_max_s, worker.retry_s * 2**retry)
-        attempt = retry + 1  # the jobwire loops counted their tries from 0, waiting from 1
+        attempt = retry + 1  # the job wire's loops counted their tries from 0, waiting from 1
         assert CALL_BACKOFF.delay(retry) == 0.2 * 2**attempt
         assert REPORT_BACKOFF.delay(retry) == min(1.0, 0.1 * 2**attempt)
     assert REPORT_ATTEMPTS == 12

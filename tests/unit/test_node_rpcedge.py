@@ -12,7 +12,6 @@ import grpc
 import pytest
 
 from gwtf.node import errors
-from gwtf.node.codec import InvalidMessage
 from gwtf.node.errors import (
     Busy,
     CannotRun,
@@ -29,10 +28,11 @@ from gwtf.node.errors import (
     UnknownJob,
     WrongState,
 )
-from gwtf.node.rpcedge import STATUS, status
+from gwtf.node.rpc.codec import InvalidMessage
+from gwtf.node.rpc.edge import STATUS, status
 
 NODE = Path(__file__).resolve().parents[2] / "gwtf" / "node"
-EDGE = {"rpcedge.py", "server.py", "tensors.py"}
+EDGE = {"rpc/edge.py", "rpc/server.py", "dataplane/tensors.py"}
 """The modules that turn refusals into statuses (the servicers and the table)."""
 LEGACY: set[str] = set()
 """Modules that still raise the old form `Refusal(code, message)`."""
@@ -101,9 +101,11 @@ def _calls_with_a_status(path: Path) -> list[int]:
 
 def test_the_domain_modules_name_no_status_code_for_a_refusal() -> None:
     offenders = {
-        p.name: lines for p in sorted(NODE.glob("*.py"))
-        if p.name not in EDGE | LEGACY and (lines := _calls_with_a_status(p))
+        name: lines for p in sorted(NODE.rglob("*.py"))
+        if (name := p.relative_to(NODE).as_posix()) not in EDGE | LEGACY
+        and (lines := _calls_with_a_status(p))
     }
+    assert EDGE <= {p.relative_to(NODE).as_posix() for p in NODE.rglob("*.py")}
     assert not offenders, f"refusals built with a status code outside the RPC edge: {offenders}"
     tree = ast.parse((NODE / "errors.py").read_text())
     imported = {

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from gwtf.node.security import (
+from gwtf.node.rpc.security import (
     Credentials,
     SecurityError,
     TokenClientInterceptors,
@@ -22,7 +22,7 @@ from gwtf.node.security import (
     secure_channel_options,
     server_credentials,
 )
-from gwtf.node.server import HealthServicer, ProbeServicer
+from gwtf.node.rpc.server import HealthServicer, ProbeServicer
 from gwtf.v1 import health_pb2, health_pb2_grpc, node_pb2, node_pb2_grpc
 from tests.integration.pki import make_ca, make_member
 

@@ -222,7 +222,7 @@ def flow_pb2_grpc_stub(channel: aio.Channel) -> Any:
 
 
 def test_every_rpc_of_a_table_driven_service_has_exactly_one_row() -> None:
-    from gwtf.node.server import TABLES
+    from gwtf.node.rpc.server import TABLES
 
     for name, (module, table) in TABLES.items():
         service = module.DESCRIPTOR.services_by_name[name.rsplit(".", 1)[1]]

@@ -1,4 +1,4 @@
-"""When a node ships its running gradient sum to a keeper (gwtf.node.shipping, docs/design.md
+"""When a node ships its running gradient sum to a keeper (gwtf.node.worker.shipping, docs/design.md
 4.9): every N microbatches with a fixed `replay_bound`; with "auto" only once the deaths it has
 seen make the replay it saves outweigh the shipment; never for a robust aggregation or without a
 live stage peer. The shipment itself (a contribution stream) is the chaos test's
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from gwtf.node.commit import CommitParticipant
+from gwtf.node.dataplane.gradsync import KEPT, ContributionError, ContributionHeader
 from gwtf.node.errors import NotReady, StaleIteration
-from gwtf.node.gradsync import KEPT, ContributionError, ContributionHeader
-from gwtf.node.shipping import SumShipper
-from gwtf.node.stage import StageContext, WorkerConfig
+from gwtf.node.worker.commit import CommitParticipant
+from gwtf.node.worker.shipping import SumShipper
+from gwtf.node.worker.stage import StageContext, WorkerConfig
 
 
 class Host:
@@ -80,7 +80,7 @@ def test_a_fixed_bound_ships_every_n_microbatches_to_the_live_peer() -> None:
     assert host.shipped == ["ship to a1"]
     accumulate(s, ctx, range(2, 6))
     assert host.shipped == ["ship to a1"]  # one shipment on the wire at a time
-    s._busy = False  # it landed (gwtf.node.shipping records it)
+    s._busy = False  # it landed (gwtf.node.worker.shipping records it)
     ctx.ledger.shipped(range(6), "a1")
     accumulate(s, ctx, range(6, 7))
     assert host.shipped == ["ship to a1"]
@@ -149,7 +149,7 @@ def test_a_keeper_adopts_a_kept_sum_once_however_often_the_order_comes() -> None
     import asyncio
 
     from gwtf.node.errors import NotHeld
-    from gwtf.node.recoveries import RecoveryHandler
+    from gwtf.node.worker.recoveries import RecoveryHandler
     from gwtf.recovery import Evidence, Ledger
     from gwtf.train import GradContribution
     from gwtf.v1 import job_pb2

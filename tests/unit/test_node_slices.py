@@ -1,12 +1,13 @@
-"""The reduce-scatter and all-gather of a stage's gradient sums (gwtf.node.slices, docs/design.md
-3.7): the slices, the bits of a sliced combination, and what a rerun of the commit reuses."""
+"""The reduce-scatter and all-gather of a stage's gradient sums (gwtf.node.worker.slices,
+docs/design.md 3.7): the slices, the bits of a sliced combination, and what a rerun of the commit
+reuses."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gwtf.node.slices import Delivered, SliceStore, basis, bounds, gaps
+from gwtf.node.worker.slices import Delivered, SliceStore, basis, bounds, gaps
 from gwtf.train import (
     ContributionError,
     GradContribution,

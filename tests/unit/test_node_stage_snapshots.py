@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gwtf.node.stage import StageContext, WorkerConfig
+from gwtf.node.worker.stage import StageContext, WorkerConfig
 from tests.unit.test_node_heal import Host
 
 

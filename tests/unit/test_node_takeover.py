@@ -5,7 +5,7 @@ The coordinator may pause the job while it takes over (a stage that emptied toge
 old coordinator): the record must show that pause once the takeover is done, whatever else calls
 `update_pause` later. The real JobManager drives `_take_over`; the coordinator's own takeover,
 which talks to the other participants, is replaced by one that pauses the job as the real one
-does when it finds a stage empty (gwtf.node.jobcoord, `update_pause`)."""
+does when it finds a stage empty (gwtf.node.jobs.coordinator.coordinator, `update_pause`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gwtf.node import jobs
+from gwtf.node.jobs import manager as jobs
 from tests.unit.test_node_job_verdicts import JOB, participant
 
 EMPTY = "stage 1 has no live node: the job waits for a node to join it"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gwtf.flow.topology import LinkSpec
-from gwtf.node.wan import CALIBRATION_MIN, ScheduleError, WanEmulator, parse_schedule
+from gwtf.node.rpc.wan import CALIBRATION_MIN, ScheduleError, WanEmulator, parse_schedule
 
 LINKS = {frozenset(("Oregon", "Tokyo")): LinkSpec(rtt_ms=96.0, bandwidth_gbps=0.5)}
 
@@ -146,8 +146,8 @@ def test_calls_across_a_cut_are_dropped_every_kind_and_pass_once_it_heals() -> N
     import grpc
     from grpc import aio
 
-    from gwtf.node.server import HealthServicer, ProbeServicer
-    from gwtf.node.transport import DROPPED, ChannelPool, WanServerInterceptor
+    from gwtf.node.rpc.server import HealthServicer, ProbeServicer
+    from gwtf.node.rpc.transport import DROPPED, ChannelPool, WanServerInterceptor
     from gwtf.v1 import health_pb2, health_pb2_grpc, node_pb2, node_pb2_grpc
 
     wall = Clock()

@@ -10,7 +10,7 @@ from gwtf.flow.generate import geo10
 from gwtf.flow.oracle import oracle_cost_units, solve_oracle
 from gwtf.flow.solution import cost_units, feasibility_violations, make_result
 from gwtf.flow.topology import LinkSpec, Topology
-from gwtf.sim.control import ControlPlane
+from gwtf.sim.routing.control import ControlPlane
 
 
 def assert_oracle(plane: ControlPlane, topology: Topology) -> None:

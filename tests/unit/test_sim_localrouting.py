@@ -1,8 +1,8 @@
-"""The simulator's gwtf policy routes as the node does (gwtf.sim.localrouting, docs/design.md
-2.12, 5): by each node's own `LocalRoute` on a membership view spread by simulated gossip; after
-a crash every node routes by the new solution within the failure timeout, the spread and a quiet
-spell; the routes are those the node's driver computes from the same view; `routing = "relax"`
-keeps the flow machines."""
+"""The simulator's gwtf policy routes as the node does (gwtf.sim.routing.localrouting,
+docs/design.md 2.12, 5): by each node's own `LocalRoute` on a membership view spread by simulated
+gossip; after a crash every node routes by the new solution within the failure timeout, the spread
+and a quiet spell; the routes are those the node's driver computes from the same view; `routing =
+"relax"` keeps the flow machines."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ import pytest
 from gwtf.flow.localroute import solver
 from gwtf.flow.topology import DEFAULT_INTRA, Members
 from gwtf.node.config import NodeConfig
-from gwtf.node.membership import WATCH as NODE_WATCH
-from gwtf.node.routing import LocalRouting as NodeRouting
-from gwtf.sim.localrouting import (
+from gwtf.node.control.membership import WATCH as NODE_WATCH
+from gwtf.node.control.routing import LocalRouting as NodeRouting
+from gwtf.sim.policies import GwtfPolicy, simulation
+from gwtf.sim.routing.localrouting import (
     GOSSIP_FANOUT,
     GOSSIP_PERIOD_S,
     WATCH,
     LocalRouting,
     gossip_spread,
 )
-from gwtf.sim.policies import GwtfPolicy, simulation
 from gwtf.sim.scenario import ScenarioError
 from gwtf.sim.simulator import Simulation
 from tests.unit.test_sim_run import scenario, trace_with
@@ -84,7 +84,7 @@ def sim_quiet(tmp_path: Path) -> float:
 
 
 def test_the_routes_are_the_nodes_own_for_the_same_view(tmp_path: Path) -> None:
-    """The node's driver (gwtf.node.routing) and the simulator's hold the same `LocalRoute`:
+    """The node's driver (gwtf.node.control.routing) and the simulator's hold the same `LocalRoute`:
     given the records of the simulated swarm, each node's routes are what the simulated node
     routes by."""
     sim = crashed(tmp_path, CRASH_S + DETECT_S + 3.0)

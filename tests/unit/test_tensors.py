@@ -15,10 +15,9 @@ from grpc import aio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gwtf.node import tensors
 from gwtf.node.config import MAX_ID_LENGTH, MAX_MESSAGE_BYTES
-from gwtf.node.errors import Refusal, UnknownJob
-from gwtf.node.tensors import (
+from gwtf.node.dataplane import tensors
+from gwtf.node.dataplane.tensors import (
     DATA_PLANE_MAX_MESSAGE_BYTES,
     DEFAULT_DTYPES,
     MAX_HEADER_BYTES,
@@ -33,6 +32,7 @@ from gwtf.node.tensors import (
     encode_wire,
     send,
 )
+from gwtf.node.errors import Refusal, UnknownJob
 from gwtf.v1 import data_pb2, data_pb2_grpc
 
 TAG = MicrobatchTag(

@@ -1,4 +1,4 @@
-"""The trained model out: model.safetensors and job.toml (gwtf.train.checkpoint)."""
+"""The trained model out: model.safetensors and job.toml (gwtf.train.checkpoints.checkpoint)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from gwtf.cli import main
 from gwtf.train import PRESETS, AggregationConfig, train_reference
-from gwtf.train.checkpoint import (
+from gwtf.train.checkpoints.checkpoint import (
     MODEL_FILE,
     CheckpointError,
     job_toml,

@@ -1,4 +1,5 @@
-"""Models from Hugging Face folders (gwtf.train.hf): in, cut into stages, trained, and back out.
+"""Models from Hugging Face folders (gwtf.train.models.hf): in, cut into stages, trained, and back
+out.
 
 transformers is the independent check. Tiny LLaMA (grouped-query attention, a rotary base of its
 own) and GPT-2 (tied head, tanh GELU, a position table longer than the job's sequences) models
@@ -36,16 +37,16 @@ from transformers import (
 
 from gwtf.cli import main
 from gwtf.train import PRESETS, JobConfig, ModelConfig, train_reference
-from gwtf.train.checkpoint import job_toml, merge_stages, save_model
+from gwtf.train.checkpoints.checkpoint import job_toml, merge_stages, save_model
 from gwtf.train.data import job_corpus, job_microbatch
-from gwtf.train.hf import (
+from gwtf.train.job import JobError, load_job
+from gwtf.train.models.hf import (
     ExportError,
     PretrainedError,
     export_hf,
     hf_tensors,
     read_model_config,
 )
-from gwtf.train.job import JobError, load_job
 from gwtf.train.stage import StageModule, build_model, build_stage_of
 
 ATOL = 1e-5

@@ -1,6 +1,6 @@
-"""Resuming from a checkpoint (gwtf.train.resume): a job stopped after iteration k, written to a
-folder, and continued from there (under any cut of the model into stages) ends bit for bit equal
-to the same job trained without a stop."""
+"""Resuming from a checkpoint (gwtf.train.checkpoints.resume): a job stopped after iteration k,
+written to a folder, and continued from there (under any cut of the model into stages) ends bit for
+bit equal to the same job trained without a stop."""
 
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gwtf.train.checkpoint import CheckpointError, merge_stages, save_model
-from gwtf.train.commit import combine_contributions
-from gwtf.train.data import Corpus, job_microbatch, load_corpus
-from gwtf.train.executor import MicrobatchKey, StageExecutor
-from gwtf.train.job import JobConfig, ModelConfig, OptimizerConfig
-from gwtf.train.reference import train_reference
-from gwtf.train.resume import (
+from gwtf.train.checkpoints.checkpoint import CheckpointError, merge_stages, save_model
+from gwtf.train.checkpoints.resume import (
     OPTIMIZER_FILE,
     load_resumable,
     save_optimizer,
     stage_state,
     unpack_stage,
 )
+from gwtf.train.commit import combine_contributions
+from gwtf.train.data import Corpus, job_microbatch, load_corpus
+from gwtf.train.executor import MicrobatchKey, StageExecutor
+from gwtf.train.job import JobConfig, ModelConfig, OptimizerConfig
+from gwtf.train.reference import train_reference
 
 JOB = JobConfig(
     model=ModelConfig(kind="llama", layers=4, width=32, heads=2, seq_len=16, dropout=0.1),
