@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.report import machine, write_section
-from gwtf.flow.bus import solve_decentralized
 from gwtf.flow.generate import geo10, topology_to_file
 from gwtf.flow.oracle import oracle_cost_units, solve_oracle
+from gwtf.flow.relax.bus import solve_decentralized
 from gwtf.flow.solution import cost_units, make_result
 from gwtf.flow.topology import Topology
 

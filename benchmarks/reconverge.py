@@ -51,10 +51,10 @@ import networkx as nx
 import numpy as np
 
 from benchmarks.report import machine, write_section
-from gwtf.flow.bus import node_views
-from gwtf.flow.decentralized import FlowConfig
 from gwtf.flow.generate import geo10, gpu_speeds
 from gwtf.flow.oracle import SINK, SOURCE, build_oracle_network, solve_oracle
+from gwtf.flow.relax.bus import node_views
+from gwtf.flow.relax.decentralized import FlowConfig
 from gwtf.flow.solution import feasibility_violations
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, cost_to_units
 from gwtf.sim.policies import GwtfPolicy, simulation

@@ -40,7 +40,7 @@ def run_route(args: argparse.Namespace) -> int:
         elif method == "local":
             result = _local(args.topology, args.seed)
         else:
-            from gwtf.flow.bus import NotConverged, solve_decentralized
+            from gwtf.flow.relax.bus import NotConverged, solve_decentralized
 
             topology = load_topology(args.topology)
             try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gwtf.flow.decentralized import FlowConfig
+from gwtf.flow.relax.decentralized import FlowConfig
 from gwtf.flow.topology import cost_to_units
 
 __all__ = [

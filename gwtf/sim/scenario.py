@@ -599,9 +599,9 @@ def parse_scenario(
             default=intra.rtt_ms / 2000,
         )
         # The flow machines' scaling phases are ended swarm-wide once no control message is in
-        # flight (gwtf.flow.bus does the same). A real swarm learns it by a termination-detection
-        # round over its heartbeats: two of the slowest one-way control delays, and a
-        # millisecond of processing.
+        # flight (gwtf.flow.relax.bus does the same). A real swarm learns it by a
+        # termination-detection round over its heartbeats: two of the slowest one-way control
+        # delays, and a millisecond of processing.
         phase_end = 2 * worst + 0.001
 
     client = _section(where, doc, "client")

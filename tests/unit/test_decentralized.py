@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gwtf.flow.bus import MessageBus, config_for, node_views, solve_decentralized
-from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
 from gwtf.flow.generate import geo10, random_layered
 from gwtf.flow.oracle import oracle_cost_units, solve_oracle
+from gwtf.flow.relax.bus import MessageBus, config_for, node_views, solve_decentralized
+from gwtf.flow.relax.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
 from gwtf.flow.solution import cost_units, feasibility_violations, make_result
 from gwtf.flow.topology import LinkSpec, Topology, parse_topology
 

@@ -3,7 +3,7 @@ happened since (docs/design.md 2.7), for the simulator's control plane and relax
 
 from __future__ import annotations
 
-from gwtf.flow.swarm import PhaseClock
+from gwtf.flow.relax.swarm import PhaseClock
 
 
 def clock() -> tuple[PhaseClock, list[float]]:

@@ -6,7 +6,7 @@ import sys
 
 CODE = """
 import sys
-import gwtf.flow, gwtf.flow.decentralized, gwtf.recovery, gwtf.job, gwtf.job.iterations
+import gwtf.flow, gwtf.flow.relax.decentralized, gwtf.recovery, gwtf.job, gwtf.job.iterations
 import gwtf.job.nexthop, gwtf.job.snapshots, gwtf.job.quorum
 banned = ("torch", "grpc", "asyncio", "uvloop", "gwtf.node", "gwtf.sim", "gwtf.train",
           "gwtf.v1")

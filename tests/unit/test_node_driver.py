@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gwtf.flow.bus import flow_config
-from gwtf.flow.decentralized import FlowMessage
 from gwtf.flow.generate import geo10, random_layered
 from gwtf.flow.oracle import solve_oracle
+from gwtf.flow.relax.bus import flow_config
+from gwtf.flow.relax.decentralized import FlowMessage
 from gwtf.flow.solution import make_result
 from gwtf.flow.topology import LinkSpec, Topology
 from gwtf.node.control.driver import ArcAnnounce, FlowDriver, Outgoing

@@ -34,7 +34,7 @@ def test_flow_message_round_trips() -> None:
 
 
 def test_proto_mirrors_the_state_machine_message() -> None:
-    from gwtf.flow.decentralized import FlowMessage
+    from gwtf.flow.relax.decentralized import FlowMessage
     from gwtf.v1 import flow_pb2
 
     proto_fields = [f.name for f in flow_pb2.FlowMessage.DESCRIPTOR.fields]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gwtf.flow.bus import flow_config, node_views
 from gwtf.flow.generate import geo10
 from gwtf.flow.oracle import oracle_cost_units, solve_oracle
+from gwtf.flow.relax.bus import flow_config, node_views
 from gwtf.flow.solution import cost_units, feasibility_violations, make_result
 from gwtf.flow.topology import LinkSpec, Topology
 from gwtf.sim.routing.control import ControlPlane

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
+from gwtf.flow.relax.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
 from gwtf.node.control.links import ArcParamsSpec
 from gwtf.node.control.phases import PhaseReportData
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from grpc import aio
 
-from gwtf.flow.decentralized import FlowConfig
+from gwtf.flow.relax.decentralized import FlowConfig
 from gwtf.flow.topology import cap_to_units
 from gwtf.node.control.driver import ArcAnnounce, FlowDriver, Outgoing
 from gwtf.node.control.links import ArcParamsSpec, LinkEstimate, arc_params, ring_params

@@ -54,7 +54,7 @@ def arc_params(
 
 def ring_params(tail_capacity: float, head_capacity: float) -> ArcParamsSpec:
     """A ring return arc (last stage -> data holder): `min` of the two node capacities, as
-    `gwtf.flow.bus.node_views` gives it; its cost is set by the state machine (-M)."""
+    `gwtf.flow.relax.bus.node_views` gives it; its cost is set by the state machine (-M)."""
     return ArcParamsSpec(
         min(cap_to_units(tail_capacity), cap_to_units(head_capacity)), 0, 0.0, 0.0
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from gwtf.flow.decentralized import FlowConfig, FlowMessage
 from gwtf.flow.linkreports import (
     MAX_BLOCKED,
     MAX_REPORTS,
@@ -19,6 +18,7 @@ from gwtf.flow.linkreports import (
     check_record,
     site_of,
 )
+from gwtf.flow.relax.decentralized import FlowConfig, FlowMessage
 from gwtf.node.config import MAX_ID_LENGTH, MAX_STAGES, ROUTINGS, SwarmSettings
 from gwtf.node.control.driver import ArcAnnounce
 from gwtf.node.control.membership import MemberInfo, State

@@ -10,13 +10,13 @@ control plane, with the same rules and the same delays:
 - a scaling phase ends swarm-wide `phase_end_s` after the moment no message is in flight (the
   time a real swarm takes to learn it: the scenario's default is two of the slowest one-way
   delays, the node's coordinator two waves of calls), unless anything happened meanwhile
-  (`gwtf.flow.swarm.PhaseClock`, as `RelaxRouting`);
+  (`gwtf.flow.relax.swarm.PhaseClock`, as `RelaxRouting`);
 - when a machine asks for a rescale (`FlowNode.wants_rescale`), every machine rescales at once;
 - a crash, a join and a link change touch every machine (`note_change`, as the membership does
   in the node and `GwtfPolicy` in the simulator); a re-measured arc only its two ends (as
   `FlowDriver.own_arc` / `accept_arc`).
 
-`ControlPlane` subclasses the in-process bus, whose swarm edits and rules (`gwtf.flow.swarm`:
+`ControlPlane` subclasses the in-process bus, whose swarm edits and rules (`gwtf.flow.relax.swarm`:
 `remove`, `join`, `cut`, `link`, `update`, `recreate`, `link_changed`, rescales, phase ends) it
 reuses, and replaces its delivery in rounds by delivery at simulated times.
 `benchmarks/reconverge.py` times changes with it.
@@ -30,9 +30,9 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gwtf.flow.bus import BusStats, MessageBus, node_views
-from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode
-from gwtf.flow.swarm import PhaseClock
+from gwtf.flow.relax.bus import BusStats, MessageBus, node_views
+from gwtf.flow.relax.decentralized import FlowConfig, FlowMessage, FlowNode
+from gwtf.flow.relax.swarm import PhaseClock
 from gwtf.flow.topology import LinkSpec, Topology
 
 __all__ = ["ControlPlane", "Settled"]

@@ -6,7 +6,7 @@ so routing after a change takes the time it really takes. A node handles its inb
 (`control_batch_s`); scaling phases end swarm-wide `phase_end_s` after no message is in flight
 (`PhaseClock`, as in `ControlPlane`); a machine that asks for a rescale rescales every machine.
 A crash, a join and a link change touch every machine (`note_change`), a link change updates its
-arcs in place as a new generation. Those rules and edits are `gwtf.flow.swarm.FlowSwarm`'s, as
+arcs in place as a new generation. Those rules and edits are `gwtf.flow.relax.swarm.FlowSwarm`'s, as
 for the bus and the control plane; this module is their transport over the simulated links and
 clock.
 """
@@ -17,9 +17,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from gwtf.flow.bus import COST_HEADROOM, node_views
-from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode
-from gwtf.flow.swarm import FlowSwarm, PhaseClock, with_epochs
+from gwtf.flow.relax.bus import COST_HEADROOM, node_views
+from gwtf.flow.relax.decentralized import FlowConfig, FlowMessage, FlowNode
+from gwtf.flow.relax.swarm import FlowSwarm, PhaseClock, with_epochs
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode

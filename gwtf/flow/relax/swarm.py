@@ -4,7 +4,7 @@ A driver that holds every machine (docs/design.md 2.7) moves messages between th
 from what it sees of the whole swarm, what the algorithm leaves to drivers. Those decisions are
 written here once, for all such drivers:
 
-    MessageBus      (gwtf.flow.bus)            messages delayed by whole rounds
+    MessageBus      (gwtf.flow.relax.bus)            messages delayed by whole rounds
     ControlPlane    (gwtf.sim.routing.control)         messages delayed by simulated WAN links
     RelaxRouting    (gwtf.sim.routing.relaxrouting)    the same inside the full simulation
 
@@ -18,7 +18,7 @@ written here once, for all such drivers:
   place (`FlowNode.update_arc`: its flow stays where the new numbers allow it) unless the swarm
   measures the old way (`in_place` False: re-created empty).
 - *Rescales.* When one machine asks for the scaling to be run again, every machine rescales at
-  once (`rescale_if_asked`, gwtf.flow.decentralized).
+  once (`rescale_if_asked`, gwtf.flow.relax.decentralized).
 - *Phase ends.* When nothing is in flight, every machine not yet at the final epsilon tightens
   (`tighten`). A driver on a clock learns that a while after the fact, as a real swarm does:
   `PhaseClock` ends the phase `after` seconds past the moment nothing was in flight, unless
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from gwtf.flow.decentralized import (
+from gwtf.flow.relax.decentralized import (
     FlowConfig,
     FlowMessage,
     FlowNode,

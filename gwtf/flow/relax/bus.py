@@ -9,7 +9,7 @@ its messages as one batch, in seeded random order. Same seed, same run, bit for 
 The bus also ends the scaling phases (`FlowConfig.quiet_s` None): when no message is in flight,
 the phase's work is done everywhere, and it tells every node to tighten epsilon. When a node asks
 for the scaling to be re-run (`FlowNode.wants_rescale`), it widens every node's epsilon. Those
-rules, and the swarm's edits (crashes, joins, links), are `gwtf.flow.swarm.FlowSwarm`'s, which
+rules, and the swarm's edits (crashes, joins, links), are `gwtf.flow.relax.swarm.FlowSwarm`'s, which
 the simulator's drivers share.
 """
 
@@ -21,9 +21,9 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gwtf.flow.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
+from gwtf.flow.relax.decentralized import FlowConfig, FlowMessage, FlowNode, LocalArc, NodeView
+from gwtf.flow.relax.swarm import FlowSwarm
 from gwtf.flow.solution import FlowResult, make_result
-from gwtf.flow.swarm import FlowSwarm
 from gwtf.flow.topology import Topology
 
 __all__ = [
