@@ -12,6 +12,11 @@ window follows the rates, and the same weights always give the same sequence.
 Weights come from the flows once they are settled (the swarm ended its scaling), and before
 that, or when the flows give this node no way out (its inflow is zero in the flow but a sender
 chose it anyway), from the peers' capacities: a sensible split that needs no agreement.
+
+Between two solves a sender does not wait on a straggler (`live_weights`, docs/design.md 2.13):
+every receiver tells, in each acknowledgement, the seconds per microbatch it measures now; a
+peer that runs slower than the pace its weight was solved for gets its share cut by as much,
+so one slow node costs its own share, not the pipeline's, before the flows move.
 """
 
 from __future__ import annotations
@@ -19,10 +24,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Mapping
 
-__all__ = ["SmoothRoundRobin", "next_hop_weights"]
+__all__ = ["LIVE_SLACK", "SmoothRoundRobin", "live_weights", "next_hop_weights"]
 
 CAPACITY_SCALE = 1000
 """Capacity-proportional weights are capacities (microbatches/s) in thousandths, at least 1."""
+
+LIVE_SLACK = 1.2
+"""A peer's share is cut only when it runs this much slower than its record says: below that,
+measurement noise (tens of percent on a shared machine) would jitter every sender's sequence
+for nothing, and the flows' headroom absorbs it."""
+
+LIVE_SCALE = 1000
+"""Every weight is scaled by this before the cuts (`live_weights`)."""
 
 
 def next_hop_weights(
@@ -47,6 +60,32 @@ def next_hop_weights(
         if capacity > 0
     }
     return weights, "capacity"
+
+
+def live_weights(
+    weights: Mapping[str, int],
+    solved_s: Mapping[str, float],
+    live_s: Mapping[str, float],
+) -> dict[str, int]:
+    """`weights` with the share of each peer that runs slower than it was solved for cut by as
+    much: `weight * solved / live` where `live > LIVE_SLACK * solved` (`solved_s`: the pace in
+    the peer's record, what the flows were solved with; `live_s`: what the peer said last).
+
+    Every weight is scaled by `LIVE_SCALE` first, cut or not: smooth round-robin picks the same
+    sequence from weights all scaled alike (every credit scales with them), so a swarm with no
+    straggler picks exactly as before, and a cut of a small weight keeps its proportion. A share
+    is never raised: a peer faster than its record gets more once its record says so and the
+    flows move (gwtf.flow.pace). A cut peer keeps a weight of at least 1: it still gets the odd
+    microbatch, and so goes on telling its pace.
+    """
+    out: dict[str, int] = {}
+    for peer, weight in weights.items():
+        solved, live = solved_s.get(peer, 0.0), live_s.get(peer, 0.0)
+        if weight > 0 and solved > 0 and live > LIVE_SLACK * solved:
+            out[peer] = max(1, round(weight * LIVE_SCALE * solved / live))
+        else:
+            out[peer] = weight * LIVE_SCALE
+    return out
 
 
 class SmoothRoundRobin:

@@ -188,6 +188,7 @@ def run_node(args: argparse.Namespace) -> int:
         precision=args.precision,
         threads=args.threads,
         emulate_compute=args.emulate_compute,
+        pace=args.pace,
         train=not args.no_train,
         fault=fault,
         rate_limit=RateLimit(args.rate_limit),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gwtf.flow.pace import PaceConfig
 from gwtf.flow.relax.decentralized import FlowConfig
 from gwtf.flow.topology import cost_to_units
 
@@ -118,6 +119,10 @@ class NodeConfig:
     """Local routing: put measured bandwidth in the record too, not only RTT and failed links.
     Off by default: on a loaded machine a loopback's bandwidth probes wander by a factor of
     several, and every unlocated node that reports becomes a cell of its own in every solve."""
+    pace: PaceConfig = PaceConfig()
+    """How the node's record follows the pace it measures on every microbatch (`--pace live`):
+    the window of samples, the hysteresis factor and the hold between two publications, each
+    with its reason in gwtf.flow.pace (docs/design.md 2.13)."""
     retry_min_s: float = 0.05
     """First retry delay of a failed flow batch; doubles up to `retry_max_s`."""
     retry_max_s: float = 1.0

@@ -31,6 +31,14 @@ A slow node, `slow:state-transfer[:seconds=S]`, is a donor behind a thin uplink:
 streamed the first chunk of its stage's state to a joiner, it waits S seconds (default 5) before
 the rest, so that the state arrives stale by the steps taken meanwhile (docs/design.md 3.8).
 
+A straggler, `slow:compute:factor=F[:from=K][:until=K2]`, takes F times longer over its stage
+work (F > 0; below 1 it is faster) from iteration K (default 0) until iteration K2 (excluded;
+default: for ever), as a GPU shared with another program or a throttling laptop: with emulated
+compute its padding is F times longer, otherwise it sleeps F - 1 times what the work took. The
+node is not told (it measures its own pace as any node does, docs/design.md 2.13).
+`slow:link:factor=F[:peer=ID][:from=K][:until=K2]` makes its data-plane sends to ID (any peer,
+left out) take F times longer in the emulated WAN, as an uplink shared with a video call.
+
 Like torchft's `EventInjector.fail_at(rank, step)`, it is a first-class test tool, not a mock: the
 rest of the swarm sees a real crash.
 """
@@ -49,8 +57,8 @@ FAULT_ENV = "GWTF_FAULT"
 POINTS = ("forward", "backward", "after-backward", "aggregation", "state-transfer")
 POISONS = {"gradients": 1e4, "weights": 1e-2}
 """What a poisoning node corrupts, and the default scale."""
-SLOW = ("state-transfer",)
-"""Where a slow node waits."""
+SLOW = ("state-transfer", "compute", "link")
+"""Where a slow node waits (`state-transfer`) or what it is slow at (`compute`, `link`)."""
 LOG = logging.getLogger("gwtf.node.faults")
 
 
@@ -70,7 +78,11 @@ class Fault:
     scale: float = 0.0
     start: int = 0
     slow: str = ""
-    """The point this node is slow at (`slow:POINT`), `scale` seconds each time."""
+    """The point this node is slow at (`slow:POINT`): `scale` seconds each time at a point, or
+    `scale` times longer for `compute` and `link` from iteration `start` until `until`."""
+    until: int | None = None
+    peer: str = ""
+    """`slow:link`: the peer whose sends are slow ("": every peer)."""
 
     def gradient_scale(self, iteration: int) -> float | None:
         """The factor on the gradient sums sent to stage peers at `iteration` (None: honest)."""
@@ -86,7 +98,18 @@ class Fault:
 
     def delay_s(self, point: str) -> float:
         """Seconds a slow node waits at `point` (0: none)."""
-        return self.scale if self.slow == point else 0.0
+        return self.scale if self.slow == point == "state-transfer" else 0.0
+
+    def slowdown(self, what: str, iteration: int, peer: str = "") -> float:
+        """How many times longer `what` ("compute", "link" to `peer`) takes at `iteration`
+        (1: as fast as it is)."""
+        if self.slow != what or iteration < self.start:
+            return 1.0
+        if self.until is not None and iteration >= self.until:
+            return 1.0
+        if what == "link" and self.peer and peer != self.peer:
+            return 1.0
+        return self.scale
 
     def matches(self, point: str, iteration: int | None, microbatch: int | None = None) -> bool:
         return (
@@ -139,9 +162,49 @@ def _poison(spec: str, parts: list[str]) -> Fault:
     return Fault("", poison=what, scale=scale, start=start)
 
 
+def _slower(spec: str, parts: list[str]) -> Fault:
+    """`slow:compute:...` and `slow:link:...` (module doc)."""
+    what = parts[1]
+    allowed = ("factor", "from", "until") + (("peer",) if what == "link" else ())
+    values: dict[str, str] = {}
+    for part in parts[2:]:
+        name, sep, value = part.partition("=")
+        if not sep or name not in allowed or name in values:
+            raise FaultError(
+                f"fault {spec!r}: {part!r} is not one of " + ", ".join(f"{a}=" for a in allowed)
+            )
+        values[name] = value
+    if "factor" not in values:
+        raise FaultError(f"fault {spec!r}: slow:{what} needs factor=F")
+    try:
+        factor = float(values["factor"])
+    except ValueError:
+        raise FaultError(f"fault {spec!r}: {values['factor']!r} is not a number") from None
+    if not 0 < factor < math.inf:
+        raise FaultError(f"fault {spec!r}: factor must be positive and finite")
+    bounds: dict[str, int] = {}
+    for name in ("from", "until"):
+        if name in values:
+            try:
+                bounds[name] = int(values[name])
+            except ValueError:
+                raise FaultError(
+                    f"fault {spec!r}: {values[name]!r} is not a whole number"
+                ) from None
+            if bounds[name] < 0:
+                raise FaultError(f"fault {spec!r}: {name} must not be negative")
+    start, until = bounds.get("from", 0), bounds.get("until")
+    if until is not None and until <= start:
+        raise FaultError(f"fault {spec!r}: until must come after from")
+    return Fault("", slow=what, scale=factor, start=start, until=until,
+                 peer=values.get("peer", ""))
+
+
 def _slow(spec: str, parts: list[str]) -> Fault:
     if parts[1] not in SLOW:
         raise FaultError(f"slow point {parts[1]!r} is not one of {', '.join(SLOW)}")
+    if parts[1] in ("compute", "link"):
+        return _slower(spec, parts)
     seconds = 5.0
     if len(parts) > 3 or (len(parts) == 3 and not parts[2].startswith("seconds=")):
         raise FaultError(f"fault {spec!r}: only seconds=S may follow the point")
@@ -156,8 +219,9 @@ def _slow(spec: str, parts: list[str]) -> Fault:
 
 
 def parse_fault(spec: str) -> Fault:
-    """`crash-in:POINT[:iteration=K][:microbatch=M]`, `poison:WHAT[:scale=S][:from=K]` or
-    `slow:POINT[:seconds=S]`; FaultError if it is anything else."""
+    """`crash-in:POINT[:iteration=K][:microbatch=M]`, `poison:WHAT[:scale=S][:from=K]`,
+    `slow:state-transfer[:seconds=S]`, `slow:compute:factor=F[:from=K][:until=K2]` or
+    `slow:link:factor=F[:peer=ID][:from=K][:until=K2]`; FaultError if it is anything else."""
     parts = spec.strip().split(":")
     if len(parts) >= 2 and parts[0] == "poison":
         return _poison(spec, parts)
@@ -167,8 +231,9 @@ def parse_fault(spec: str) -> Fault:
         raise FaultError(
             f"fault {spec!r} must read crash-in:POINT[:iteration=K][:microbatch=M], "
             f"POINT one of {', '.join(POINTS)}, poison:WHAT[:scale=S][:from=K], WHAT one "
-            f"of {', '.join(POISONS)}, or slow:POINT[:seconds=S], POINT one of "
-            f"{', '.join(SLOW)}"
+            f"of {', '.join(POISONS)}, slow:state-transfer[:seconds=S], "
+            f"slow:compute:factor=F[:from=K][:until=K2] or "
+            f"slow:link:factor=F[:peer=ID][:from=K][:until=K2]"
         )
     point = parts[1]
     if point not in POINTS:

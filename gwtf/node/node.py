@@ -356,7 +356,26 @@ class Node:
 
     @property
     def emulate_compute_s(self) -> float | None:
-        return self.members.me.compute_s if self.settings.emulate_compute else None
+        """What emulated compute pads a microbatch to: the compute time the node entered with,
+        not the pace it measures since (which the padding itself would feed)."""
+        if not self.settings.emulate_compute:
+            return None
+        pace = self._state.pace
+        return pace.declared_s if pace is not None else self.members.me.compute_s
+
+    def observe_compute(self, kind: str, seconds: float) -> None:
+        """A compute item of the job's stage took `seconds` (gwtf.flow.pace)."""
+        local = self._flows.local
+        if local is not None:
+            local.observe_compute(kind, seconds)
+        elif self._state.pace is not None:
+            self._state.pace.observe(kind, seconds)
+
+    def live_pace_s(self) -> float:
+        """Seconds per microbatch this node measures now (its record's until it has measured):
+        what its data plane tells senders (gwtf.job.nexthop.live_weights)."""
+        pace = self._state.pace
+        return pace.live_s() if pace is not None else 0.0
 
     @property
     def fault(self) -> Fault | None:

@@ -82,6 +82,9 @@ class NodeSettings:
     emulate_compute: bool = False
     """Pad each microbatch's stage work to `compute_s` (with sleep), as the emulated WAN pads
     messages: a local swarm then runs at the speeds its flows were computed for."""
+    pace: str = "live"
+    """"live": the record's compute time follows what the node measures on every microbatch
+    (gwtf.flow.pace, docs/design.md 2.13); "declared": it stays what the node entered with."""
     fault: Fault | None = None
     """Crash (SIGKILL itself) at this point of a job: chaos tests (gwtf.node.faults)."""
     rate_limit: RateLimit = field(default_factory=RateLimit)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from gwtf.flow.pace import Pace
 from gwtf.node.config import NodeConfig, SwarmSettings
 from gwtf.node.control.driver import FlowDriver
 from gwtf.node.control.membership import MemberInfo, Membership
@@ -67,6 +68,9 @@ class NodeState:
         self._swarm: SwarmSettings | None = None
         self._members: Membership | None = None
         self._driver: FlowDriver | None = None
+        self.pace: Pace | None = None
+        """This node's pace (gwtf.flow.pace), from its entry into a swarm: the compute time it
+        entered with (`declared_s`, what emulated compute pads to) and what it measures."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def identify(self, address: str) -> None:

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12gwtf/v1/data.proto\x12\x07gwtf.v1\"\xe5\x01\n\rMicrobatchTag\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x12\n\nmicrobatch\x18\x03 \x01(\x04\x12%\n\tdirection\x18\x04 \x01(\x0e\x32\x12.gwtf.v1.Direction\x12\x0e\n\x06sender\x18\x05 \x01(\t\x12\x0c\n\x04path\x18\x06 \x03(\t\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\x12\x0c\n\x04mode\x18\x08 \x01(\r\x12\r\n\x05round\x18\t \x01(\r\x12\x12\n\ndownstream\x18\n \x01(\t\x12\x16\n\x0erecovered_from\x18\x0b \x01(\t\"J\n\x0cTensorHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"[\n\x0cStreamHeader\x12#\n\x03tag\x18\x01 \x01(\x0b\x32\x16.gwtf.v1.MicrobatchTag\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.gwtf.v1.TensorHeader\"P\n\tDataChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12%\n\x06header\x18\x02 \x01(\x0b\x32\x15.gwtf.v1.StreamHeader\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\"!\n\x07\x44\x61taAck\x12\x16\n\x0ereceived_bytes\x18\x01 \x01(\x04*U\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44IRECTION_FORWARD\x10\x01\x12\x16\n\x12\x44IRECTION_BACKWARD\x10\x02\x32;\n\tDataPlane\x12.\n\x04Send\x12\x12.gwtf.v1.DataChunk\x1a\x10.gwtf.v1.DataAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12gwtf/v1/data.proto\x12\x07gwtf.v1\"\xe5\x01\n\rMicrobatchTag\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x12\n\nmicrobatch\x18\x03 \x01(\x04\x12%\n\tdirection\x18\x04 \x01(\x0e\x32\x12.gwtf.v1.Direction\x12\x0e\n\x06sender\x18\x05 \x01(\t\x12\x0c\n\x04path\x18\x06 \x03(\t\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\x12\x0c\n\x04mode\x18\x08 \x01(\r\x12\r\n\x05round\x18\t \x01(\r\x12\x12\n\ndownstream\x18\n \x01(\t\x12\x16\n\x0erecovered_from\x18\x0b \x01(\t\"J\n\x0cTensorHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"[\n\x0cStreamHeader\x12#\n\x03tag\x18\x01 \x01(\x0b\x32\x16.gwtf.v1.MicrobatchTag\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.gwtf.v1.TensorHeader\"P\n\tDataChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12%\n\x06header\x18\x02 \x01(\x0b\x32\x15.gwtf.v1.StreamHeader\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\"1\n\x07\x44\x61taAck\x12\x16\n\x0ereceived_bytes\x18\x01 \x01(\x04\x12\x0e\n\x06pace_s\x18\x02 \x01(\x01*U\n\tDirection\x12\x19\n\x15\x44IRECTION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44IRECTION_FORWARD\x10\x01\x12\x16\n\x12\x44IRECTION_BACKWARD\x10\x02\x32;\n\tDataPlane\x12.\n\x04Send\x12\x12.gwtf.v1.DataChunk\x1a\x10.gwtf.v1.DataAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gwtf.v1.data_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DIRECTION']._serialized_start=549
-  _globals['_DIRECTION']._serialized_end=634
+  _globals['_DIRECTION']._serialized_start=565
+  _globals['_DIRECTION']._serialized_end=650
   _globals['_MICROBATCHTAG']._serialized_start=32
   _globals['_MICROBATCHTAG']._serialized_end=261
   _globals['_TENSORHEADER']._serialized_start=263
@@ -42,7 +42,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATACHUNK']._serialized_start=432
   _globals['_DATACHUNK']._serialized_end=512
   _globals['_DATAACK']._serialized_start=514
-  _globals['_DATAACK']._serialized_end=547
-  _globals['_DATAPLANE']._serialized_start=636
-  _globals['_DATAPLANE']._serialized_end=695
+  _globals['_DATAACK']._serialized_end=563
+  _globals['_DATAPLANE']._serialized_start=652
+  _globals['_DATAPLANE']._serialized_end=711
 # @@protoc_insertion_point(module_scope)

@@ -73,7 +73,9 @@ class DataChunk(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., header: _Optional[_Union[StreamHeader, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class DataAck(_message.Message):
-    __slots__ = ("received_bytes",)
+    __slots__ = ("received_bytes", "pace_s")
     RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PACE_S_FIELD_NUMBER: _ClassVar[int]
     received_bytes: int
-    def __init__(self, received_bytes: _Optional[int] = ...) -> None: ...
+    pace_s: float
+    def __init__(self, received_bytes: _Optional[int] = ..., pace_s: _Optional[float] = ...) -> None: ...

@@ -5,7 +5,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gwtf.job.nexthop import SmoothRoundRobin, next_hop_weights
+from gwtf.job.nexthop import SmoothRoundRobin, live_weights, next_hop_weights
 
 
 def picks(weights: dict[str, int], n: int, rr: SmoothRoundRobin | None = None) -> list[str]:
@@ -87,3 +87,23 @@ def test_weights_come_from_settled_flows_else_capacities() -> None:
     # Settled flows that send nothing to a candidate (this node carries no flow): capacities.
     assert next_hop_weights({"gone": 5}, capacities, settled=True)[1] == "capacity"
     assert next_hop_weights({}, {}, settled=True) == ({}, "capacity")
+
+
+def test_a_straggler_gets_its_share_cut_by_its_slowdown_until_the_flows_move() -> None:
+    """gwtf.job.nexthop.live_weights: a peer that runs 4x slower than its record gets a quarter
+    of its share; within the slack, or without a live figure, the picks are the same as from
+    the weights themselves."""
+    weights = {"a": 5, "b": 5}
+    solved = {"a": 0.08, "b": 0.08}
+    cut = live_weights(weights, solved, {"a": 0.32, "b": 0.08})
+    assert cut == {"a": 1250, "b": 5000}
+    rr = SmoothRoundRobin()
+    picks = Counter(rr.pick(cut) for _ in range(625))
+    assert picks == {"a": 125, "b": 500}
+    for live in ({}, {"a": 0.09, "b": 0.07}, {"a": 0.32 / 4}):
+        same = live_weights(weights, solved, live)
+        rr_same, rr_plain = SmoothRoundRobin("x"), SmoothRoundRobin("x")
+        assert [rr_same.pick(same) for _ in range(50)] == [rr_plain.pick(weights) for _ in
+                                                           range(50)]
+    assert live_weights({"a": 1}, {"a": 0.01}, {"a": 100.0}) == {"a": 1}  # never cut to 0
+    assert live_weights({"a": 0, "b": 2}, solved, {"a": 1.0}) == {"a": 0, "b": 2000}

@@ -45,6 +45,19 @@ def test_a_slow_spec_says_where_and_how_long() -> None:
     assert parse_fault("crash-in:state-transfer").delay_s("state-transfer") == 0.0
 
 
+def test_a_straggler_spec_says_how_much_slower_and_when() -> None:
+    slow = parse_fault("slow:compute:factor=4:from=3:until=6")
+    assert [slow.slowdown("compute", k) for k in range(8)] == [1, 1, 1, 4, 4, 4, 1, 1]
+    assert slow.slowdown("link", 4) == 1.0 and slow.delay_s("state-transfer") == 0.0
+    assert not slow.matches("forward", 4)  # slow, never killed
+    forever = parse_fault("slow:compute:factor=0.5")
+    assert forever.slowdown("compute", 0) == forever.slowdown("compute", 10**6) == 0.5
+    link = parse_fault("slow:link:factor=3:peer=b2:from=1")
+    assert link.slowdown("link", 1, "b2") == 3.0
+    assert link.slowdown("link", 1, "b3") == link.slowdown("link", 0, "b2") == 1.0
+    assert parse_fault("slow:link:factor=2").slowdown("link", 0, "anyone") == 2.0
+
+
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
@@ -57,10 +70,16 @@ def test_a_slow_spec_says_where_and_how_long() -> None:
         ("poison:weights:from=-1", "from must not be negative"),
         ("poison:weights:from=1:from=2", "is not scale=S or from=K"),
         ("poison:weights:iteration=1", "is not scale=S or from=K"),
-        ("slow:forward", "slow point 'forward' is not one of state-transfer"),
+        ("slow:forward", "slow point 'forward' is not one of state-transfer, compute, link"),
         ("slow:state-transfer:seconds=0", "seconds must be positive and finite"),
         ("slow:state-transfer:seconds=x", "'seconds=x' is not seconds=S"),
         ("slow:state-transfer:iteration=1", "only seconds=S may follow the point"),
+        ("slow:compute", "slow:compute needs factor=F"),
+        ("slow:compute:factor=0", "factor must be positive and finite"),
+        ("slow:compute:factor=fast", "'fast' is not a number"),
+        ("slow:compute:factor=4:from=3:until=3", "until must come after from"),
+        ("slow:compute:factor=4:peer=a1", "is not one of factor=, from=, until="),
+        ("slow:link:factor=4:from=-2", "from must not be negative"),
         ("crash-in:sideways", "is not one of"),
         ("crash-in:forward:iteration=x", "not a whole number"),
         ("crash-in:forward:iteration=-1", "must not be negative"),

@@ -371,3 +371,22 @@ def test_two_sides_of_a_healed_partition_hear_of_each_other_through_their_dead()
     assert w.merge(answer.members) == [] and w.declared_dead
     _, answer = w.incoming("e", e.outgoing("w"))
     assert e.merge(answer.members) == [] and e.declared_dead
+
+
+def test_a_measured_pace_is_a_new_revision_that_gossip_carries() -> None:
+    """A node's pace (gwtf.flow.pace) changes its compute time and capacity in its record, as a
+    new revision; a peer takes it from gossip only from a newer revision, whatever the order."""
+    clock = Clock()
+    a, b = table(clock, "a"), table(clock, "b")
+    a.merge([b.me])
+    b.merge([a.me])
+    assert not a.set_pace(0.1)  # what it says already: no new revision
+    assert a.set_pace(0.4)
+    assert (a.me.compute_s, a.me.capacity, a.me.revision) == (0.4, 2.5, 1)
+    events = b.merge([a.me])
+    assert kinds(events) == [("links", "a")]
+    assert (b.get("a").compute_s, b.get("a").capacity) == (0.4, 2.5)  # type: ignore[union-attr]
+    stale = replace(a.me, compute_s=0.1, capacity=10.0, revision=0, heartbeat=7)
+    assert b.merge([stale]) == []  # an older revision moves the heartbeat, not the pace
+    assert b.get("a").compute_s == 0.4  # type: ignore[union-attr]
+    assert b.view_hash() != table(clock, "b").view_hash()

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import grpc
 from grpc import aio
 
+from gwtf.flow.pace import Pace
 from gwtf.flow.placement import Swarm, best_stage, open_stage
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
 from gwtf.node.config import SwarmSettings
@@ -223,6 +224,8 @@ class SwarmEntry:
             rng=state.rng,
         )
         state.driver = self._new_driver(me, warm=warm, round_=round_, tightens=tightens)
+        if state.pace is None:  # a new incarnation keeps what it measured
+            state.pace = Pace(me.compute_s, state.clock, config.pace)
 
     async def _join(self) -> str:
         state = self._state

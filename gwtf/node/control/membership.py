@@ -97,7 +97,7 @@ class MemberInfo:
     blocked: tuple[str, ...] = ()
     """Next-stage members this member cannot reach although they live: blocked arcs."""
     revision: int = 0
-    """Bumped by the member whenever its links or blocked arcs change, within an epoch."""
+    """Bumped by the member whenever its links, blocked arcs or pace change, within an epoch."""
     movable: bool = False
     """The job coordinator may move it to another stage (docs/design.md 2.11): it chose its
     stage and moves are not turned off. A pinned node (or one that does not say) never moves."""
@@ -112,8 +112,8 @@ class MemberInfo:
 
 @dataclass(frozen=True, slots=True)
 class MemberEvent:
-    """`kind` is "alive" (a new incarnation is known), "links" (a member's measured links or
-    blocked arcs changed), "dead" or "left"."""
+    """`kind` is "alive" (a new incarnation is known), "links" (a member's measured links,
+    blocked arcs or pace changed), "dead" or "left"."""
 
     kind: str
     member: MemberInfo
@@ -209,6 +209,18 @@ class Membership:
         if links == self._me.links and blocked == self._me.blocked:
             return False
         self._me = replace(self._me, links=links, blocked=blocked, revision=self._me.revision + 1)
+        self._spread(self._me.id)
+        return True
+
+    def set_pace(self, compute_s: float) -> bool:
+        """This node's measured pace (gwtf.flow.pace): its compute time and so its capacity, a
+        new revision of its record, spread as news. True if it changed."""
+        if compute_s == self._me.compute_s:
+            return False
+        self._me = replace(
+            self._me, compute_s=compute_s, capacity=1.0 / compute_s,
+            revision=self._me.revision + 1,
+        )
         self._spread(self._me.id)
         return True
 
@@ -387,9 +399,10 @@ class Membership:
                 continue
             if info.revision > old.revision:
                 entry.info = replace(
-                    entry.info, links=info.links, blocked=info.blocked, revision=info.revision
+                    entry.info, links=info.links, blocked=info.blocked, revision=info.revision,
+                    compute_s=info.compute_s, capacity=info.capacity,
                 )
-                events.append(MemberEvent("links", entry.info, "re-measured links"))
+                events.append(MemberEvent("links", entry.info, "re-measured links or pace"))
             if info.heartbeat > old.heartbeat:
                 entry.info = replace(entry.info, heartbeat=info.heartbeat)
                 entry.progress_at = now

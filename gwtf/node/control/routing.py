@@ -208,6 +208,33 @@ class LocalRouting:
             self._reports[there] = new
         self._publish()
 
+    def observe_compute(self, kind: str, seconds: float) -> None:
+        """A compute item of this node's stage (`kind`: forward or backward) took `seconds`: a
+        sample of its pace. Once the pace is due (gwtf.flow.pace: a majority of the window
+        `factor` away from the record, the hold passed) the record says it, a new revision
+        spread as news, and the view changes here at once (docs/design.md 2.13)."""
+        state = self._state
+        pace = state.pace
+        if pace is None:
+            return
+        pace.observe(kind, seconds)
+        if state.settings.pace != "live":
+            return
+        due = pace.due()
+        if due is None:
+            return
+        before = pace.published_s
+        pace.publish(due)
+        members = state.members
+        if members.set_pace(due):
+            state.log.info(
+                "pace: %.4f s per microbatch measured, the record said %.4f (spread %.0f%%): "
+                "record revision %d, capacity %.2f mb/s; the next change waits %.0f s at least",
+                due, before, 100 * pace.spread(), members.me.revision, members.me.capacity,
+                pace.hold_s,
+            )
+            self.update_view()
+
     def reachable(self, member: MemberInfo, ok: bool) -> None:
         """The prober found live `member` unreachable (`ok` False) or reachable again."""
         if ok:

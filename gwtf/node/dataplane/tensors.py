@@ -633,8 +633,9 @@ async def send(
     timeout: float,
     chunk_bytes: int = CHUNK_BYTES,
     delay: Callable[[int], Awaitable[None]] | None = None,
-) -> None:
-    """Stream one microbatch to the peer behind `stub`; returns once the peer has taken it.
+) -> float:
+    """Stream one microbatch to the peer behind `stub`; returns once the peer has taken it, with
+    the seconds per microbatch the peer says it runs at now (0: it did not say).
     With this module's `DataPlaneStub` the chunks are serialised with one copy of the payload;
     with the generated stub, through protobuf messages.
 
@@ -667,6 +668,8 @@ async def send(
         raise TensorError(
             f"the peer acknowledged {ack.received_bytes} of {plan.payload_bytes} bytes of {tag}"
         )
+    pace_s: float = ack.pace_s
+    return pace_s if math.isfinite(pace_s) and pace_s > 0 else 0.0
 
 
 class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
@@ -683,11 +686,18 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
     """
 
     def __init__(
-        self, handler: Handler, limits: TensorLimits, expect: Expect | None = None
+        self,
+        handler: Handler,
+        limits: TensorLimits,
+        expect: Expect | None = None,
+        pace: Callable[[], float] | None = None,
     ) -> None:
+        """`pace`: the receiver's seconds per microbatch now, told in every acknowledgement
+        (`DataAck.pace_s`: how a sender sees a straggler before the flows move)."""
         self._handler = handler
         self._limits = limits
         self._expect = expect
+        self._pace = pace
 
     async def Send(self, request_iterator: Any, context: aio.ServicerContext) -> data_pb2.DataAck:
         assembler = Assembler(self._limits, self._expect)
@@ -704,7 +714,8 @@ class DataPlaneServicer(data_pb2_grpc.DataPlaneServicer):
             if reading:
                 await drain(request_iterator)
             await _refuse(context, assembler, err)
-        return data_pb2.DataAck(received_bytes=assembler.received_bytes)
+        pace_s = self._pace() if self._pace is not None else 0.0
+        return data_pb2.DataAck(received_bytes=assembler.received_bytes, pace_s=pace_s)
 
 
 async def _refuse(context: aio.ServicerContext, assembler: Assembler, err: Exception) -> None:

@@ -87,6 +87,14 @@ class JobsHost(Protocol):
     @property
     def emulate_compute_s(self) -> float | None: ...
 
+    def observe_compute(self, kind: str, seconds: float) -> None:
+        """A compute item of the job's stage took `seconds`: a sample of the node's pace."""
+        ...
+
+    def live_pace_s(self) -> float:
+        """Seconds per microbatch the node measures now (0: not in a swarm)."""
+        ...
+
     @property
     def fault(self) -> Fault | None:
         """The fault this node is armed with (chaos tests), if any."""

@@ -133,7 +133,8 @@ class JobManager:
             from gwtf.node.dataplane.tensors import DataPlaneServicer, TensorLimits
 
             self._data_servicer = DataPlaneServicer(
-                self.calls.on_tensors, TensorLimits(), expect=self.calls.expect
+                self.calls.on_tensors, TensorLimits(), expect=self.calls.expect,
+                pace=self.host.live_pace_s,
             )
         return self._data_servicer
 
@@ -666,6 +667,9 @@ class _WorkerHost:
 
     def next_hop_weights(self, capacities: Mapping[str, float]) -> tuple[dict[str, int], str]:
         return next_hop_weights(self._host.routes(), capacities, settled=self._host.settled())
+
+    def observe_compute(self, kind: str, seconds: float) -> None:
+        self._host.observe_compute(kind, seconds)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         return self._host.spawn(coro, name)

@@ -5,8 +5,10 @@ torch runs on one thread with one intra-op thread (the count the one-process ref
 give the same bits), from a priority queue: commit work first, then backward (it frees memory and
 finishes microbatches), then forwards, then new microbatches. The event loop stays free for gRPC
 and heartbeats meanwhile. With `emulate_compute_s`, each item is padded with sleep to the node's
-declared compute time, as the emulated WAN pads messages. The runtime also keeps the books of
-that compute: busy time, and what the next report to the coordinator carries.
+declared compute time, as the emulated WAN pads messages (a `slow:compute` fault stretches it, or
+the real work, F times). Every forward and backward is a sample of the node's pace, handed to the
+node as it ends (gwtf.flow.pace). The runtime also keeps the books of that compute: busy time,
+and what the next report to the coordinator carries.
 """
 
 from __future__ import annotations
@@ -104,13 +106,17 @@ class ComputeRuntime:
                 if not future.cancelled():
                     future.set_exception(err)
                 continue
-            rest = emulate_s - (loop.time() - start)
+            slow = 1.0 if ctx.fault is None else ctx.fault.slowdown("compute", ctx.it.number)
+            worked = loop.time() - start
+            rest = (emulate_s if emulate_s > 0 else worked) * slow - worked
             if rest > 0:
                 await asyncio.sleep(rest)
             took = loop.time() - start
             self.busy_s += took
             kind = "loss" if ctx.is_last and priority == FORWARD else _KIND[priority]
             ctx.metrics.observe("gwtf_job_compute_seconds", ctx.job_id, took, kind)
+            if priority != COMMIT:
+                ctx.host.observe_compute("backward" if priority == BACKWARD else "forward", took)
             if not future.cancelled():
                 future.set_result(result)
 

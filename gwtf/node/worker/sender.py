@@ -17,7 +17,7 @@ import grpc
 from grpc import aio
 from torch import Tensor
 
-from gwtf.job.nexthop import SmoothRoundRobin
+from gwtf.job.nexthop import SmoothRoundRobin, live_weights
 from gwtf.node.dataplane.tensors import MicrobatchTag, TensorError, send
 from gwtf.node.observe import job_event
 from gwtf.node.rpc.retry import is_final
@@ -45,6 +45,9 @@ class DataPlaneSender:
         """How many next hops came from the flows and how many from capacities."""
         self.rerouted = 0
         """Microbatches this node resent to a replacement (rules 1-3)."""
+        self.live_pace: dict[str, float] = {}
+        """The seconds per microbatch each next hop said in its last acknowledgement: a share
+        cut for a straggler until the flows move (gwtf.job.nexthop.live_weights)."""
 
     def count_data(self, verb: str, direction: str, tensors: Mapping[str, Tensor]) -> None:
         """A microbatch `verb` (sent, received) on the data plane, and its payload bytes."""
@@ -55,16 +58,20 @@ class DataPlaneSender:
         if verb == "sent":
             ctx.it.sent_bytes += nbytes
 
-    def _candidates(self, exclude: str = "") -> dict[str, float]:
+    def _weights(self, exclude: str = "") -> tuple[dict[str, int], str]:
+        """The live next-stage participants' weights (but `exclude`'s), and their source."""
         ctx = self._ctx
-        out: dict[str, float] = {}
+        capacities: dict[str, float] = {}
+        solved: dict[str, float] = {}
         for peer, stage in ctx.participants.items():
             if stage != ctx.stage + 1 or peer == exclude or peer in ctx.departed:
                 continue
             member = ctx.host.member(peer)
             if member is not None:
-                out[peer] = member.capacity
-        return out
+                capacities[peer] = member.capacity
+                solved[peer] = member.compute_s
+        weights, source = ctx.host.next_hop_weights(capacities)
+        return live_weights(weights, solved, self.live_pace), source
 
     async def send_forward(
         self,
@@ -84,7 +91,7 @@ class DataPlaneSender:
         attempt = 0
         waited = False
         while ctx.current(it):
-            weights, source = ctx.host.next_hop_weights(self._candidates(exclude=dead))
+            weights, source = self._weights(exclude=dead)
             target = self._rr.pick(weights, excluded) or self._rr.pick(weights)
             if target is None:
                 if mode != Mode.FORWARD and not waited:
@@ -194,11 +201,13 @@ class DataPlaneSender:
 
         async def wan(nbytes: int) -> None:
             delay = ctx.host.wan_delay(member, nbytes)
+            if ctx.fault is not None:
+                delay *= ctx.fault.slowdown("link", it.number, target)
             if delay > 0:
                 await asyncio.sleep(delay)
 
         try:
-            await send(
+            pace_s = await send(
                 ctx.host.data_stub(member), tag, tensors,
                 timeout=ctx.config.data_timeout_s, delay=wan,
             )
@@ -237,6 +246,8 @@ class DataPlaneSender:
         except TensorError as err:
             ctx.fail(f"microbatch {m} of iteration {it.number} could not be sent: {err}")
             return _GIVE_UP
+        if direction == "forward" and pace_s > 0:
+            self.live_pace[target] = pace_s
         self.count_data("sent", direction, tensors)
         return _SENT
 

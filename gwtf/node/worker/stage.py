@@ -129,6 +129,10 @@ class WorkerHost(Protocol):
         """Weights over these candidates, from the node's flows or their capacities."""
         ...
 
+    def observe_compute(self, kind: str, seconds: float) -> None:
+        """A forward or backward of this stage took `seconds`: a sample of the node's pace."""
+        ...
+
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
 
     def report_done(self, job_id: str, iteration: int, round_: int, microbatches: tuple[int, ...]
