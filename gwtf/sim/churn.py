@@ -42,6 +42,13 @@ class Churn:
             assert event.rtt_ms is not None and event.bandwidth_gbps is not None
             sim.links[frozenset((a, b))] = LinkSpec(event.rtt_ms, event.bandwidth_gbps)
             sim.policy.on_link_change(a, b)
+        elif event.kind == "speed":
+            assert event.factor is not None
+            sim.slowdowns[event.node] = event.factor
+            node = sim.nodes.get(event.node)
+            if node is not None and node.alive:
+                node.set_slow(event.factor)
+                sim.policy.on_speed_change(node)
 
     def _join(self, event: TraceEvent) -> None:
         sim = self.sim

@@ -22,6 +22,7 @@ class Kind(IntEnum):
     """Event kinds, in the order they run when they fall at the same time."""
 
     LINK = 0
+    """A link, or a machine's speed, changes (the world before anything reacts to it)."""
     CRASH = 1
     LEAVE = 2
     JOIN = 3

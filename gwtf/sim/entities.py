@@ -39,7 +39,7 @@ class SimNode:
         "detected", "epoch", "slots", "slot_mbs", "busy", "job", "job_start", "bwd_q", "fwd_q",
         "ledger", "iter_compute", "ready", "tokens", "tokens_t", "inject_at", "wrr", "quota",
         "dtfm_next", "balancer", "pending_resp", "move_to", "left", "started", "ready_at",
-        "wake_at", "steps_from", "work",
+        "wake_at", "steps_from", "work", "base_s", "slow", "record_s", "revision", "pace",
     )
 
     def __init__(self, info: NodeInfo, compute_s: float, slots: int, epoch: int) -> None:
@@ -85,12 +85,33 @@ class SimNode:
         """It went by a graceful leave (it told every member), not a crash."""
         self.started = 0.0
         """When this life of the node started (its record's start, as a node's epoch)."""
+        self.slow = 1.0
+        """The machine's compute time over its normal one now (a `speed` event, 2.13)."""
+        self.revision = 0
+        """Its record's revision: bumped when its pace reaches its record."""
+        self.pace: Any = None
+        """Its `gwtf.flow.pace.Pace`, where the policy follows paces (gwtf)."""
         self.set_compute(compute_s)
 
     def set_compute(self, compute_s: float) -> None:
-        self.compute_s = compute_s
-        self.f_s = compute_s / 3
-        self.b_s = compute_s - self.f_s
+        """Its normal compute time at the stage it enters; its record says what it runs at then
+        (as a node's warm-up or declared speed), and its pace starts over."""
+        self.base_s = compute_s
+        self._apply()
+        self.record_s = self.compute_s
+        """The compute time its record says: what the routing solves with."""
+        self.pace = None
+
+    def set_slow(self, factor: float) -> None:
+        """The machine runs `factor` times its normal compute time from now on; its record does
+        not know (its pace will tell, docs/design.md 2.13)."""
+        self.slow = factor
+        self._apply()
+
+    def _apply(self) -> None:
+        self.compute_s = self.base_s * self.slow
+        self.f_s = self.compute_s / 3
+        self.b_s = self.compute_s - self.f_s
 
 
 class MB:

@@ -39,7 +39,7 @@ from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
 from gwtf.flow.topology import NodeSpec
 from gwtf.job.iterations import assign
-from gwtf.job.nexthop import next_hop_weights
+from gwtf.job.nexthop import live_weights, next_hop_weights
 from gwtf.sim.churn import Churn
 from gwtf.sim.costs import allreduce_s
 from gwtf.sim.engine import Kind, returns_events
@@ -63,6 +63,8 @@ class Policy:
     """What is done about a dead node's work (`gwtf.sim.recovery.recovering`): the rules, with an
     exact commit, unless the policy says otherwise."""
     activate_at_commit = True
+    paced = False
+    """Whether the policy follows each node's measured pace (docs/design.md 2.13)."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -133,6 +135,13 @@ class Policy:
     def on_link_change(self, loc_a: str, loc_b: str) -> None:
         pass
 
+    def on_speed_change(self, node: SimNode) -> None:
+        """Its machine changed speed: seen as the policy sees it (swarm through its throughput
+        averages, gwtf through its pace, the oracle at once)."""
+
+    def on_record(self, node: SimNode) -> None:
+        """Its measured pace reached its record (`paced` policies)."""
+
     def place(self, info: NodeInfo) -> int | None:
         """The stage a joiner whose stage the trace leaves open takes (None: the scenario's,
         the stage with the fewest live nodes)."""
@@ -163,6 +172,13 @@ class _FlowPolicy(Policy):
                 candidates = {n.id: sim.capacity(n) for n in sim.active_nodes(stage)
                               if not n.detected}
             weights, _ = next_hop_weights(routes, candidates, settled=True)
+            if self.paced:
+                # What each next hop tells the sender in its acknowledgements: its pace now
+                # (here without the delay of its last acknowledgement).
+                weights = live_weights(
+                    weights, {p: nodes[p].record_s for p in weights},
+                    {p: nodes[p].pace.live_s() for p in weights if nodes[p].pace is not None},
+                )
             choice = source.wrr.pick(weights)
             if choice is not None:
                 return nodes[choice]
@@ -276,12 +292,18 @@ class OraclePolicy(_FlowPolicy):
     def on_link_change(self, loc_a: str, loc_b: str) -> None:
         self.solve()
 
+    def on_speed_change(self, node: SimNode) -> None:
+        self.sim.set_record(node, node.compute_s)
+        if node.active:
+            self.solve()
+
 
 class GwtfPolicy(_FlowPolicy):
     """gwtf: routing by local solves (`LocalRouting`, as the node) or by the relaxation
     (`RelaxRouting`), as the scenario's `routing` says; placement unless `gwtf-fixed`."""
 
     name = "gwtf"
+    paced = True
 
     def __init__(self, sim: Simulation, placement: bool = True) -> None:
         super().__init__(sim)
@@ -376,6 +398,9 @@ class GwtfPolicy(_FlowPolicy):
 
     def on_link_change(self, loc_a: str, loc_b: str) -> None:
         self.router.link_changed(loc_a, loc_b)
+
+    def on_record(self, node: SimNode) -> None:
+        self.router.record_changed(node)
 
 
 class SwarmPolicy(Policy):

@@ -55,6 +55,17 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     detection_timeout_s = 10.0          # how long a crash goes unnoticed (heartbeat timeout)
     restart_delay_s = 120.0             # dtfm: from noticing a crash to running again
 
+    [drift]                             # machines that slow down and recover (docs/design.md 5)
+    trace = "traces/speeds.csv"         # speed rows, time_s,speed,node,factor; and/or generated:
+    episodes_per_node_hour = 0.0        # slow episodes per machine and hour (0: none)
+    slowdowns = [[1.1, 1.5, 0.70], [1.5, 3.0, 0.25], [3.0, 10.0, 0.05]]
+                                        # an episode's factor: a [low, high, weight] bin by
+                                        # weight, log-uniform inside it
+    episode_median_s = 300.0            # episode length: log-normal of this median,
+    episode_sigma = 1.2                 # this shape, clipped to [min, max]
+    episode_min_s = 20.0
+    episode_max_s = 36000.0
+
     [control]
     phase_end_s = 0.0                   # time to learn a scaling phase is done everywhere; 0: auto
     message_bytes = 100
@@ -110,7 +121,13 @@ from gwtf.flow.generate import GPU_FILE, data_path
 from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
 from gwtf.job.catchup import CATCH_UP_STEPS
 from gwtf.recovery.shipments import DEFAULT_REPLAY_BOUND, REPLAY_AUTO
-from gwtf.sim.traces import TraceError, TraceEvent, generate_churn, read_trace
+from gwtf.sim.traces import (
+    TraceError,
+    TraceEvent,
+    generate_churn,
+    generate_stragglers,
+    read_trace,
+)
 
 __all__ = [
     "POLICIES",
@@ -252,7 +269,7 @@ def gpu_table() -> dict[str, tuple[float, float]]:
 # -- parsing helpers ------------------------------------------------------------------------
 
 _TOP = ("name", "description", "seed", "duration_s", "model", "training", "network", "nodes",
-        "churn", "control", "policies", "client")
+        "churn", "drift", "control", "policies", "client")
 _SECTIONS = {
     "model": ("stages", "params_per_stage", "tokens_per_microbatch", "hidden_size",
               "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param",
@@ -264,6 +281,8 @@ _SECTIONS = {
     "churn": ("trace", "format", "generator", "join_rate_per_h", "session_mean_s",
               "session_distribution", "leave_fraction", "link_trace", "detection_timeout_s",
               "restart_delay_s"),
+    "drift": ("trace", "episodes_per_node_hour", "slowdowns", "episode_median_s",
+              "episode_sigma", "episode_min_s", "episode_max_s"),
     "control": ("phase_end_s", "message_bytes", "batch_s", "jitter", "routing", "route_quiet_s"),
     "policies": ("names", "swarm_rebalance_period_s", "placement_horizon_s", "swarm_ema_alpha",
                  "swarm_refresh_s", "dtfm_search_evaluations"),
@@ -346,6 +365,70 @@ def _section(where: str, doc: Mapping[str, Any], name: str) -> _Reader:
     if not isinstance(table, dict):
         raise ScenarioError(f"{where}: [{name}] must be a table")
     return _Reader(f"{where} [{name}]", table, _SECTIONS[name])
+
+
+DEFAULT_SLOWDOWNS = ((1.1, 1.5, 0.70), (1.5, 3.0, 0.25), (3.0, 10.0, 0.05))
+"""Slow episodes' factors: most a little slower, a few several times (docs/results/stragglers.md
+says what is measured and what is assumed)."""
+
+
+def _drift(
+    where: str,
+    doc: Mapping[str, Any],
+    base: Path,
+    seed: int,
+    initial_ids: Sequence[str],
+    events: Sequence[TraceEvent],
+    duration: float,
+    sources: dict[str, str],
+) -> list[TraceEvent]:
+    """The `[drift]` section's speed rows: a trace of them and/or generated slow episodes of
+    every machine of the scenario (its own random stream: a scenario without drift draws the
+    same as before it existed)."""
+    drift = _section(where, doc, "drift")
+    out: list[TraceEvent] = []
+    machines = list(dict.fromkeys([*initial_ids, *(e.node for e in events if e.kind == "join")]))
+    trace_name = drift.text("trace")
+    if trace_name:
+        path = (base / trace_name).resolve()
+        sources["drift_trace"] = str(path)
+        try:
+            out = read_trace(path, "csv")
+        except TraceError as err:
+            raise ScenarioError(f"{where} [drift]: {err}") from None
+        if any(e.kind != "speed" for e in out):
+            raise ScenarioError(f"{where} [drift]: 'trace' may only hold speed rows")
+        unknown = sorted({e.node for e in out} - set(machines))
+        if unknown:
+            raise ScenarioError(f"{where} [drift]: speed rows name machines the scenario does "
+                                f"not have: {', '.join(unknown[:5])}")
+    rate = drift.number("episodes_per_node_hour", 0.0)
+    if rate > 0:
+        if duration <= 0:
+            raise ScenarioError(f"{where}: generated drift needs 'duration_s'")
+        bins = drift.table.get("slowdowns", [list(b) for b in DEFAULT_SLOWDOWNS])
+        if not isinstance(bins, list) or not all(
+            isinstance(b, list) and len(b) == 3
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in b)
+            for b in bins
+        ):
+            raise ScenarioError(f"{where} [drift]: 'slowdowns' must be a list of "
+                                "[low, high, weight] triples")
+        try:
+            out += generate_stragglers(
+                np.random.default_rng([seed, 29]),
+                nodes=machines,
+                duration_s=duration,
+                episodes_per_node_h=rate,
+                slowdowns=[(float(a), float(b), float(w)) for a, b, w in bins],
+                median_s=drift.number("episode_median_s", 300.0, positive=True),
+                sigma=drift.number("episode_sigma", 1.2),
+                min_s=drift.number("episode_min_s", 20.0, positive=True),
+                max_s=drift.number("episode_max_s", 36000.0, positive=True),
+            )
+        except ValueError as err:
+            raise ScenarioError(f"{where} [drift]: {err}") from None
+    return out
 
 
 def load_scenario(path: str | Path, *, seed: int | None = None) -> Scenario:
@@ -510,6 +593,8 @@ def parse_scenario(
         if any(e.kind != "link" for e in extra):
             raise ScenarioError(f"{where} [churn]: 'link_trace' may only hold link rows")
         events = sorted(events + extra, key=lambda e: e.time_s)
+    events = sorted(events + _drift(where, doc, base, seed, initial_ids, events, duration,
+                                    sources), key=lambda e: e.time_s)
     for event in events:
         if event.kind == "link":
             a, b = event.link_pair

@@ -58,6 +58,7 @@ from gwtf.sim.entities import (
     SimulationError,
 )
 from gwtf.sim.network import Network
+from gwtf.sim.paces import Paces
 from gwtf.sim.scenario import NodeInfo, Scenario
 from gwtf.sim.traces import TraceEvent
 
@@ -70,6 +71,8 @@ class PolicyHooks(Protocol):
     (`gwtf.sim.policies.simulation`) rather than named by it."""
 
     activate_at_commit: bool
+    paced: bool
+    """The policy follows each node's measured pace (gwtf: its records, 2.13)."""
 
     def start(self) -> None: ...
 
@@ -98,6 +101,14 @@ class PolicyHooks(Protocol):
     def activate_now(self, node: SimNode) -> bool: ...
 
     def on_link_change(self, loc_a: str, loc_b: str) -> None: ...
+
+    def on_speed_change(self, node: SimNode) -> None:
+        """`node`'s machine changed speed (a speed row): a policy that knows at once acts."""
+        ...
+
+    def on_record(self, node: SimNode) -> None:
+        """`node`'s pace reached its record (`paced` policies)."""
+        ...
 
     def place(self, info: NodeInfo) -> int | None: ...
 
@@ -231,7 +242,11 @@ class Simulation:
             for t in range(self.S)
         ]
         self._caps: dict[tuple[str, int], float] = {}
+        self.slowdowns: dict[str, float] = {}
+        """Each machine's compute time over its normal one, as the trace's speed rows left it
+        (a machine that joins later starts at it)."""
         self.policy = make_policy(self, policy_name)
+        self.paces = Paces(self.engine.clock, self._publish_pace) if self.policy.paced else None
         self._history: list[tuple[int, int, float]] = []
         """Per committed iteration: microbatches counted as trained, dropped, and the compute
         not wasted (seconds) at its commit, which a rollback takes back (`rollback`)."""
@@ -261,13 +276,16 @@ class Simulation:
         return self.network.transfer(self.engine.now, a.info, b.info, nbytes)
 
     def capacity(self, node: SimNode) -> float:
-        """Microbatches/s the node can sustain: compute, and memory slots over the time a
-        microbatch stays there (its own compute plus the rest of the pipeline and back)."""
-        return self.capacity_at(node.info, node.stage)
+        """Microbatches/s the node can sustain, as its record says: compute, and memory slots
+        over the time a microbatch stays there (its own compute plus the rest of the pipeline
+        and back)."""
+        return self.capacity_at(node.info, node.stage, node.record_s)
 
-    def capacity_at(self, info: NodeInfo, s: int) -> float:
-        """`capacity` of the machine `info` holding stage `s`."""
-        compute_s = self.sc.compute_s(info, s)
+    def capacity_at(self, info: NodeInfo, s: int, compute_s: float | None = None) -> float:
+        """`capacity` of the machine `info` holding stage `s` (at its normal speed, or at
+        `compute_s` seconds per microbatch)."""
+        if compute_s is None:
+            compute_s = self.sc.compute_s(info, s)
         residence = compute_s + sum(self._medians[s + 1:]) + 2 * (self.S - 1 - s) * \
             self.hop_estimate
         # Access links: a microbatch crosses the node's uplink once per neighbouring stage (the
@@ -283,7 +301,7 @@ class Simulation:
 
     def topology(self) -> Topology | None:
         """The active nodes as a flow topology (None while a stage is empty)."""
-        nodes = [NodeSpec.make(n.id, n.stage, n.compute_s, n.location, self._cap_cache(n))
+        nodes = [NodeSpec.make(n.id, n.stage, n.record_s, n.location, self._cap_cache(n))
                  for n in self.active_nodes()]
         if len({n.stage for n in nodes}) < self.S:
             return None
@@ -298,6 +316,17 @@ class Simulation:
         if key not in self._caps:
             self._caps[key] = self.capacity(n)
         return self._caps[key]
+
+    def set_record(self, node: SimNode, compute_s: float) -> None:
+        """`node`'s record says `compute_s` now (its pace, or the oracle's knowledge)."""
+        node.record_s = compute_s
+        node.revision += 1
+        self._caps.pop((node.id, node.stage), None)
+
+    def _publish_pace(self, node: SimNode, pace_s: float) -> None:
+        self.set_record(node, pace_s)
+        self.policy.on_record(node)
+
 
     # ------------------------------------------------------------------ setup and run
 
@@ -314,6 +343,10 @@ class Simulation:
         self._incarnations[info.id] = self._incarnations.get(info.id, 0) + 1
         self._epoch += 1
         node = SimNode(info, self.sc.compute_s(info), self.sc.memory_slots, self._epoch)
+        slow = self.slowdowns.get(info.id, 1.0)
+        if slow != 1.0:  # a slow machine measures itself slow as it enters
+            node.set_slow(slow)
+            node.record_s = node.compute_s
         node.started = self.engine.now
         self.nodes[info.id] = node
         return node
@@ -328,7 +361,7 @@ class Simulation:
         self.shipping.census(len(sc.initial), death=False)
         for event in sc.events:
             kind = {"join": Kind.JOIN, "leave": Kind.LEAVE, "crash": Kind.CRASH,
-                    "link": Kind.LINK}[event.kind]
+                    "link": Kind.LINK, "speed": Kind.LINK}[event.kind]
             self.sink.emit(event.time_s, kind, self.churn.on_trace, event)
         self.sample_s = max(10.0, sc.duration_s / 400)
         self.sink.emit(self.sample_s, Kind.SAMPLE, self._on_sample, None)
@@ -596,6 +629,8 @@ class Simulation:
         node.iter_compute += duration
         self.total_compute += duration
         kind, mb, s = job
+        if self.paces is not None:
+            self.paces.sample(node, kind, duration)
         mb.spent[s] += duration
         node.work[mb.id] = node.work.get(mb.id, 0.0) + duration
         if mb.dead or mb.node[s] is not node:

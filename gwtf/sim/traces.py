@@ -4,9 +4,12 @@ CSV format (docs/design.md 5), one event per line, an optional header line start
 
     time_s,event,node[,stage][,location]      event: join | leave | crash
     time_s,link,LOC_A:LOC_B,rtt_ms,bandwidth_gbps
+    time_s,speed,node,factor
 
 `stage` and `location` are optional on a join (the scenario assigns what is missing); a `link`
-row sets the link between two locations from that time on. Blank lines and lines starting with
+row sets the link between two locations from that time on; a `speed` row makes the machine
+`node` take `factor` times its normal compute time from then on (1: back to normal), whether it
+is in the swarm then or joins later (docs/design.md 2.13, 5). Blank lines and lines starting with
 `#` are skipped.
 
 Bamboo format (uclasystem/bamboo `traces/*.csv`)::
@@ -33,12 +36,13 @@ __all__ = [
     "TraceError",
     "TraceEvent",
     "generate_churn",
+    "generate_stragglers",
     "read_bamboo_trace",
     "read_csv_trace",
     "read_trace",
 ]
 
-KINDS = ("join", "leave", "crash", "link")
+KINDS = ("join", "leave", "crash", "link", "speed")
 
 
 class TraceError(ValueError):
@@ -56,6 +60,8 @@ class TraceEvent:
     location: str | None = None
     rtt_ms: float | None = None
     bandwidth_gbps: float | None = None
+    factor: float | None = None
+    """`speed`: the machine's compute time over its normal one from now on."""
 
     @property
     def link_pair(self) -> tuple[str, str]:
@@ -116,6 +122,12 @@ def read_csv_trace(path: str | PathLike[str]) -> list[TraceEvent]:
             rtt = _number(where, "rtt_ms", cells[3])
             bw = _number(where, "bandwidth_gbps", cells[4], positive=True)
             events.append(TraceEvent(time_s, kind, node, rtt_ms=rtt, bandwidth_gbps=bw))
+            continue
+        if kind == "speed":
+            if len(cells) != 4:
+                raise TraceError(f"{where}: a speed row is time_s,speed,node,factor")
+            factor = _number(where, "factor", cells[3], positive=True)
+            events.append(TraceEvent(time_s, kind, node, factor=factor))
             continue
         if len(cells) > 5:
             raise TraceError(f"{where}: expected at most 5 fields, got {len(cells)}")
@@ -228,4 +240,49 @@ def generate_churn(
         events.append(TraceEvent(t, "join", node))
         depart(node, t)
     events.sort(key=lambda e: (e.time_s, e.kind != "join"))
+    return events
+
+
+def generate_stragglers(
+    rng: np.random.Generator,
+    *,
+    nodes: Sequence[str],
+    duration_s: float,
+    episodes_per_node_h: float,
+    slowdowns: Sequence[tuple[float, float, float]],
+    median_s: float,
+    sigma: float,
+    min_s: float,
+    max_s: float,
+) -> list[TraceEvent]:
+    """Slow episodes of each machine in `nodes` over `duration_s` (docs/design.md 5, *Drift*):
+    a Poisson process of `episodes_per_node_h` per machine and hour, one episode at a time; each
+    slows the machine by a factor drawn from `slowdowns` (bins `(low, high, weight)`: a bin by
+    weight, then log-uniform inside it) for a log-normal time of median `median_s` and shape
+    `sigma`, clipped to `[min_s, max_s]`; a `speed` row at its start and one of factor 1 at its
+    end. Machines are drawn in the order given, so the same seed gives the same episodes."""
+    if episodes_per_node_h <= 0 or not nodes:
+        return []
+    weights = np.array([w for _, _, w in slowdowns], dtype=float)
+    if not slowdowns or (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError("slowdowns need at least one bin of positive weight")
+    for low, high, _ in slowdowns:
+        if not 0 < low <= high:
+            raise ValueError(f"a slowdown bin needs 0 < low <= high, got {low}, {high}")
+    if not 0 < min_s <= median_s <= max_s or sigma < 0:
+        raise ValueError("episodes need 0 < min_s <= median_s <= max_s and sigma >= 0")
+    probs = weights / weights.sum()
+    rate = episodes_per_node_h / 3600.0
+    events: list[TraceEvent] = []
+    for node in nodes:
+        t = float(rng.exponential(1.0 / rate))
+        while t < duration_s:
+            low, high, _ = slowdowns[int(rng.choice(len(slowdowns), p=probs))]
+            factor = float(math.exp(rng.uniform(math.log(low), math.log(high))))
+            length = min(max(float(rng.lognormal(math.log(median_s), sigma)), min_s), max_s)
+            events.append(TraceEvent(t, "speed", node, factor=factor))
+            if t + length < duration_s:
+                events.append(TraceEvent(t + length, "speed", node, factor=1.0))
+            t += length + float(rng.exponential(1.0 / rate))
+    events.sort(key=lambda e: e.time_s)
     return events

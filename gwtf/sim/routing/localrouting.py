@@ -21,6 +21,9 @@ fed the way the node's membership feeds it, in simulated time:
   the solve's time (`solve_s`): changes that reach it meanwhile wait, as on the node, whose event
   loop the solve blocks, and the routes change at its end. On learning that a next hop died it
   repairs at once (`LocalRoute.member_gone`).
+- *Paces.* A node whose measured pace reaches its record (gwtf.flow.pace, 2.13) spreads the new
+  revision of its record from itself, as a join spreads; a member takes a record only from a
+  newer revision of the incarnation it holds.
 - *Links* are the scenario's matrix as given at the start, for every node: a link row of the
   trace changes the network, not the routes (the node routes by its `--link-matrix`, not by its
   probes, 2.10).
@@ -74,8 +77,10 @@ seed. Measured with networkx's own solver path; the same solves run faster since
 (section `solvespeed` of benchmarks/RESULTS.md has the solve times now)."""
 _CACHED_SOLVES = 256
 
-Change = tuple[str, int, NodeSpec | None]
-"""A membership change: a member's id, its incarnation, its record (None: it is gone)."""
+Version = tuple[int, int]
+"""A record's incarnation and its revision within it."""
+Change = tuple[str, Version, NodeSpec | None]
+"""A membership change: a member's id, its record's version, its record (None: it is gone)."""
 
 
 def solve_s(members: int) -> float:
@@ -151,7 +156,7 @@ class _Member:
     node: SimNode
     incarnation: int
     route: LocalRoute
-    known: dict[str, tuple[int, NodeSpec | None]]
+    known: dict[str, tuple[Version, NodeSpec | None]]
     solve_at: float | None = None
     solving: bool = False
     waiting: list[Change] = field(default_factory=list)
@@ -194,16 +199,19 @@ class LocalRouting:
 
     def record(self, node: SimNode) -> NodeSpec:
         """`node`'s membership record, as the node's member table holds it."""
-        return NodeSpec.make(node.id, node.stage, node.compute_s, node.location,
+        return NodeSpec.make(node.id, node.stage, node.record_s, node.location,
                              self.sim.capacity(node))
+
+    def _version(self, node: SimNode) -> Version:
+        return self.sim.incarnation(node.id), node.revision
 
     def _new_member(self, node: SimNode) -> _Member:
         sim = self.sim
         route = LocalRoute(node.id, sim.S, sim.sc.activation_bytes, self.links, sim.sc.intra,
                            quiet_s=sim.sc.route_quiet_s, clock=sim.engine.clock,
                            solve=self._solved)
-        known: dict[str, tuple[int, NodeSpec | None]] = {
-            n.id: (sim.incarnation(n.id), self.record(n))
+        known: dict[str, tuple[Version, NodeSpec | None]] = {
+            n.id: (self._version(n), self.record(n))
             for n in sorted(sim.nodes.values(), key=lambda n: n.id) if n.active
         }
         member = _Member(node, sim.incarnation(node.id), route, known)
@@ -226,7 +234,17 @@ class LocalRouting:
     def activated(self, node: SimNode) -> None:
         """`node` enters the job: it holds the whole table, and its record spreads from it."""
         member = self._new_member(node)
-        change: Change = (node.id, member.incarnation, member.known[node.id][1])
+        change: Change = (node.id, self._version(node), member.known[node.id][1])
+        self._spread(change, {node.id: self.sim.engine.now})
+
+    def record_changed(self, node: SimNode) -> None:
+        """`node`'s record has a new revision (its pace): its own view at once, the others' by
+        gossip from it."""
+        member = self.members.get(node.id)
+        if member is None or member.node is not node:
+            return
+        change: Change = (node.id, self._version(node), self.record(node))
+        self._apply(member, change)
         self._spread(change, {node.id: self.sim.engine.now})
 
     def retire(self, node: SimNode, *, left: bool) -> None:
@@ -236,7 +254,7 @@ class LocalRouting:
         if member is None or member.node is not node:
             return
         del self.members[node.id]
-        change: Change = (node.id, member.incarnation, None)
+        change: Change = (node.id, (member.incarnation, node.revision), None)
         now = self.sim.engine.now
         if left:
             size = self.sim.sc.message_bytes
@@ -286,12 +304,14 @@ class LocalRouting:
         if member.solving:
             member.waiting.append(change)
             return
-        node_id, incarnation, record = change
+        node_id, version, record = change
         old = member.known.get(node_id)
-        if old is not None and (old[0] > incarnation or (old[0] == incarnation
-                                                         and old[1] is None)):
-            return  # older news than the member holds
-        member.known[node_id] = (incarnation, record)
+        if old is not None:
+            (held, revision), held_record = old
+            if held > version[0] or (held == version[0] and (
+                    held_record is None or (record is not None and revision >= version[1]))):
+                return  # older news than the member holds: a death is final in its incarnation
+        member.known[node_id] = (version, record)
         records = [r for _, r in member.known.values() if r is not None]
         if record is None:
             self.repairs += member.route.member_gone(node_id, records)

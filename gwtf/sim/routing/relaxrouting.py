@@ -221,6 +221,10 @@ class RelaxRouting:
                                 epochs=epochs)
         self._maybe_end_phase()
 
+    def record_changed(self, node: SimNode) -> None:
+        """Not seen: the relaxation's arcs keep the capacities they were built with, as the
+        node's `--routing relax` does (docs/design.md 2.13)."""
+
     def link_changed(self, loc_a: str, loc_b: str) -> None:
         """The arcs over the link get the new capacity and cost at both ends, as a new
         generation updated in place (`FlowNode.update_arc`: the flow stays where the new numbers
