@@ -7,12 +7,16 @@ a volunteer's GPU shared with a game, a laptop that throttles, a noisy cloud nei
 compute item a node runs is a sample, and the record follows the samples:
 
 - *Estimate.* The last `window` durations of each kind of item (a microbatch's forward, its
-  backward) are kept; the pace is the sum of the two medians. A median moves only when more
-  than half of its window moved, so one slow item (a page fault, a garbage collection, a
-  neighbour's burst) never moves it, and `window // 2 + 1` consecutive samples of a new speed
-  always do: with the default 9, five microbatches after a change the estimate is the new
-  speed. The spread is the median absolute deviation of the samples around their median,
-  relative to it: how noisy the machine is.
+  backward, each while the process ran) are kept; the pace is the sum of the two medians over
+  the share of the time the process runs at all (`availability`, 1 unless the driver says: a
+  process stopped and continued, or whose host takes its CPU for stretches, does its items at
+  full speed in between, and a microbatch that arrives while it is stopped waits in its
+  sender's call, where no item of its own can see it). A median moves only when more than half
+  of its window moved, so one slow item (a page fault, a garbage collection, a neighbour's
+  burst) never moves it, and `window // 2 + 1` consecutive samples of a new speed always do:
+  with the default 9, five microbatches after a change the estimate is the new speed. The
+  spread is the median absolute deviation of the samples around their median, relative to it:
+  how noisy the machine is.
 - *Hysteresis.* The estimate reaches the record only when it differs from the pace the record
   says by at least `factor` (1.5: either way, the record off by more than half or by a third):
   a solve moves flows swarm-wide and costs every member a solve, and capacities off by less
@@ -66,6 +70,9 @@ gossip, several times over."""
 
 PACE_MAX_HOLD_S = 80.0
 """The longest a flapping node's hold grows to (five doublings of `PACE_HOLD_S`)."""
+
+MIN_AVAILABILITY = 0.05
+"""The least share of the time a process is taken to run (a pace at most 20x its work's)."""
 
 KINDS = ("forward", "backward")
 
@@ -147,6 +154,8 @@ class Pace:
         """The pace the node entered with (declared, or its warm-up's)."""
         self._clock = clock
         self._windows = {kind: PaceWindow(config.window) for kind in KINDS}
+        self.availability = 1.0
+        """The share of the time the process runs at all (`set_availability`)."""
         self._hold_s = config.hold_s
         self._last_at: float | None = None
         self._last_direction = 0
@@ -158,12 +167,17 @@ class Pace:
         if window is not None:
             window.add(seconds)
 
+    def set_availability(self, share: float) -> None:
+        """The process ran `share` of the recent time (the node's stall watcher); at least
+        `MIN_AVAILABILITY`, so that one long stop does not make the pace unbounded."""
+        self.availability = min(1.0, max(MIN_AVAILABILITY, share))
+
     def estimate(self) -> float | None:
-        """Seconds per microbatch now: the sum of the medians, once each kind has a majority
-        of its window (None before)."""
+        """Seconds per microbatch now: the sum of the medians over the availability, once each
+        kind has a majority of its window (None before)."""
         if not all(w.full_enough for w in self._windows.values()):
             return None
-        return sum(w.median() for w in self._windows.values())
+        return sum(w.median() for w in self._windows.values()) / self.availability
 
     def spread(self) -> float:
         """The larger relative spread of the two kinds (module doc)."""

@@ -66,6 +66,7 @@ from gwtf.node.rpc.transport import (
     server_options,
 )
 from gwtf.node.settings import NodeSettings
+from gwtf.node.stalls import AVAILABILITY_WINDOW_S, StallWatch
 from gwtf.node.state import NodeState
 from gwtf.node.status import StatusReport
 from gwtf.v1 import flow_pb2, node_pb2
@@ -102,6 +103,8 @@ class Node:
         self._server: aio.Server | None = None
         self.port = 0
         self._peers = Peers(settings, config, clock)
+        self._stalls = StallWatch()
+        """Stretches the process did not run at all (a machine busy with something else)."""
         # A refused call is evidence for the failure detector whichever part made it: the flows
         # report it through the node, whose membership control is built after them.
         self._flows = FlowControl(state, self._peers, self.refused)
@@ -161,6 +164,7 @@ class Node:
                     f"{err.strerror or err}; choose another --metrics-port (0 picks a free one)"
                 ) from None
         await server.start()
+        self._stalls.start()
         self._server = server
         self.port = port
         state = self._state
@@ -202,6 +206,7 @@ class Node:
     async def close(self) -> None:
         state = self._state
         state.stopping = True
+        self._stalls.stop()
         await state.cancel_tasks()
         await self.jobs.close()
         if self._server is not None:
@@ -363,19 +368,29 @@ class Node:
         pace = self._state.pace
         return pace.declared_s if pace is not None else self.members.me.compute_s
 
-    def observe_compute(self, kind: str, seconds: float) -> None:
-        """A compute item of the job's stage took `seconds` (gwtf.flow.pace)."""
+    def observe_compute(self, kind: str, started: float, ended: float) -> None:
+        """A compute item of the job's stage ran from `started` to `ended` (monotonic clock):
+        a sample of the node's pace (gwtf.flow.pace), less what of it the process was stalled,
+        with the share of the recent time the process ran."""
+        pace = self._state.pace
+        if pace is None:
+            return
+        running = max(0.0, ended - started - self._stalls.stalled_between(started, ended))
+        pace.set_availability(self._stalls.availability(AVAILABILITY_WINDOW_S))
         local = self._flows.local
         if local is not None:
-            local.observe_compute(kind, seconds)
-        elif self._state.pace is not None:
-            self._state.pace.observe(kind, seconds)
+            local.observe_compute(kind, running)
+        else:
+            pace.observe(kind, running)
 
     def live_pace_s(self) -> float:
         """Seconds per microbatch this node measures now (its record's until it has measured):
         what its data plane tells senders (gwtf.job.nexthop.live_weights)."""
         pace = self._state.pace
-        return pace.live_s() if pace is not None else 0.0
+        if pace is None:
+            return 0.0
+        pace.set_availability(self._stalls.availability(AVAILABILITY_WINDOW_S))
+        return pace.live_s()
 
     @property
     def fault(self) -> Fault | None:

@@ -209,10 +209,10 @@ class LocalRouting:
         self._publish()
 
     def observe_compute(self, kind: str, seconds: float) -> None:
-        """A compute item of this node's stage (`kind`: forward or backward) took `seconds`: a
-        sample of its pace. Once the pace is due (gwtf.flow.pace: a majority of the window
-        `factor` away from the record, the hold passed) the record says it, a new revision
-        spread as news, and the view changes here at once (docs/design.md 2.13)."""
+        """A compute item of this node's stage (`kind`: forward or backward) took `seconds`
+        while the process ran: a sample of its pace. Once the pace is due (gwtf.flow.pace: a
+        majority of the window `factor` away from the record, the hold passed) the record says it, a
+        new revision spread as news, and the view changes here at once (docs/design.md 2.13)."""
         state = self._state
         pace = state.pace
         if pace is None:
@@ -228,10 +228,11 @@ class LocalRouting:
         members = state.members
         if members.set_pace(due):
             state.log.info(
-                "pace: %.4f s per microbatch measured, the record said %.4f (spread %.0f%%): "
-                "record revision %d, capacity %.2f mb/s; the next change waits %.0f s at least",
-                due, before, 100 * pace.spread(), members.me.revision, members.me.capacity,
-                pace.hold_s,
+                "pace: %.4f s per microbatch measured, the record said %.4f (spread %.0f%%, "
+                "running %.0f%% of the time): record revision %d, capacity %.2f mb/s; the next "
+                "change waits %.0f s at least",
+                due, before, 100 * pace.spread(), 100 * pace.availability, members.me.revision,
+                members.me.capacity, pace.hold_s,
             )
             self.update_view()
 

@@ -87,8 +87,9 @@ class JobsHost(Protocol):
     @property
     def emulate_compute_s(self) -> float | None: ...
 
-    def observe_compute(self, kind: str, seconds: float) -> None:
-        """A compute item of the job's stage took `seconds`: a sample of the node's pace."""
+    def observe_compute(self, kind: str, started: float, ended: float) -> None:
+        """A compute item of the job's stage ran from `started` to `ended` (monotonic clock):
+        a sample of the node's pace."""
         ...
 
     def live_pace_s(self) -> float:

@@ -668,8 +668,8 @@ class _WorkerHost:
     def next_hop_weights(self, capacities: Mapping[str, float]) -> tuple[dict[str, int], str]:
         return next_hop_weights(self._host.routes(), capacities, settled=self._host.settled())
 
-    def observe_compute(self, kind: str, seconds: float) -> None:
-        self._host.observe_compute(kind, seconds)
+    def observe_compute(self, kind: str, started: float, ended: float) -> None:
+        self._host.observe_compute(kind, started, ended)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         return self._host.spawn(coro, name)

@@ -14,6 +14,7 @@ and what the next report to the coordinator carries.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -100,6 +101,7 @@ class ComputeRuntime:
                 future.set_exception(Stale())
                 continue
             start = loop.time()
+            began = time.monotonic()  # the stall watcher's clock (gwtf.node.stalls)
             try:
                 result = await loop.run_in_executor(self._pool, work)
             except Exception as err:  # handed to the awaiting coroutine, which knows what it was
@@ -111,12 +113,14 @@ class ComputeRuntime:
             rest = (emulate_s if emulate_s > 0 else worked) * slow - worked
             if rest > 0:
                 await asyncio.sleep(rest)
-            took = loop.time() - start
+            ended = loop.time()
+            took = ended - start
             self.busy_s += took
             kind = "loss" if ctx.is_last and priority == FORWARD else _KIND[priority]
             ctx.metrics.observe("gwtf_job_compute_seconds", ctx.job_id, took, kind)
             if priority != COMMIT:
-                ctx.host.observe_compute("backward" if priority == BACKWARD else "forward", took)
+                ctx.host.observe_compute("backward" if priority == BACKWARD else "forward",
+                                         began, time.monotonic())
             if not future.cancelled():
                 future.set_result(result)
 

@@ -129,8 +129,9 @@ class WorkerHost(Protocol):
         """Weights over these candidates, from the node's flows or their capacities."""
         ...
 
-    def observe_compute(self, kind: str, seconds: float) -> None:
-        """A forward or backward of this stage took `seconds`: a sample of the node's pace."""
+    def observe_compute(self, kind: str, started: float, ended: float) -> None:
+        """A forward or backward of this stage ran from `started` to `ended` (monotonic
+        clock): a sample of the node's pace."""
         ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
