@@ -37,6 +37,7 @@ BENCHMARKS = {
     "device": "benchmarks.device",
     "moves": "benchmarks.moves",
     "snapshots": "benchmarks.snapshots_node",
+    "stragglers": "benchmarks.stragglers",
 }
 
 
