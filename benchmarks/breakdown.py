@@ -1,4 +1,4 @@
-"""Where a simulated iteration's time goes (benchmarks/RESULTS.md, `short-iterations-reading`).
+"""Where a simulated iteration's time goes (docs/results/fidelity.md, *Short iterations*).
 
     .venv/bin/python -m benchmarks.breakdown simulations/fidelity.toml 0 gwtf,gwtf-fixed,swarm
 

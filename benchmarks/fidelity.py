@@ -20,7 +20,7 @@ predicted. The joins enter the simulator at the time their process was listening
 start-up of a process, measured in the run, is when that machine is there).
 `python -m benchmarks.fidelity REAL_JSON` redoes the simulator's side of a saved real run
 (`real.json` in the run's log folder; `benchmarks/fidelity_real.json` and `fidelity_real_2.json`
-are the two runs of RESULTS.md).
+are the two runs of docs/results/fidelity.md).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ reference the result is checked against trains every iteration the swarm trained
 the other on one core (0.33 s of CPU an iteration with 8 sequences, 0.12 s with one), and the
 swarm trains thousands in 30 minutes."""
 ITERATIONS_PER_S = 6.0
-"""At least the job's pace under this churn (measured, see RESULTS.md `soak`: 3.4 an iteration
+"""At least the job's pace under this churn (measured, see docs/results/soak.md: 3.4 an iteration
 a second on two busy cores, 5.2 on two quiet ones once snapshots streamed in the background):
 the job has enough iterations to outlast the whole trace, and goes on to its end with no more
 churn on a slower machine (`JOB_WAIT_S`)."""

@@ -133,8 +133,8 @@ class FlowConfig:
     rescale starts (3.5 s after the detection on a loaded loopback swarm). In the middle of a
     scaling, relabels are also the phase's own work, and a rescale throws the phases done away:
     16 there too settled isolated changes as fast but cost 4% of the throughput under high
-    churn, where changes keep landing in scalings (`python -m benchmarks reconverge`, section
-    reconverge-reading of benchmarks/RESULTS.md)."""
+    churn, where changes keep landing in scalings (`python -m benchmarks reconverge`;
+    docs/results/routing.md, *Reconvergence of the relaxation*)."""
     quiet_s: float | None = None
     """None: the driver ends each scaling phase for the whole swarm (`FlowNode.tighten`), once it
     knows that the phase's work is done everywhere. A number: each node tightens on its own after
