@@ -59,8 +59,11 @@ def chosen_seeds() -> tuple[int, ...]:
     return tuple(int(s) for s in os.environ.get("GWTF_SIMBASE_SEEDS", "0,1,2").split(","))
 
 
-def _one(tree: str, name: str, seed: int) -> dict[str, dict[str, Any]]:
-    """gwtf's and swarm's results on `name` at `seed`, simulated by the package of `tree`."""
+def _one(tree: str, name: str, seed: int) -> dict[str, dict[str, Any]] | None:
+    """gwtf's and swarm's results on `name` at `seed`, simulated by the package of `tree`; None
+    when that tree has no such scenario (a scenario added since the base)."""
+    if not Path(tree, "simulations", f"{name}.toml").exists():
+        return None
     env = {**os.environ, "PYTHONPATH": tree}
     done = subprocess.run(
         [sys.executable, "-c", CHILD, f"{tree}/simulations/{name}.toml", str(seed), *POLICIES],
@@ -71,7 +74,9 @@ def _one(tree: str, name: str, seed: int) -> dict[str, dict[str, Any]]:
     return result
 
 
-def _cell(result: dict[str, dict[str, Any]]) -> str:
+def _cell(result: dict[str, dict[str, Any]] | None) -> str:
+    if result is None:
+        return "- (not in this tree)"
     gwtf = result["gwtf"]
     ratio = gwtf["mb_s"] / result["swarm"]["mb_s"]
     rebalance = gwtf["mb_s"] / result["swarm-rebalance"]["mb_s"]
