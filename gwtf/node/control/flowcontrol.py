@@ -488,7 +488,7 @@ class FlowControl:
             if due is None:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), 1.0)
+                    await asyncio.wait_for(self._changed.wait(), state.config.idle_tick_s)
                 continue
             await asyncio.sleep(max(0.0, due - state.clock()))
             state.driver.tick()
