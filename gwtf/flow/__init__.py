@@ -3,5 +3,6 @@
 (`balance`), the solvers (`simplex`: networkx's min-cost flow, faster, same answer; `localsolve`:
 the exact solve on grouped records; `oracle`: the centralized optimum), a node's routing by local
 solves on gossiped records (`localroute`, `gossip`, `linkreports`), placement of nodes on stages
-(`placement`), flows read back as results (`solution`) and `gwtf route` (`route_cli`). The
-relaxation, the alternative routing, is `relax/`."""
+(`placement`), a node's pace measured on every microbatch (`pace`), flows read back as results
+(`solution`) and `gwtf route` (`route_cli`). The relaxation, the alternative routing, is
+`relax/`."""

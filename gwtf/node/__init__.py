@@ -23,9 +23,9 @@ The node is two drivers of the pure cores put together, in packages that name it
 and, at the top, what every part shares: `node` (Node: builds and wires the parts, runs the
 lifecycle), `config` (NodeConfig: every timeout, with its reason; SwarmSettings), `settings`
 (the `gwtf node` flags), `state` (NodeState), `status` (`Status.Get` and the metrics snapshot),
-`observe` (logs and Prometheus), `errors` (refusals and NodeError), `faults` (fault injection)
-and `cli` (`gwtf node`). Local swarms of node processes (`gwtf launch`, churn replay, the demo)
-are `gwtf.local`'s.
+`observe` (logs and Prometheus), `errors` (refusals and NodeError), `faults` (fault injection),
+`stalls` (the share of the time the process runs at all) and `cli` (`gwtf node`). Local swarms
+of node processes (`gwtf launch`, churn replay, the demo) are `gwtf.local`'s.
 
 The import arrows: cli -> node -> control, jobs, rpc; jobs -> jobs.coordinator -> gwtf.job ->
 gwtf.recovery; control -> gwtf.flow; jobs -> worker (lazily) -> dataplane -> gwtf.train.

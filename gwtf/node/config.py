@@ -158,6 +158,44 @@ class NodeConfig:
     """How long a node that leaves gracefully waits for the iteration in progress to step, so
     that nothing it accumulated must be replayed (below `gwtf launch`'s 10 s before SIGKILL)."""
 
+    # How often a loop that waits for a condition looks again. Each look is cheap (a comparison
+    # or one call), so these trade a little work for a quicker reaction.
+    step_poll_s: float = 0.05
+    """A node that waits for an iteration to step here (a graceful leave's drain, a mover before
+    it leaves) looks this often: a look is a comparison, and the leave follows the step within
+    this, far below the `drain_timeout_s` it is bounded by."""
+    member_poll_s: float = 0.25
+    """A job that waits to see a node in the member table again (the coordinator, a participant
+    that came back before it starts the round over; a stale node, the coordinator it is to
+    follow) looks this often, 20 times (5 s at this default): the node's new incarnation
+    reaches the table by gossip within a few heartbeats."""
+    spread_gap_s: float = 0.2
+    """The coordinator spreads a changed job record (a crash, a pause, a join) to every member
+    at most once per this: a burst of changes costs one round of calls, and each member hears
+    of a change within this (a few times a second)."""
+    admit_poll_s: float = 0.2
+    """A joiner whose state is of the iteration in its commit asks to be admitted again this
+    often rather than fetch the same state again (a commit that takes longer than a fetch would
+    keep it out), and one whose state came too stale starts its entry over after this."""
+    entry_retry_s: float = 0.5
+    """A node entering a running job tries again after this when the job's coordinator is not a
+    live member or did not answer, or no donor gave it its stage's state: short against the
+    `prepare_timeout_s` that bounds the whole entry, so a joiner tries many times, without
+    calling a coordinator that is being replaced in a tight loop."""
+    evidence_retry_s: float = 1.0
+    """The coordinator asks a live neighbour that did not report what it holds of a dead node's
+    work again after this (a plan without that evidence could redo what the neighbour holds),
+    before it starts the round over: a neighbour busy with the crash gets a moment to answer,
+    well within `recovery_stall_s`."""
+    watchdog_s: float = 1.0
+    """Period of the job coordinator's watchdog: it re-checks a pause and the quorum, orders a
+    commit that may have become possible, and sweeps or starts over an iteration that made no
+    progress for `recovery_stall_s`, which it so sees within a tenth of that timeout."""
+    idle_tick_s: float = 1.0
+    """With `quiet_s` (each node tightens on its own after a quiet spell), the tick loop that
+    has no tick due waits for a change of the flow state, which wakes it at once, and looks
+    again after at most this long anyway."""
+
     def __post_init__(self) -> None:
         for name in (
             "heartbeat_s",
@@ -177,6 +215,14 @@ class NodeConfig:
             "commit_timeout_s",
             "recovery_stall_s",
             "drain_timeout_s",
+            "step_poll_s",
+            "member_poll_s",
+            "spread_gap_s",
+            "admit_poll_s",
+            "entry_retry_s",
+            "evidence_retry_s",
+            "watchdog_s",
+            "idle_tick_s",
         ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):

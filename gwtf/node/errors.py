@@ -39,21 +39,13 @@ class NodeError(Exception):
 
 
 class Refusal(Exception):
-    """The node refuses a call for a reason the caller must act on; the subclass says which.
+    """The node refuses a call for a reason the caller must act on; the subclass says which,
+    `message` (one sentence) says what happened. It names no status code: the RPC edge's table
+    does."""
 
-    `Refusal(code, message)`, a status code chosen by the raiser, is the older form, kept while
-    a module still raises it (`code` is then that status; None for the classes below)."""
-
-    def __init__(self, *args: object) -> None:
-        if len(args) == 2:
-            code, message = args
-        elif len(args) == 1:
-            code, message = None, args[0]
-        else:
-            raise TypeError(f"Refusal takes a message (or a code and a message), not {args!r}")
-        super().__init__(str(message))
-        self.code = code
-        self.message = str(message)
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class NotReady(Refusal):

@@ -1,10 +1,11 @@
 """What the parts of a node share (docs/design.md 3.1): who it is, its swarm, its member table,
 its flow driver, whether it serves, its counters and its tasks.
 
-The parts (gwtf.node.control.entry, .peers, .control, .flows, .status) each hold this one object
-rather than copies of what is in it: the node learns its id (and so its log) only once it listens,
-and the flow driver is replaced when the node comes back as a new incarnation, and every part must
-see the new one at once. Everything here is read and written on the node's event loop only.
+The parts (gwtf.node.control's entry, membercontrol, flowcontrol and routing, and
+gwtf.node.status) each hold this one object rather than copies of what is in it: the node learns
+its id (and so its log) only once it listens, and the flow driver is replaced when the node comes
+back as a new incarnation, and every part must see the new one at once. Everything here is read
+and written on the node's event loop only.
 """
 
 from __future__ import annotations

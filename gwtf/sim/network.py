@@ -1,4 +1,4 @@
-"""The simulated network (docs/design.md 5.2): the links between locations, each node's own
+"""The simulated network (docs/design.md 5, Network): the links between locations, each node's own
 access link, and the queues of what is being sent.
 
 Two models of bandwidth, which a scenario chooses (`[nodes] uplink_gbps` / `downlink_gbps`):

@@ -19,10 +19,10 @@ data holder inject, when is a crash noticed, what happens then) and keeps its ow
   them fails (after the detection timeout); rebalancing every `swarm_rebalance_period_s` moves a
   peer from the stage with the most throughput to the one with the least when that raises the
   minimum (the move takes effect at the next iteration boundary, after the state download).
-- `dtfm`: a schedule computed once (`gwtf.sim.routing.baselines.dtfm_schedule`); pipeline heads
-inject
-  equal shares; a crash of a scheduled node loses the iteration, and the job restarts after
-  `restart_delay_s` with a schedule recomputed for the live nodes (joiners wait for a restart).
+- `dtfm`: a schedule computed once (`gwtf.sim.routing.baselines.dtfm_schedule`); pipeline
+  heads inject equal shares; a crash of a scheduled node loses the iteration, and the job
+  restarts after `restart_delay_s` with a schedule recomputed for the live nodes (joiners wait
+  for a restart).
 """
 
 from __future__ import annotations

@@ -243,9 +243,6 @@ class Scenario:
             return self.intra
         return self.links.get(frozenset((loc_a, loc_b)))
 
-    def with_policies(self, names: Sequence[str]) -> Scenario:
-        return replace(self, policies=tuple(names))
-
 
 def gpu_peak_table() -> dict[str, float]:
     """GPU name -> dense 16-bit tensor peak, TFLOP/s, from the shipped CSV."""

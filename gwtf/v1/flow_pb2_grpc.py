@@ -61,7 +61,7 @@ class FlowServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Phase(self, request, context):
-        """One wave of the phase termination detection (see gwtf/node/phases.py).
+        """One wave of the phase termination detection (see gwtf/node/control/phases.py).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

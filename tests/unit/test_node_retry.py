@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import grpc
+import numpy as np
 import pytest
 from grpc import aio
 
@@ -47,11 +48,28 @@ def test_a_long_run_of_failures_stays_at_the_cap() -> None:
 
 def test_jitter_only_shortens_a_wait_by_up_to_its_fraction() -> None:
     backoff = Backoff(0.1, 1.0, jitter=0.5)
-    rng = random.Random(7)
+    rng = np.random.default_rng(7)
     waits = [backoff.delay(3, rng) for _ in range(200)]
     assert all(0.4 <= w <= 0.8 for w in waits)
     assert max(waits) - min(waits) > 0.3  # drawn, not fixed
-    assert [backoff.delay(3, random.Random(7)) for _ in range(2)] == [waits[0]] * 2
+    assert [backoff.delay(3, np.random.default_rng(7)) for _ in range(2)] == [waits[0]] * 2
+    # The same seed, the same waits: a random.Random seeded by the caller does as well.
+    assert [backoff.delay(3, random.Random(7)) for _ in range(2)] == [
+        backoff.delay(3, random.Random(7))
+    ] * 2
+
+
+def test_jitter_draws_only_from_the_callers_generator() -> None:
+    """No hidden generator: a jittered wait without one is refused, a plain one needs none."""
+    with pytest.raises(ValueError, match="seeded generator"):
+        Backoff(0.1, 1.0, jitter=0.5).delay(3)
+    with pytest.raises(ValueError, match="seeded generator"):
+        BanList(Backoff(0.1, 1.0, jitter=0.5), lambda: 0.0)
+    bans = BanList(Backoff(0.1, 1.0, jitter=0.5), lambda: 0.0, np.random.default_rng(3))
+    again = BanList(Backoff(0.1, 1.0, jitter=0.5), lambda: 0.0, np.random.default_rng(3))
+    waits = [bans.ban("a1") for _ in range(5)]
+    assert waits == [again.ban("a1") for _ in range(5)]
+    assert all(0.5 * min(1.0, 0.1 * 2**i) <= w <= min(1.0, 0.1 * 2**i) for i, w in enumerate(waits))
 
 
 @pytest.mark.parametrize(

@@ -32,10 +32,6 @@ from gwtf.node.rpc.codec import InvalidMessage
 from gwtf.node.rpc.edge import STATUS, status
 
 NODE = Path(__file__).resolve().parents[2] / "gwtf" / "node"
-EDGE = {"rpc/edge.py", "rpc/server.py", "dataplane/tensors.py"}
-"""The modules that turn refusals into statuses (the servicers and the table)."""
-LEGACY: set[str] = set()
-"""Modules that still raise the old form `Refusal(code, message)`."""
 
 Code = grpc.StatusCode
 
@@ -75,38 +71,17 @@ def test_a_refusal_ends_its_call_with_the_tables_code_and_its_own_message(
     assert status(refusal("node a1 says no")) == (code, "node a1 says no")
 
 
-def test_the_old_form_keeps_the_code_its_raiser_chose_and_other_failures_are_invalid() -> None:
-    assert status(Refusal(Code.UNAVAILABLE, "job j has not started here")) == (
-        Code.UNAVAILABLE, "job j has not started here")
-
+def test_other_failures_that_reach_the_edge_are_invalid() -> None:
     class ContributionLike(ValueError):
         pass
 
     assert status(ContributionLike("bad header")) == (Code.INVALID_ARGUMENT, "bad header")
-    with pytest.raises(TypeError, match="message"):
-        Refusal()
 
 
-def _calls_with_a_status(path: Path) -> list[int]:
-    """Lines where `path` builds a refusal with a status code (`Refusal(grpc.StatusCode.X, ...)`)
-    or imports grpc into gwtf.node.errors."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
-            node.func.id == "Refusal" and len(node.args) == 2
-        ):
-            found.append(node.lineno)
-    return found
-
-
-def test_the_domain_modules_name_no_status_code_for_a_refusal() -> None:
-    offenders = {
-        name: lines for p in sorted(NODE.rglob("*.py"))
-        if (name := p.relative_to(NODE).as_posix()) not in EDGE | LEGACY
-        and (lines := _calls_with_a_status(p))
-    }
-    assert EDGE <= {p.relative_to(NODE).as_posix() for p in NODE.rglob("*.py")}
-    assert not offenders, f"refusals built with a status code outside the RPC edge: {offenders}"
+def test_a_refusal_is_a_message_and_names_no_status_code() -> None:
+    """The raiser says what happened; only the edge's table says which status that is."""
+    assert list(inspect.signature(Refusal).parameters) == ["message"]
+    assert NotReady("job j has not started here").message == "job j has not started here"
     tree = ast.parse((NODE / "errors.py").read_text())
     imported = {
         alias.name for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)

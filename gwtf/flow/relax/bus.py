@@ -81,11 +81,6 @@ class MessageBus(FlowSwarm):
     def clock(self) -> float:
         return float(self.now)
 
-    @property
-    def quiet_rounds(self) -> float:
-        """A quiet period long enough for a message and its answer to cross any arc twice."""
-        return float(4 * self.max_delay + 1)
-
     def reset_counts(self) -> None:
         """Start counting messages and rounds afresh (to measure a warm restart alone)."""
         self.messages = 0

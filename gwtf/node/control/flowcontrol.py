@@ -1,16 +1,14 @@
 """The flow side of a node's control plane: its flow state machine wired to its peers
 (docs/design.md 2.7, 3.5).
 
-- arcs: a member of the next stage gets a link task (gwtf.node.control.prober), which creates the
-arc
-  once measured; a member of stage 0 seen from the last stage gets a ring arc at once; a member
-  that dies or leaves loses both;
+- arcs: a member of the next stage gets a link task (gwtf.node.control.prober), which creates
+  the arc once measured; a member of stage 0 seen from the last stage gets a ring arc at once; a
+  member that dies or leaves loses both;
 - sends: after anything touched the driver, one `Exchange` call per peer with something queued
-  (gwtf.node.control.driver), held back after a failure (gwtf.node.control.peers); the reply is the
-  ack;
+  (gwtf.node.control.driver), held back after a failure (gwtf.node.control.peers); the reply is
+  the ack;
 - phases: the host of the phase coordinator (gwtf.node.control.phasecoordinator), and in the
-uncoordinated
-  `quiet_s` mode the ticks that tighten on their own.
+  uncoordinated `quiet_s` mode the ticks that tighten on their own.
 
 That is the relaxation (`--routing relax`). With local routing (the default, docs/design.md
 2.12) none of it runs: the node keeps the records of its live members in a `LocalRoute`,
@@ -488,7 +486,7 @@ class FlowControl:
             if due is None:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), 1.0)
+                    await asyncio.wait_for(self._changed.wait(), state.config.idle_tick_s)
                 continue
             await asyncio.sleep(max(0.0, due - state.clock()))
             state.driver.tick()

@@ -14,14 +14,13 @@
   back), and on `explore_peers` other next-stage members, a window that moves every `explore_s`
   (so an unused link gets measured; probing every next-stage member would be O(N^2/S) probes in
   the swarm);
-- reports: after a first measurement or a lasting change (gwtf.node.control.prober), this node's
-report
-  on the head's site is the median of its estimates of the heads there, kept in its record only
-  while it differs materially from the link routing would take without it
+- reports: after a first measurement or a lasting change (gwtf.node.control.prober), this
+  node's report on the head's site is the median of its estimates of the heads there, kept in
+  its record only while it differs materially from the link routing would take without it
   (`linkreports.material`); a head no probe reaches for a failure timeout is blocked.
 
-gwtf.node.control.flowcontrol creates it when the swarm routes locally and hands it the membership
-changes.
+gwtf.node.control.flowcontrol creates it when the swarm routes locally and hands it the
+membership changes.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class Healer:
                 self.resync(active, other, f"{member.id} follows {other} at iteration "
                             f"{reply.iteration}, past this node's {here}")
                 return
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(self.host.config.member_poll_s)
 
     @staticmethod
     def _iteration(active: CurrentJob) -> int | None:

@@ -140,7 +140,7 @@ class Joiner:
                 # every data holder died, and this node is a holder that can take over.
                 if await self._adopt(job, module, stage):
                     return
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(host.config.entry_retry_s)
                 continue
             ask = job_pb2.EnterRequest(sender=host.node_id, job_id=job.job_id, stage=stage)
             try:
@@ -151,7 +151,7 @@ class Joiner:
             except RuntimeError as err:
                 host.log.warning("job %s: %s did not answer the entry: %s", job.job_id,
                                  record.coordinator, err)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(host.config.entry_retry_s)
                 continue
             state: tuple[int, bytes] | None = None
             # A stage with no live replica is restored from its keeper's snapshot, of the
@@ -169,7 +169,7 @@ class Joiner:
                     host.log.warning("job %s: the state of stage %d from %s failed: %s; "
                                      "another donor", job.job_id, stage, donor, err)
             if state is None:
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(host.config.entry_retry_s)
                 continue
             data = state[1]
             reply = None
@@ -197,7 +197,7 @@ class Joiner:
                         # Its state is of the iteration in progress, which is in its commit: ask
                         # again once that is over rather than fetch the same state again (a
                         # commit that takes longer than a fetch would keep this node out).
-                        await asyncio.sleep(0.2)
+                        await asyncio.sleep(host.config.admit_poll_s)
                         reply = await self.wire.call(_enter_call(ask), coordinator,
                                                      host.config.rpc_timeout_s)
                 except RuntimeError:
@@ -219,7 +219,7 @@ class Joiner:
                 why = f"its state of iteration {iteration} was not admitted at {reply.iteration}"
                 host.log.info("job %s: the state of iteration %d is stale (now %d): again",
                               job.job_id, iteration, reply.iteration)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(host.config.admit_poll_s)
                 continue
             worker = launcher.new_worker(module, job, executor, corpus)
             active = self.book.current(job.job_id)

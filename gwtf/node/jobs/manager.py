@@ -282,7 +282,7 @@ class JobManager:
         self._spread_pending = True
 
         async def later() -> None:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(self.host.config.spread_gap_s)
             self._spread_pending = False
             self.wire.spread_progress(self.book.records[active.job_id])
 
@@ -612,7 +612,7 @@ class JobManager:
         while time.monotonic() < deadline and active.worker is worker:
             if worker.iteration > start:
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(self.host.config.step_poll_s)
 
     async def close(self) -> None:
         active = self.book.active

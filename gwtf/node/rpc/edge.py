@@ -59,10 +59,8 @@ NOT_FOUND are final to every sender (`gwtf.node.rpc.retry.FINAL`); UNAVAILABLE i
 
 def status(err: Exception) -> tuple[grpc.StatusCode, str]:
     """The status and the one-line message a call refused with `err` ends with: by the table
-    (the nearest class in `err`'s ancestry), or the code an old-form `Refusal(code, message)`
-    names; anything else that reaches the edge as a check's failure is INVALID_ARGUMENT."""
-    if isinstance(err, Refusal) and isinstance(err.code, grpc.StatusCode):
-        return err.code, err.message
+    (the nearest class in `err`'s ancestry); anything else that reaches the edge as a check's
+    failure is INVALID_ARGUMENT."""
     message = err.message if isinstance(err, Refusal) else str(err)
     for cls in type(err).__mro__:
         code = STATUS.get(cls)

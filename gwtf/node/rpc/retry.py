@@ -4,7 +4,8 @@ failures are worth another call, and which peers are held off for a while.
     Backoff   exponential: `first_s`, then `factor` times the last wait, capped at `max_s`,
               each wait shortened by up to `jitter` of itself (a fraction, 0 by default: no
               loop of the node draws one today, so its timing stays what tests and the design
-              rely on)
+              rely on); the draw comes from the generator its caller passes (the node's seeded
+              `NodeState.rng`), never a hidden one, so the same seed waits the same
     TRANSIENT the codes a call is retried on when only transient failures are: the callee did
               not answer (UNAVAILABLE) or not in time (DEADLINE_EXCEEDED)
     FINAL     the codes a resend would meet again (a bug or a mismatch, never a transient):
@@ -23,15 +24,19 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import grpc
+import numpy as np
 from grpc import aio
 
 from gwtf.node.errors import Refusal
 from gwtf.node.rpc.codec import InvalidMessage
 from gwtf.node.rpc.edge import status
 
-__all__ = ["FINAL", "TRANSIENT", "BanList", "Backoff", "code_of", "is_final", "is_transient"]
+__all__ = [
+    "FINAL", "TRANSIENT", "BanList", "Backoff", "Rng", "code_of", "is_final", "is_transient",
+]
 
 Code = grpc.StatusCode
 
@@ -40,7 +45,8 @@ FINAL = frozenset({
     Code.INVALID_ARGUMENT, Code.FAILED_PRECONDITION, Code.NOT_FOUND, Code.UNIMPLEMENTED,
 })
 
-_RNG = random.Random()
+Rng: TypeAlias = np.random.Generator | random.Random
+"""A seeded generator a jittered wait draws from (`random()`: uniform on [0, 1))."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +64,17 @@ class Backoff:
         if not 0 <= self.jitter < 1:
             raise ValueError(f"a backoff's jitter is a fraction in [0, 1): {self.jitter}")
 
-    def delay(self, retry: int, rng: random.Random | None = None) -> float:
-        """The wait before retry number `retry` (0: the first retry, after the first failure)."""
+    def delay(self, retry: int, rng: Rng | None = None) -> float:
+        """The wait before retry number `retry` (0: the first retry, after the first failure);
+        a backoff with jitter draws it from `rng`, which its caller must then pass."""
         try:
             wait = float(min(self.max_s, self.first_s * self.factor ** max(0, retry)))
         except OverflowError:  # a peer that failed for hours: long since at the cap
             wait = self.max_s
         if self.jitter:
-            wait *= 1.0 - self.jitter * (rng or _RNG).random()
+            if rng is None:
+                raise ValueError(f"a backoff with jitter needs a seeded generator: {self}")
+            wait *= 1.0 - self.jitter * float(rng.random())
         return wait
 
 
@@ -92,11 +101,17 @@ def is_final(err: BaseException) -> bool:
 class BanList:
     """Peers held off after failed calls, each until its ban expires (`clock` seconds): the first
     failure bans a peer for `backoff.delay(0)`, each further one before a success for the next
-    delay, and a success lifts the ban (the next failure starts again from the first)."""
+    delay, and a success lifts the ban (the next failure starts again from the first). A
+    backoff with jitter draws from `rng`, the caller's seeded generator."""
 
-    def __init__(self, backoff: Backoff, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, backoff: Backoff, clock: Callable[[], float], rng: Rng | None = None
+    ) -> None:
+        if backoff.jitter and rng is None:
+            raise ValueError(f"a backoff with jitter needs a seeded generator: {backoff}")
         self.backoff = backoff
         self._clock = clock
+        self._rng = rng
         self._bans: dict[str, tuple[float, int]] = {}  # peer -> (until, failures in a row)
 
     def banned(self, peer: str, now: float | None = None) -> bool:
@@ -107,7 +122,7 @@ class BanList:
     def ban(self, peer: str) -> float:
         """A call to `peer` failed: ban it; returns the ban's length."""
         _, failures = self._bans.get(peer, (0.0, 0))
-        delay = self.backoff.delay(failures)
+        delay = self.backoff.delay(failures, self._rng)
         self._bans[peer] = (self._clock() + delay, failures + 1)
         return delay
 

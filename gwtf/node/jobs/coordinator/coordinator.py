@@ -388,7 +388,7 @@ class JobCoordinator:
             for _ in range(20):
                 if self._stopped or self.host.member(node) is not None:
                     break
-                await asyncio.sleep(0.25)
+                await asyncio.sleep(self.host.config.member_poll_s)
             self._restart(f"{node} was declared dead by nodes that lost sight of it")
 
         self.spawn(later(), f"{node} came back")
@@ -494,7 +494,7 @@ class JobCoordinator:
 
     async def _watch(self) -> None:
         while not self._stopped and self.plan.injecting < self.plan.iterations:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(self.host.config.watchdog_s)
             if not self.plan.empty_stages():
                 self.update_pause()  # the quorum comes and goes with probes and heals
                 if self._paused_since is None:

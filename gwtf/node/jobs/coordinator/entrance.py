@@ -2,9 +2,9 @@
 replica (4.3 rule 5, 4.6).
 
 A joiner asks whom to fetch its stage's state from (`enter`): the stage's live replicas, or, when
-it has none, the nodes keeping its snapshots (two: `snapshot_keepers`). Then it asks again with
-the iteration of the state it holds, and is admitted when that is the iteration in progress and
-no commit is under way.
+it has none, the nodes keeping its snapshots (the job's `snapshot_keepers`, 4 by default). Then
+it asks again with the iteration of the state it holds, and is admitted when that is the
+iteration in progress and no commit is under way.
 
 A stage with no live replica is restored from its keepers' snapshots (`gwtf.job.snapshots`): the
 snapshot of the iteration in progress if a keeper has one (nothing is lost), else the stage's

@@ -213,7 +213,7 @@ async def leave_for(manager: _Manager, active: Any, move: job_pb2.Move) -> None:
         progress = manager.progress(active.job_id)
         if progress is None or progress.iterations_completed > move.iteration:
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(host.config.step_poll_s)
     if not manager.holds(active):
         return  # the job ended or this node dropped its part meanwhile
     stage = move.stage

@@ -135,7 +135,7 @@ class CrashRecovery:
             # A plan without a live neighbour's evidence could redo what it holds (a resend
             # where a recompute is due): ask again, and start over if it stays silent.
             if tries > 1:
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(coord.host.config.evidence_retry_s)
                 await self.recover(dead, stage, tries - 1)
             else:
                 self._restart(f"{silent[0]} did not report what it holds of {dead}'s work")
