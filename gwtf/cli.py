@@ -318,10 +318,12 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--emulate-compute", action="store_true",
                       help="pad each microbatch's stage work to --compute-s with sleep, as the "
                       "emulated WAN pads messages (a local swarm then runs at its stated speeds)")
-    node.add_argument("--pace", choices=("live", "declared"), default="live",
-                      help="live (default): the compute time this node announces follows what "
-                      "it measures on every microbatch, so the flows move off a node that "
-                      "slows down; declared: it stays --compute-s (or the warm-up's)")
+    node.add_argument("--pace", choices=("auto", "live", "declared"), default="auto",
+                      help="live: the compute time this node announces follows what it "
+                      "measures on every microbatch, so the flows move off a node that slows "
+                      "down; declared: it stays --compute-s (or the warm-up's); auto "
+                      "(default): live unless --compute-s is declared without "
+                      "--emulate-compute")
     node.add_argument("--fault", metavar="SPEC",
                       help="chaos tests: SIGKILL this node at one point of a job, "
                       "crash-in:POINT[:iteration=K][:microbatch=M], POINT one of forward, "

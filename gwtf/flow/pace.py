@@ -23,8 +23,8 @@ compute item a node runs is a sample, and the record follows the samples:
   cost the flows little (`gwtf.flow.balance` keeps a stage's nodes below their capacities by
   headroom). A machine whose noise reaches the band is held off by the next two rules.
 - *Hold.* Two publications are at least `hold_s` apart; a publication that goes back the way
-  the one before it came (slower then faster again, or the reverse) within four holds doubles
-  the hold, up to `max_hold_s`, and a quiet spell of twice that brings it back to `hold_s`
+  the one before it came (slower then faster again, or the reverse) within two holds doubles
+  the hold (a slowdown that lasts longer, and its recovery, do not), up to `max_hold_s`, and a quiet spell of twice that brings it back to `hold_s`
   (a flapping node held at the longest hold publishes every `max_hold_s`, never quiet). A node
   whose speed oscillates around the band publishes a few times, then ever more rarely: the
   swarm re-solves at most once per hold for it, and never in step with the oscillation.
@@ -214,7 +214,7 @@ class Pace:
         if (
             self._last_at is not None
             and direction != self._last_direction
-            and now - self._last_at < 4 * self._hold_s
+            and now - self._last_at < 2 * self._hold_s
         ):
             self._hold_s = min(2 * self._hold_s, self.config.max_hold_s)
         self._last_at = now

@@ -387,7 +387,7 @@ class Node:
         """Seconds per microbatch this node measures now (its record's until it has measured):
         what its data plane tells senders (gwtf.job.nexthop.live_weights)."""
         pace = self._state.pace
-        if pace is None:
+        if pace is None or not self.settings.live_pace:
             return 0.0
         pace.set_availability(self._stalls.availability(AVAILABILITY_WINDOW_S))
         return pace.live_s()

@@ -82,9 +82,10 @@ class NodeSettings:
     emulate_compute: bool = False
     """Pad each microbatch's stage work to `compute_s` (with sleep), as the emulated WAN pads
     messages: a local swarm then runs at the speeds its flows were computed for."""
-    pace: str = "live"
+    pace: str = "auto"
     """"live": the record's compute time follows what the node measures on every microbatch
-    (gwtf.flow.pace, docs/design.md 2.13); "declared": it stays what the node entered with."""
+    (gwtf.flow.pace, docs/design.md 2.13); "declared": it stays what the node entered with;
+    "auto": live unless the operator declared `compute_s` for real compute (`live_pace`)."""
     fault: Fault | None = None
     """Crash (SIGKILL itself) at this point of a job: chaos tests (gwtf.node.faults)."""
     rate_limit: RateLimit = field(default_factory=RateLimit)
@@ -99,6 +100,16 @@ class NodeSettings:
     placed: bool = False
     """`stage` was chosen by placement, not pinned by the user: the new incarnation of a node
     the coordinator moved, which stays movable."""
+
+    @property
+    def live_pace(self) -> bool:
+        """Whether the record follows the measured pace. "auto" follows it where the node's
+        speed is its own (measured by a warm-up, or an emulated compute time it pads to), not
+        where an operator declared a compute time for work that runs at another speed: that
+        declaration is the operator's model of the swarm, which measuring would overrule."""
+        if self.pace == "auto":
+            return self.compute_s is None or self.emulate_compute
+        return self.pace == "live"
 
     @property
     def movable(self) -> bool:

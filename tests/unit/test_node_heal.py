@@ -113,7 +113,8 @@ class CoordHost(Host):
     """The west coordinator's host at the heal: membership still shows the stale side's old
     incarnations dead (their new ones reach it by gossip a second later)."""
 
-    config = SimpleNamespace(recovery_stall_s=10.0, rpc_timeout_s=3.0)
+    config = SimpleNamespace(recovery_stall_s=10.0, rpc_timeout_s=3.0, watchdog_s=1.0,
+                             member_poll_s=0.25)
 
     def __init__(self, me: str, alive: set[str], calls: Calls) -> None:
         super().__init__(me, alive)

@@ -217,7 +217,7 @@ class LocalRouting:
         if pace is None:
             return
         pace.observe(kind, seconds)
-        if state.settings.pace != "live":
+        if not state.settings.live_pace:
             return
         due = pace.due()
         if due is None:
