@@ -22,17 +22,22 @@ compute item a node runs is a sample, and the record follows the samples:
   a solve moves flows swarm-wide and costs every member a solve, and capacities off by less
   cost the flows little (`gwtf.flow.balance` keeps a stage's nodes below their capacities by
   headroom). A machine whose noise reaches the band is held off by the next two rules.
+- *Persistence.* The estimate must stay out of the band, on the same side, for `persist_s`
+  (2 s) before it is told: a burst of load on a shared machine that moves the median of nine
+  for a moment (seen with two test swarms on two cores, the spread near 30%) is not a slower
+  node, and two seconds are little against the minutes a slowdown lasts.
 - *Hold.* Two publications are at least `hold_s` apart; a publication that goes back the way
   the one before it came (slower then faster again, or the reverse) within two holds doubles
-  the hold (a slowdown that lasts longer, and its recovery, do not), up to `max_hold_s`, and a quiet spell of twice that brings it back to `hold_s`
-  (a flapping node held at the longest hold publishes every `max_hold_s`, never quiet). A node
-  whose speed oscillates around the band publishes a few times, then ever more rarely: the
-  swarm re-solves at most once per hold for it, and never in step with the oscillation.
+  the hold (a slowdown that lasts longer, and its recovery, do not), up to `max_hold_s`, and a quiet
+  spell of twice that brings it back to `hold_s` (a flapping node held at the longest hold publishes
+  every `max_hold_s`, never quiet). A node whose speed oscillates around the band publishes a few
+  times, then ever more rarely: the swarm re-solves at most once per hold for it, and never in step
+  with the oscillation.
 
 How fast: the first publication follows a change by about `window // 2 + 1` microbatches of
-the node (at a quarter of a 0.08 s node's speed, 5 x 0.32 s = 1.6 s), then the record's
-gossip (a second or so, docs/design.md 3.4) and the quiet spell of the local solve
-(`route_quiet_s`), a few seconds in all: well inside the minutes to hours that fail-slows last
+the node (at a quarter of a 0.08 s node's speed, 5 x 0.32 s = 1.6 s) and the persistence (2 s),
+then the record's gossip (a second or so, docs/design.md 3.4) and the quiet spell of the local
+solve (`route_quiet_s`), a few seconds in all: well inside the minutes to hours that fail-slows last
 (docs/results/stragglers.md). A node the flows stop feeding stops measuring, so a slowed node
 keeps a share in proportion to its capacity (`gwtf.flow.balance`'s headroom loads every node of
 a stage alike) and so sees its recovery.
@@ -71,6 +76,9 @@ gossip, several times over."""
 PACE_MAX_HOLD_S = 80.0
 """The longest a flapping node's hold grows to (five doublings of `PACE_HOLD_S`)."""
 
+PACE_PERSIST_S = 2.0
+"""How long the estimate must stay out of the band before it is told."""
+
 MIN_AVAILABILITY = 0.05
 """The least share of the time a process is taken to run (a pace at most 20x its work's)."""
 
@@ -85,6 +93,7 @@ class PaceConfig:
     factor: float = PACE_FACTOR
     hold_s: float = PACE_HOLD_S
     max_hold_s: float = PACE_MAX_HOLD_S
+    persist_s: float = PACE_PERSIST_S
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -93,6 +102,8 @@ class PaceConfig:
             raise ValueError("the pace factor must be above 1")
         if not 0 <= self.hold_s <= self.max_hold_s:
             raise ValueError("the pace hold must be between 0 and its maximum")
+        if self.persist_s < 0:
+            raise ValueError("the pace persistence must not be negative")
 
 
 class PaceWindow:
@@ -159,6 +170,8 @@ class Pace:
         self._hold_s = config.hold_s
         self._last_at: float | None = None
         self._last_direction = 0
+        self._out: tuple[int, float] | None = None
+        """(side, since when) the estimate has been out of the band."""
         self.publications = 0
 
     def observe(self, kind: str, seconds: float) -> None:
@@ -197,8 +210,14 @@ class Pace:
             return None
         ratio = estimate / self.published_s
         if 1 / self.config.factor < ratio < self.config.factor:
+            self._out = None
             return None
         now = self._clock()
+        side = 1 if ratio > 1 else -1
+        if self._out is None or self._out[0] != side:
+            self._out = (side, now)
+        if now - self._out[1] < self.config.persist_s:
+            return None
         if self._last_at is not None:
             since = now - self._last_at
             if since >= 2 * self.config.max_hold_s:
@@ -219,6 +238,7 @@ class Pace:
             self._hold_s = min(2 * self._hold_s, self.config.max_hold_s)
         self._last_at = now
         self._last_direction = direction
+        self._out = None
         self.published_s = pace_s
         self.publications += 1
 

@@ -369,6 +369,22 @@ DEFAULT_SLOWDOWNS = ((1.1, 1.5, 0.70), (1.5, 3.0, 0.25), (3.0, 10.0, 0.05))
 says what is measured and what is assumed)."""
 
 
+def _side_trace(
+    where: str, path: Path, kind: str, key: str, sources: dict[str, str], name: str
+) -> list[TraceEvent]:
+    """A CSV trace of `kind` rows only (link changes, speeds), given as `name` in the file; its
+    path kept in `sources` as `key`."""
+    path = path.resolve()
+    sources[key] = str(path)
+    try:
+        events = read_trace(path, "csv")
+    except TraceError as err:
+        raise ScenarioError(f"{where}: {err}") from None
+    if any(e.kind != kind for e in events):
+        raise ScenarioError(f"{where}: '{name}' may only hold {kind} rows")
+    return events
+
+
 def _drift(
     where: str,
     doc: Mapping[str, Any],
@@ -387,14 +403,8 @@ def _drift(
     machines = list(dict.fromkeys([*initial_ids, *(e.node for e in events if e.kind == "join")]))
     trace_name = drift.text("trace")
     if trace_name:
-        path = (base / trace_name).resolve()
-        sources["drift_trace"] = str(path)
-        try:
-            out = read_trace(path, "csv")
-        except TraceError as err:
-            raise ScenarioError(f"{where} [drift]: {err}") from None
-        if any(e.kind != "speed" for e in out):
-            raise ScenarioError(f"{where} [drift]: 'trace' may only hold speed rows")
+        out = _side_trace(f"{where} [drift]", base / trace_name, "speed", "drift_trace",
+                          sources, "trace")
         unknown = sorted({e.node for e in out} - set(machines))
         if unknown:
             raise ScenarioError(f"{where} [drift]: speed rows name machines the scenario does "
@@ -581,14 +591,8 @@ def parse_scenario(
             raise ScenarioError(f"{where} [churn]: {err}") from None
     link_trace = churn.text("link_trace")
     if link_trace:
-        link_path = (base / link_trace).resolve()
-        sources["link_trace"] = str(link_path)
-        try:
-            extra = read_trace(link_path, "csv")
-        except TraceError as err:
-            raise ScenarioError(f"{where} [churn]: {err}") from None
-        if any(e.kind != "link" for e in extra):
-            raise ScenarioError(f"{where} [churn]: 'link_trace' may only hold link rows")
+        extra = _side_trace(f"{where} [churn]", base / link_trace, "link", "link_trace",
+                            sources, "link_trace")
         events = sorted(events + extra, key=lambda e: e.time_s)
     events = sorted(events + _drift(where, doc, base, seed, initial_ids, events, duration,
                                     sources), key=lambda e: e.time_s)

@@ -9,6 +9,9 @@ from hypothesis import strategies as st
 
 from gwtf.flow.pace import PACE_WINDOW, Pace, PaceConfig, PaceWindow
 
+AT_ONCE = PaceConfig(persist_s=0.0)
+"""No persistence: what the window and the band do alone."""
+
 
 class Clock:
     def __init__(self) -> None:
@@ -26,7 +29,7 @@ def feed(pace: Pace, seconds: float, n: int) -> None:
 
 
 def test_no_estimate_before_a_majority_of_the_window() -> None:
-    pace = Pace(0.08, Clock())
+    pace = Pace(0.08, Clock(), AT_ONCE)
     feed(pace, 0.08, PACE_WINDOW // 2)
     assert pace.estimate() is None and pace.due() is None and pace.live_s() == 0.08
     feed(pace, 0.08, 1)
@@ -35,7 +38,7 @@ def test_no_estimate_before_a_majority_of_the_window() -> None:
 
 def test_a_node_four_times_slower_is_told_after_five_microbatches() -> None:
     clock = Clock()
-    pace = Pace(0.08, clock)
+    pace = Pace(0.08, clock, AT_ONCE)
     feed(pace, 0.08, 20)
     assert pace.due() is None  # steady: nothing to tell
     feed(pace, 0.32, 4)
@@ -53,7 +56,7 @@ def test_a_node_four_times_slower_is_told_after_five_microbatches() -> None:
 def test_fewer_outliers_than_half_the_window_never_move_the_estimate(
     outliers: list[float],
 ) -> None:
-    pace = Pace(0.08, Clock())
+    pace = Pace(0.08, Clock(), AT_ONCE)
     feed(pace, 0.08, PACE_WINDOW)
     for seconds in outliers:
         pace.observe("forward", seconds)
@@ -62,7 +65,7 @@ def test_fewer_outliers_than_half_the_window_never_move_the_estimate(
 
 
 def test_changes_inside_the_band_are_not_told() -> None:
-    pace = Pace(0.1, Clock())
+    pace = Pace(0.1, Clock(), AT_ONCE)
     feed(pace, 0.14, PACE_WINDOW)  # 1.4x: inside the 1.5 band
     assert pace.due() is None and pace.live_s() == pytest.approx(0.14)
     feed(pace, 0.07, PACE_WINDOW)  # 1/1.43: inside too
@@ -71,7 +74,7 @@ def test_changes_inside_the_band_are_not_told() -> None:
 
 def test_a_flapping_node_is_held_off_ever_longer_and_released_when_quiet() -> None:
     clock = Clock()
-    config = PaceConfig(hold_s=5.0, max_hold_s=40.0)
+    config = PaceConfig(hold_s=5.0, max_hold_s=40.0, persist_s=0.0)
     pace = Pace(0.1, clock, config)
     told = []
     for step in range(200):  # slow and fast in turns of 2 s, for 400 s
@@ -94,6 +97,21 @@ def test_a_flapping_node_is_held_off_ever_longer_and_released_when_quiet() -> No
     assert pace.hold_s == 5.0
 
 
+def test_a_change_is_told_once_it_has_lasted_the_persistence() -> None:
+    clock = Clock()
+    pace = Pace(0.08, clock, PaceConfig(persist_s=2.0))
+    feed(pace, 0.32, PACE_WINDOW)
+    assert pace.due() is None  # out of the band since now
+    clock.now += 1.0
+    feed(pace, 0.08, PACE_WINDOW)
+    assert pace.due() is None  # back in: a burst, not a slower node
+    clock.now += 1.5
+    feed(pace, 0.32, PACE_WINDOW)
+    assert pace.due() is None  # out again: the clock starts over
+    clock.now += 2.0
+    assert pace.due() == pytest.approx(0.32)
+
+
 def test_the_spread_says_how_noisy_the_machine_is() -> None:
     window = PaceWindow(5)
     for s in (1.0, 1.0, 1.0, 1.0, 1.0):
@@ -113,3 +131,5 @@ def test_a_bad_configuration_is_refused() -> None:
         PaceConfig(window=0)
     with pytest.raises(ValueError, match="positive"):
         Pace(0.0, Clock())
+    with pytest.raises(ValueError, match="persistence"):
+        PaceConfig(persist_s=-1.0)

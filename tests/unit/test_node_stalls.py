@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gwtf.flow.pace import Pace
+from gwtf.flow.pace import Pace, PaceConfig
 from gwtf.node.stalls import StallWatch
 
 
@@ -40,7 +40,7 @@ def test_availability_and_the_stalls_inside_an_item() -> None:
 
 
 def test_a_pace_counts_the_time_its_process_did_not_run() -> None:
-    pace = Pace(0.08, Clock())
+    pace = Pace(0.08, Clock(), PaceConfig(persist_s=0.0))
     for _ in range(9):
         pace.observe("forward", 0.08 / 3)
         pace.observe("backward", 0.16 / 3)

@@ -29,6 +29,11 @@ T = TypeVar("T")
 
 # Compute priorities: lower runs first.
 COMMIT, BACKWARD, FORWARD, INJECT = 0, 1, 2, 3
+WARM_UP_ITEMS = 9
+"""A job's first forwards and backwards of each kind on a node are not samples of its pace: they
+build the stage's kernels and caches, and every node of a swarm starts them at once (seen: each
+relay of a six-process swarm published twice its pace in the first iteration, then its pace
+back, which doubled its hold for the slowdown that came later)."""
 _KIND = {COMMIT: "commit", BACKWARD: "backward", FORWARD: "forward", INJECT: "forward"}
 """The `kind` label of gwtf_job_compute_seconds per priority (the last stage's forward: loss)."""
 
@@ -55,6 +60,8 @@ class ComputeRuntime:
         """Compute of rounds that started over, not reported yet."""
         self._round_start_s = 0.0
         """The executor's compute seconds when the round in progress began."""
+        self._warming = {"forward": WARM_UP_ITEMS, "backward": WARM_UP_ITEMS}
+        """Items of each kind still to run before they count as samples of the pace."""
 
     def start(self) -> None:
         """Start taking work (a task of the job: stopping the job cancels it)."""
@@ -119,8 +126,11 @@ class ComputeRuntime:
             kind = "loss" if ctx.is_last and priority == FORWARD else _KIND[priority]
             ctx.metrics.observe("gwtf_job_compute_seconds", ctx.job_id, took, kind)
             if priority != COMMIT:
-                ctx.host.observe_compute("backward" if priority == BACKWARD else "forward",
-                                         began, time.monotonic())
+                sample = "backward" if priority == BACKWARD else "forward"
+                if self._warming[sample]:
+                    self._warming[sample] -= 1
+                else:
+                    ctx.host.observe_compute(sample, began, time.monotonic())
             if not future.cancelled():
                 future.set_result(result)
 
