@@ -30,10 +30,11 @@ TICK_S = 0.02
 """How long the watcher sleeps between looks at the clock."""
 GAP_S = 0.05
 """A wake-up this much later than asked for counts as a stall (module doc)."""
-AVAILABILITY_WINDOW_S = 5.0
+AVAILABILITY_WINDOW_S = 2.0
 """The window a node's availability is measured over (gwtf.flow.pace): long enough to hold
-many stop-and-go cycles of a busy machine, short enough that its pace follows within the
-seconds its compute items take to (five microbatches)."""
+several stop-and-go cycles of a busy machine (five of 0.4 s), and no longer than the pace's
+persistence, so that the estimate a change publishes has settled (with 5 s, a relay that
+recovered published a value half way, 0.086 s for its 0.05, which the band then kept)."""
 KEEP_S = 120.0
 """Stalls older than this are forgotten (longer than any window asked for)."""
 
@@ -55,6 +56,8 @@ class StallWatch:
         self._stalls: deque[tuple[float, float]] = deque()
         """(when it ended, seconds stalled), oldest first."""
         self._started = clock()
+        self._last = self._started
+        """When the watcher last looked at the clock."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,7 +78,7 @@ class StallWatch:
             late = now - last - self._tick_s
             if late > self._gap_s:
                 self.stalled(now, late)
-            last = now
+            last = self._last = now
 
     def stalled(self, at: float, seconds: float) -> None:
         """The process did not run for `seconds` up to `at` (the watcher's, or a test's)."""
@@ -85,16 +88,19 @@ class StallWatch:
                 self._stalls.popleft()
 
     def stalled_between(self, start: float, end: float) -> float:
-        """Seconds of [start, end] the process was stalled (as far as the watcher has seen:
-        a stall still going on is counted once it ends)."""
+        """Seconds of [start, end] the process was stalled: the stalls the watcher counted,
+        and one it has not counted yet (the process was continued a moment ago and the item
+        that asks ran on before the watcher woke: it has not looked at the clock since)."""
         with self._lock:
             stalled = 0.0
             for at, seconds in reversed(self._stalls):
                 if at <= start:
                     break
-                if at <= end:
-                    stalled += min(seconds, at - start)
-            return stalled
+                stalled += max(0.0, min(at, end) - max(at - seconds, start))
+        pending = end - self._last - self._tick_s
+        if self._thread is not None and pending > self._gap_s:
+            stalled += max(0.0, end - max(self._last + self._tick_s, start))
+        return min(stalled, max(0.0, end - start))
 
     def availability(self, window_s: float) -> float:
         """The share of the last `window_s` seconds (or of the time since the watch began, if
