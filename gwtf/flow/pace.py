@@ -26,9 +26,12 @@ compute item a node runs is a sample, and the record follows the samples:
   (2 s) before it is told: a burst of load on a shared machine that moves the median of nine
   for a moment (seen with two test swarms on two cores, the spread near 30%) is not a slower
   node, and two seconds are little against the minutes a slowdown lasts.
-- *Hold.* Two publications are at least `hold_s` apart; a publication that goes back the way
-  the one before it came (slower then faster again, or the reverse) within two holds doubles
-  the hold (a slowdown that lasts longer, and its recovery, do not), up to `max_hold_s`, and a quiet
+- *Hold.* A publication that goes back the way the one before it came (slower then faster
+  again, or the reverse) is at least `hold_s` after it; one that goes on the same way (a
+  slowdown told while it was still deepening, then its full depth) needs the persistence only,
+  for publications that all go one way move the record 1.5 times each and so are few. A
+  reversal within two holds doubles the hold (a slowdown that lasts longer, and its recovery,
+  do not), up to `max_hold_s`, and a quiet
   spell of twice that brings it back to `hold_s` (a flapping node held at the longest hold publishes
   every `max_hold_s`, never quiet). A node whose speed oscillates around the band publishes a few
   times, then ever more rarely: the swarm re-solves at most once per hold for it, and never in step
@@ -222,7 +225,7 @@ class Pace:
             since = now - self._last_at
             if since >= 2 * self.config.max_hold_s:
                 self._hold_s = self.config.hold_s
-            elif since < self._hold_s:
+            elif since < self._hold_s and side != self._last_direction:
                 return None
         return estimate
 

@@ -112,6 +112,34 @@ def test_a_change_is_told_once_it_has_lasted_the_persistence() -> None:
     assert pace.due() == pytest.approx(0.32)
 
 
+def test_a_slowdown_told_while_it_deepened_is_told_again_without_the_hold() -> None:
+    """0.08 s, then 0.14 s told while the slowdown began, then its full 0.32 s: the second
+    publication goes the same way, so it waits for the persistence only; going back does wait
+    for the hold."""
+    clock = Clock()
+    pace = Pace(0.08, clock, PaceConfig(hold_s=5.0, persist_s=2.0))
+    feed(pace, 0.14, PACE_WINDOW)
+    assert pace.due() is None  # out of the band since now
+    clock.now += 2.0
+    due = pace.due()
+    assert due == pytest.approx(0.14)
+    pace.publish(due)
+    feed(pace, 0.32, PACE_WINDOW)
+    assert pace.due() is None  # out of the band since now
+    clock.now += 1.0
+    assert pace.due() is None  # for 1 s of the 2 s persistence
+    clock.now += 1.0
+    due = pace.due()
+    assert due == pytest.approx(0.32)  # 2 s after the last publication, not 5
+    pace.publish(due)
+    feed(pace, 0.08, PACE_WINDOW)
+    assert pace.due() is None
+    clock.now += 2.0
+    assert pace.due() is None  # the recovery reverses it: the hold applies
+    clock.now += 3.0
+    assert pace.due() == pytest.approx(0.08)
+
+
 def test_the_spread_says_how_noisy_the_machine_is() -> None:
     window = PaceWindow(5)
     for s in (1.0, 1.0, 1.0, 1.0, 1.0):
