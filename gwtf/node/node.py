@@ -368,14 +368,17 @@ class Node:
         pace = self._state.pace
         return pace.declared_s if pace is not None else self.members.me.compute_s
 
-    def observe_compute(self, kind: str, started: float, ended: float) -> None:
+    def observe_compute(self, kind: str, started: float, ended: float,
+                        device_s: float | None = None) -> None:
         """A compute item of the job's stage ran from `started` to `ended` (monotonic clock):
-        a sample of the node's pace (gwtf.flow.pace), less what of it the process was stalled,
-        with the share of the recent time the process ran."""
+        a sample of the node's pace (gwtf.flow.pace), less what of it the process was stalled
+        (or `device_s`, an emulated device's time for it), with the share of the recent time
+        the process ran."""
         pace = self._state.pace
         if pace is None:
             return
-        running = max(0.0, ended - started - self._stalls.stalled_between(started, ended))
+        running = (max(0.0, ended - started - self._stalls.stalled_between(started, ended))
+                   if device_s is None else device_s)
         pace.set_availability(self._stalls.availability(AVAILABILITY_WINDOW_S))
         local = self._flows.local
         if local is not None:

@@ -87,9 +87,10 @@ class JobsHost(Protocol):
     @property
     def emulate_compute_s(self) -> float | None: ...
 
-    def observe_compute(self, kind: str, started: float, ended: float) -> None:
+    def observe_compute(self, kind: str, started: float, ended: float,
+                        device_s: float | None = None) -> None:
         """A compute item of the job's stage ran from `started` to `ended` (monotonic clock):
-        a sample of the node's pace."""
+        a sample of the node's pace (`device_s`: an emulated device's time for it)."""
         ...
 
     def live_pace_s(self) -> float:

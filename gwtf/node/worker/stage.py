@@ -129,9 +129,10 @@ class WorkerHost(Protocol):
         """Weights over these candidates, from the node's flows or their capacities."""
         ...
 
-    def observe_compute(self, kind: str, started: float, ended: float) -> None:
+    def observe_compute(self, kind: str, started: float, ended: float,
+                        device_s: float | None = None) -> None:
         """A forward or backward of this stage ran from `started` to `ended` (monotonic
-        clock): a sample of the node's pace."""
+        clock): a sample of the node's pace (`device_s`: an emulated device's time for it)."""
         ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]: ...
