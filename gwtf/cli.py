@@ -83,7 +83,11 @@ def _add_export_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     export.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
                         help="a gwtf checkpoint folder")
     export.add_argument("--hf", required=True, metavar="OUT_DIR",
-                        help="the Hugging Face folder to write (made if missing)")
+                        help="the Hugging Face folder to write (made if missing); refused if it "
+                        "holds anything, as the checkpoint or the job's pretrained folder do")
+    export.add_argument("--force", action="store_true",
+                        help="write into OUT_DIR even if it is not empty, replacing its "
+                        "config.json and model.safetensors")
     export.set_defaults(handler=_export)
 
 

@@ -482,7 +482,60 @@ def test_gwtf_export_writes_a_checkpoint_as_a_hugging_face_folder(
     capsys.readouterr()  # transformers' progress bars
     assert main(["export", str(tmp_path / "none"), "--hf", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert err == f"gwtf export: {tmp_path / 'none'} holds no model.safetensors\n"
+    assert err == (
+        f"gwtf export: {tmp_path / 'none'} does not exist; give a checkpoint folder "
+        "(model.safetensors and job.toml)\n"
+    )
+
+
+def test_gwtf_export_refuses_to_write_over_what_it_reads_or_anything_else(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gwtf export CKPT --hf CKPT` and `--hf PRETRAINED` once replaced the weights they read."""
+    tiny_llama(tmp_path / "llama")
+    job = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 16\ndropout = 0.0\n'))
+    save_model(tmp_path / "ckpt", dict(build_model(job.model, job.seed).named_parameters()), job, 3)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    kept = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    capsys.readouterr()  # transformers' progress bars
+    ckpt, llama = tmp_path / "ckpt", tmp_path / "llama"
+    refusals = {
+        f"gwtf export {ckpt} --hf {ckpt}": f"{ckpt} is the checkpoint being exported: writing "
+        "there would replace its model.safetensors and it could no longer be exported or "
+        "resumed; give --hf another folder (or add --force)",
+        f"gwtf export {ckpt}/ --hf {ckpt}/../ckpt": f"{ckpt}/../ckpt is the checkpoint being "
+        "exported: writing there would replace its model.safetensors and it could no longer be "
+        "exported or resumed; give --hf another folder (or add --force)",
+        f"gwtf export {ckpt} --hf {llama}": f"{llama} is the pretrained folder job {job.job_id} "
+        "started from: writing there would replace its weights; give --hf another folder (or "
+        "add --force)",
+        f"gwtf export {ckpt} --hf {tmp_path / 'notes'}": f"{tmp_path / 'notes'} is not empty (it "
+        "holds todo.txt); give --hf a new or empty folder, or add --force to write config.json "
+        "and model.safetensors over what is there",
+        f"gwtf export {ckpt} --hf {tmp_path / 'job.toml'}": f"{tmp_path / 'job.toml'} is a file; "
+        "give --hf a folder to write into",
+    }
+    for command, sentence in refusals.items():
+        assert main(command.split()[1:]) == 2, command
+        assert capsys.readouterr() == ("", f"gwtf export: {sentence}\n"), command
+    assert {path: path.read_bytes() for path in kept} == kept
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(kept)
+    # An empty folder is fine; --force writes over what is there when the user means it.
+    (tmp_path / "empty").mkdir()
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "empty")]) == 0
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "notes"), "--force"]) == 0
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+    assert (tmp_path / "notes" / "config.json").exists()
+    # A checkpoint forced over says so when read again, not that parameters are missing.
+    assert main(["export", str(ckpt), "--hf", str(ckpt), "--force"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "again")]) == 2
+    assert capsys.readouterr().err == (
+        f"gwtf export: {ckpt / 'model.safetensors'} is not a gwtf checkpoint's weights but a "
+        "'pt' file, as `gwtf export --hf` and transformers write; the checkpoint was "
+        "overwritten, export or resume from another copy of it\n"
+    )
 
 
 def test_a_pretrained_job_trains_from_the_folder_s_weights(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 MODEL_FILE = "model.safetensors"
+MODEL_FORMAT = "gwtf-model/1"
 JOB_FILE = "job.toml"
 
 
@@ -163,7 +164,7 @@ def save_model(
         folder.mkdir(parents=True, exist_ok=True)
         model = folder / MODEL_FILE
         write_tensors(model, {n: params[n] for n in canonical_order(list(params))}, {
-            "format": "gwtf-model/1", "job_id": job.job_id, "iteration": str(iteration),
+            "format": MODEL_FORMAT, "job_id": job.job_id, "iteration": str(iteration),
             "param_checksum": checksum,
         })  # fmt: skip
         tmp_job = folder / f".{JOB_FILE}.tmp"
@@ -181,10 +182,21 @@ def load_model(directory: str | Path) -> SavedModel:
     or its weights are not the ones it says it holds."""
     folder = Path(directory)
     model = folder / MODEL_FILE
+    if not folder.is_dir():
+        what = "is a file, not" if folder.exists() else "does not exist; give"
+        raise CheckpointError(f"{folder} {what} a checkpoint folder (model.safetensors and "
+                              f"{JOB_FILE})")  # fmt: skip
     try:
         tensors, meta = read_tensors(model)
     except FileNotFoundError:
         raise CheckpointError(f"{folder} holds no {MODEL_FILE}") from None
+    if meta.get("format") not in (None, MODEL_FORMAT):
+        # transformers and `gwtf export` write {"format": "pt"}: a folder exported over.
+        raise CheckpointError(
+            f"{model} is not a gwtf checkpoint's weights but a {meta['format']!r} file, as "
+            "`gwtf export --hf` and transformers write; the checkpoint was overwritten, export or "
+            "resume from another copy of it"
+        )
     params = _canonical(tensors)
     job = load_job(folder / JOB_FILE)
     checksum = param_checksum(params)
