@@ -390,11 +390,13 @@ class AsyncGwtfClient(_Node):
         from gwtf.train.job import JobConfig, JobError, resolve_job
         from gwtf.v1 import job_pb2
 
-        if not isinstance(job, JobConfig):
-            try:
+        try:
+            if not isinstance(job, JobConfig):
                 job = resolve_job(Path(job) if not isinstance(job, str) else job)
-            except JobError as err:
-                raise ClientError(str(err), EXIT_USAGE) from None
+            # The digests of its files go with the job: its id, and what every node checks.
+            job = await asyncio.to_thread(job.pinned)
+        except JobError as err:
+            raise ClientError(str(err), EXIT_USAGE) from None
         request = job_pb2.SubmitRequest(job_json=json.dumps(job.to_dict(), sort_keys=True))
 
         async def call(stub: Any) -> Any:

@@ -64,6 +64,16 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
+from gwtf.train.digests import (
+    JSONL_SUFFIX,
+    TEXT_SUFFIXES,
+    DigestError,
+    cache_dir,
+    data_digest,
+    data_files,
+    file_sha256,
+    tokenizer_digest,
+)
 from gwtf.train.job import BYTE_VOCAB, DATA_ORDERS, JobConfig
 from gwtf.train.seeds import seeded_generator
 
@@ -92,8 +102,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CORPUS_BYTES = 4 * 1024 * 1024
 
 # Files of a folder read as one text document each; `.jsonl` files as one document per line.
-TEXT_SUFFIXES = (".markdown", ".md", ".rst", ".text", ".txt")
-JSONL_SUFFIX = ".jsonl"
 
 # Byte-level documents are joined by ASCII ETX ("end of text"), a byte plain text never holds.
 BYTE_EOT = 0x03
@@ -152,15 +160,6 @@ def stdlib_sources(root: str | None = None) -> list[Path]:
     return sorted(found, key=lambda path: path.relative_to(base).as_posix())
 
 
-def cache_dir() -> Path:
-    """Where token caches live: `$GWTF_CACHE`, else `$XDG_CACHE_HOME/gwtf`, else ~/.cache/gwtf."""
-    if os.environ.get("GWTF_CACHE"):
-        return Path(os.environ["GWTF_CACHE"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "gwtf"
-    return Path.home() / ".cache" / "gwtf"
-
-
 def load_corpus(
     path: str | Path | None = None,
     *,
@@ -198,10 +197,31 @@ def load_corpus(
 
 def job_corpus(job: JobConfig) -> Corpus:
     """The job's corpus: its `data`, `tokenizer` and `data_field`, the tokenizer checked against
-    `model.vocab`. Raises DataError."""
+    `model.vocab`, the files checked against the digests the job pins. Raises DataError."""
+    check_digests(job)
     return load_corpus(
         job.data, tokenizer=job.tokenizer, data_field=job.data_field, max_vocab=job.model.vocab
     )
+
+
+def check_digests(job: JobConfig) -> None:
+    """DataError if the data or tokenizer file here is not what the job pins (another copy, or a
+    file changed since the job was submitted)."""
+    pins = (("data", job.data, job.data_sha256, data_digest),
+            ("tokenizer", job.tokenizer, job.tokenizer_sha256, tokenizer_digest))  # fmt: skip
+    for key, path, pinned, digest_of in pins:
+        if path is None or pinned is None:
+            continue
+        try:
+            here = digest_of(path)
+        except DigestError as err:
+            raise DataError(str(err)) from None
+        if here != pinned:
+            raise DataError(
+                f"{key} {path} here has digest {here[:12]}, not the job's {key}_sha256 "
+                f"{pinned[:12]}: it is not the file the job was submitted with; give this machine "
+                "the same file, or submit the job again to train on this one"
+            )
 
 
 def check_corpus(corpus: Corpus, seq_len: int, *, vocab: int | None = None) -> None:
@@ -330,22 +350,15 @@ def _stdlib_bytes(max_bytes: int) -> tuple[bytes, str]:
 def _sources(path: Path) -> list[_Source]:
     """The files of `path` in their order; DataError if there is none."""
     if path.is_dir():
-        found: list[_Source] = []
-        for folder, dirs, files in os.walk(path, onerror=_unreadable):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            for name in files:
-                suffix = Path(name).suffix.lower()
-                if name.startswith(".") or suffix not in (*TEXT_SUFFIXES, JSONL_SUFFIX):
-                    continue
-                file = Path(folder, name)
-                relative = file.relative_to(path).as_posix()
-                found.append(_Source(file, relative, jsonl=suffix == JSONL_SUFFIX))
+        found = [_Source(file, file.relative_to(path).as_posix(),
+                         jsonl=file.suffix.lower() == JSONL_SUFFIX)
+                 for file in data_files(path, on_error=_unreadable)]  # fmt: skip
         if not found:
             raise DataError(
                 f"data folder {path} has no {', '.join(TEXT_SUFFIXES)} or {JSONL_SUFFIX} files; "
                 "put the training text in such files"
             )
-        return sorted(found, key=lambda source: source.name)
+        return found
     if not path.exists():
         raise DataError(
             f"data path {path} does not exist; give an existing text file, .jsonl file or folder"
@@ -425,9 +438,19 @@ def _sha256_of(chunks: Iterable[bytes]) -> str:
     return hasher.hexdigest()
 
 
+def _source_sha256(source: _Source) -> str:
+    """A source's sha256, a file's cached by its identity (`gwtf.train.digests.file_sha256`)."""
+    if source.path is None:
+        return _sha256_of(_chunks(source))
+    try:
+        return file_sha256(source.path, "data file")
+    except DigestError as err:
+        raise DataError(str(err)) from None
+
+
 def _mapped_file(path: Path) -> Corpus:
     """A byte-level file as it is: memory-mapped, its sha256 computed in one streamed read."""
-    digest = _sha256_of(_chunks(_Source(path, path.name, jsonl=False)))
+    digest = _source_sha256(_Source(path, path.name, jsonl=False))
     try:
         tokens = np.memmap(path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as exc:
@@ -612,7 +635,7 @@ def _cached(sources: list[_Source], encoder: _Encoder, label: str, data_field: s
 
 
 def _cache_key(sources: list[_Source], encoder: _Encoder, data_field: str) -> str:
-    listed = [[s.name, s.jsonl, _sha256_of(_chunks(s))] for s in sources]
+    listed = [[s.name, s.jsonl, _source_sha256(s)] for s in sources]
     identity = {
         "format": _FORMAT,
         "encoder": encoder.identity,

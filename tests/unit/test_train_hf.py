@@ -18,7 +18,9 @@ Moving tensors between the layouts (copy, transpose, concatenate, split) is exac
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -241,9 +243,32 @@ def test_the_job_travels_and_is_saved_stated_in_full_without_the_folder(tmp_path
     table = job.to_dict()["model"]
     assert table["kind"] == "llama" and table["kv_heads"] == 2 and table["rope_theta"] == 500.0
     assert "activation" not in table  # silu is llama's own: left out, as every default
-    (tmp_path / "saved.toml").write_text(job_toml(job))
+    (tmp_path / "saved.toml").write_text(job_toml(job.pinned()))  # with its weights' digest
+    job_id = job.job_id
     (tmp_path / "llama").rename(tmp_path / "elsewhere")  # reading it back needs no folder
-    assert load_job(tmp_path / "saved.toml").job_id == job.job_id
+    assert load_job(tmp_path / "saved.toml").job_id == job_id
+
+
+def test_the_job_id_is_the_weights_not_the_folder_s_path(tmp_path: Path) -> None:
+    """Changed weights once kept the job's id, and a swarm returned the old job's model."""
+    tiny_llama(tmp_path / "a" / "llama")
+    first = load_job(job_file(tmp_path / "a", 'pretrained = "llama"\nseq_len = 24\n'))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    copied = load_job(tmp_path / "b" / "job.toml")
+    assert copied.model.pretrained != first.model.pretrained and copied.job_id == first.job_id
+    submitted = copied.pinned().model
+    tiny_llama(tmp_path / "b" / "llama", seed=7)  # the same model, trained further
+    changed = load_job(tmp_path / "b" / "job.toml")
+    assert changed.model == dataclasses.replace(first.model, pretrained=changed.model.pretrained)
+    assert changed.job_id != first.job_id
+    # A node that holds these weights refuses the job pinned to the first ones, before training.
+    with pytest.raises(PretrainedError) as refused:
+        build_stage_of(submitted, 0, 1, 3)
+    assert str(refused.value).startswith(f"the weights in {tmp_path / 'b' / 'llama'} here have ")
+    assert str(refused.value).endswith(
+        "they are not the ones the job was submitted with; give this machine the same folder, or "
+        "submit the job again to train from these"
+    )
 
 
 def test_a_node_whose_folder_is_another_model_refuses_to_build(tmp_path: Path) -> None:

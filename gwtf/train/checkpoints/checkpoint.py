@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, load_file, save, save_file
 from torch import Tensor
 
-from gwtf.train.job import JobConfig, load_job
+from gwtf.train.job import JobConfig, JobError, load_job
 from gwtf.train.stage import canonical_order
 from gwtf.train.state import param_checksum
 
@@ -153,6 +153,10 @@ def save_model(
     through a temporary file renamed into place, so a reader never sees half a checkpoint.
     `expect_checksum`: the checksum the swarm reported for these weights; CheckpointError if
     they are not those weights. The path of the model file."""
+    try:
+        job = job.pinned()  # job.toml states what its files held, so it never needs them again
+    except JobError as err:
+        raise CheckpointError(f"cannot write the checkpoint's job: {err}") from None
     checksum = param_checksum(params)
     if expect_checksum is not None and checksum != expect_checksum:
         raise CheckpointError(

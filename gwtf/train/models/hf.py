@@ -43,13 +43,11 @@ so in gwtf they are two parameters that start equal and train apart.
 **Nodes with different folders.** Each node reads the folder at the path the job names, on its own
 machine, as data holders read `data`. A node whose `config.json` disagrees with the job's [model]
 table refuses to build its stage (`PretrainedError`, one sentence; the job is refused at
-submission). Whether two nodes hold the same *weights* is not compared before training: that
-would mean hashing every stage's tensors at prepare and a new field in the prepare reply. The
-swarm's existing check covers it after one iteration: replicas of a stage report a parameter
-checksum at every commit, and replicas that started from different weights cannot agree, so the
-mismatch is logged and counted from the first step (and outvoted with a robust aggregation,
-`docs/design.md` 4.7). A stage with a single replica has nobody to disagree with; comparing the
-swarm's final checksum with `gwtf reference` on one machine is then the check.
+submission). A node also compares the folder's files with the digest the job pins
+(`model.pretrained_sha256`, `gwtf.train.digests`) and refuses a job whose weights it does not
+hold, in one sentence, before any training: two volunteers never start one stage from different
+weights. The replicas' parameter checksum at every commit still catches what a digest cannot
+(replicas that compute differently).
 
 **Going back out.** `export_hf(params, model, folder)` writes a whole gwtf parameter map (a
 checkpoint's `model.safetensors`, `gwtf.train.checkpoints.checkpoint`) as `config.json` and one
@@ -76,6 +74,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from gwtf.train.data import DataError
+from gwtf.train.digests import DigestError, pretrained_digest
 from gwtf.train.job import JobError, ModelConfig
 from gwtf.train.models.hfconfig import (
     CONFIG_FILE,
@@ -219,7 +218,8 @@ def check_folder(model: ModelConfig) -> dict[str, Any]:
         raise PretrainedError(str(err)) from None
     try:
         theirs = ModelConfig(**keys, seq_len=model.seq_len, dropout=model.dropout,
-                             pretrained=model.pretrained)  # fmt: skip
+                             pretrained=model.pretrained,
+                             pretrained_sha256=model.pretrained_sha256)  # fmt: skip
     except JobError as err:
         raise PretrainedError(f"{where}: {err}") from None
     for item in fields(ModelConfig):
@@ -228,6 +228,18 @@ def check_folder(model: ModelConfig) -> dict[str, Any]:
             raise PretrainedError(
                 f"{where} gives model.{key} = {_shown(theirs, key)!r} but the job's model has "
                 f"{_shown(model, key)!r}; every node must hold the job's model at {folder}"
+            )
+    if model.pretrained_sha256 is not None:
+        try:
+            here = pretrained_digest(folder)
+        except DigestError as err:
+            raise PretrainedError(str(err)) from None
+        if here != model.pretrained_sha256:
+            raise PretrainedError(
+                f"the weights in {folder} here have digest {here[:12]}, not the job's "
+                f"model.pretrained_sha256 {model.pretrained_sha256[:12]}: they are not the ones "
+                "the job was submitted with; give this machine the same folder, or submit the "
+                "job again to train from these"
             )
     return config
 
