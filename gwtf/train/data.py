@@ -167,20 +167,20 @@ def load_corpus(
     data_field: str = "text",
     max_vocab: int | None = None,
     max_bytes: int = DEFAULT_CORPUS_BYTES,
+    pretrained: str | None = None,
 ) -> Corpus:
     """The training tokens of `path` (a file, a .jsonl file or a folder; default: the stdlib
     sources capped at `max_bytes`), bytes or the ids of the `tokenizer` file.
 
-    `max_vocab` is the model's vocabulary: a tokenizer with more ids is refused before any work.
-    Raises DataError.
+    `max_vocab` is the model's vocabulary: a tokenizer with more ids is refused before any work
+    (`pretrained`: the folder the vocabulary comes from, which the refusal then names, since
+    model.vocab is not the user's to change there). Raises DataError.
     """
     encoder = _ByteEncoder() if tokenizer is None else _TokenizerEncoder.load(Path(tokenizer))
     if max_vocab is not None and encoder.vocab_size > max_vocab:
         what = "byte-level data has" if tokenizer is None else f"tokenizer {tokenizer} has"
-        raise DataError(
-            f"{what} {encoder.vocab_size} tokens, more than model.vocab = {max_vocab}; set "
-            f"model.vocab to at least {encoder.vocab_size}"
-        )
+        raise DataError(f"{what} {encoder.vocab_size} tokens, "
+                        f"{_vocab_fix(max_vocab, encoder.vocab_size, pretrained)}")  # fmt: skip
     if path is None:
         raw, root = _stdlib_bytes(max_bytes)
         if isinstance(encoder, _ByteEncoder):
@@ -199,8 +199,23 @@ def job_corpus(job: JobConfig) -> Corpus:
     """The job's corpus: its `data`, `tokenizer` and `data_field`, the tokenizer checked against
     `model.vocab`, the files checked against the digests the job pins. Raises DataError."""
     check_digests(job)
-    return load_corpus(
-        job.data, tokenizer=job.tokenizer, data_field=job.data_field, max_vocab=job.model.vocab
+    corpus = load_corpus(
+        job.data, tokenizer=job.tokenizer, data_field=job.data_field, max_vocab=job.model.vocab,
+        pretrained=job.model.pretrained,
+    )
+    check_corpus(corpus, job.model.seq_len, vocab=job.model.vocab,
+                 pretrained=job.model.pretrained)  # fmt: skip
+    return corpus
+
+
+def _vocab_fix(vocab: int, needed: int, pretrained: str | None) -> str:
+    """The end of a refusal of `needed` token ids for a model of `vocab`: what to change."""
+    if pretrained is None:
+        return f"more than model.vocab = {vocab}; set model.vocab to at least {needed}"
+    return (
+        f"more than the {vocab} token embeddings of the pretrained model {pretrained} "
+        f"(vocab_size in its config.json, which model.vocab must equal); give a tokenizer of at "
+        "most that many tokens, such as the one the model was trained with"
     )
 
 
@@ -224,9 +239,11 @@ def check_digests(job: JobConfig) -> None:
             )
 
 
-def check_corpus(corpus: Corpus, seq_len: int, *, vocab: int | None = None) -> None:
+def check_corpus(
+    corpus: Corpus, seq_len: int, *, vocab: int | None = None, pretrained: str | None = None
+) -> None:
     """Raise DataError if the corpus cannot give one sequence of `seq_len` tokens plus a label,
-    or if its ids do not fit a model of `vocab` tokens."""
+    or if its ids do not fit a model of `vocab` tokens (from the `pretrained` folder if given)."""
     if len(corpus) < seq_len + 1:
         raise DataError(
             f"data {corpus.source} has {len(corpus)} tokens, too few for one sequence of "
@@ -234,8 +251,8 @@ def check_corpus(corpus: Corpus, seq_len: int, *, vocab: int | None = None) -> N
         )
     if vocab is not None and corpus.vocab_size > vocab:
         raise DataError(
-            f"data {corpus.source} has a vocabulary of {corpus.vocab_size} tokens, more than "
-            f"model.vocab = {vocab}; set model.vocab to at least {corpus.vocab_size}"
+            f"data {corpus.source} has a vocabulary of {corpus.vocab_size} tokens, "
+            f"{_vocab_fix(vocab, corpus.vocab_size, pretrained)}"
         )
 
 

@@ -40,7 +40,7 @@ from transformers import (
 from gwtf.cli import main
 from gwtf.train import PRESETS, JobConfig, ModelConfig, train_reference
 from gwtf.train.checkpoints.checkpoint import job_toml, merge_stages, save_model
-from gwtf.train.data import job_corpus, job_microbatch
+from gwtf.train.data import DataError, job_corpus, job_microbatch
 from gwtf.train.job import JobError, load_job
 from gwtf.train.models.hf import (
     ExportError,
@@ -268,6 +268,31 @@ def test_the_job_id_is_the_weights_not_the_folder_s_path(tmp_path: Path) -> None
     assert str(refused.value).endswith(
         "they are not the ones the job was submitted with; give this machine the same folder, or "
         "submit the job again to train from these"
+    )
+
+
+def test_a_tokenizer_larger_than_the_pretrained_vocabulary_says_what_to_change(
+    tmp_path: Path,
+) -> None:
+    """It said "set model.vocab to at least N", and setting it was refused as disagreeing with
+    config.json: the user went in a circle."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    tiny_llama(tmp_path / "llama")  # 320 token embeddings
+    words = {f"w{i}": i for i in range(400)}
+    Tokenizer(WordLevel(words, unk_token="w0")).save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "text.txt").write_text(" ".join(words) * 4)
+    job = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 16\n'))
+    job = dataclasses.replace(job, tokenizer=str(tmp_path / "tokenizer.json"),
+                              data=str(tmp_path / "text.txt"))  # fmt: skip
+    with pytest.raises(DataError) as refused:
+        job_corpus(job)
+    assert str(refused.value) == (
+        f"tokenizer {tmp_path / 'tokenizer.json'} has 400 tokens, more than the 320 token "
+        f"embeddings of the pretrained model {tmp_path / 'llama'} (vocab_size in its config.json, "
+        "which model.vocab must equal); give a tokenizer of at most that many tokens, such as the "
+        "one the model was trained with"
     )
 
 
