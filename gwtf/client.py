@@ -405,6 +405,20 @@ class AsyncGwtfClient(_Node):
         reply = await self._call(call, timeout_s)
         return str(reply.job_id)
 
+    async def mismatches(self, job: Any) -> list[str]:
+        """What this swarm derives for every job and that disagrees with `job`, one sentence
+        each (empty: nothing): today its activation size, which its flows are computed for."""
+        from gwtf.train.costs import activation_bytes
+        from gwtf.v1 import node_pb2, node_pb2_grpc
+
+        async def view(stub: Any) -> Any:
+            status = node_pb2_grpc.StatusStub(self._channel)
+            return await status.Get(node_pb2.StatusRequest(swarm=False), timeout=self.timeout_s)
+
+        reply = await self._call(view, self.timeout_s)
+        warning = activation_mismatch(activation_bytes(job), reply.swarm.activation_bytes)
+        return [] if warning is None else [warning]
+
     async def jobs(self) -> list[JobResult]:
         """Every job the node knows."""
         from gwtf.v1 import job_pb2
@@ -917,6 +931,10 @@ class GwtfClient(_Node):
         """See `AsyncGwtfClient.submit`."""
         return self._run(lambda c: c.submit(job, timeout_s=timeout_s))
 
+    def mismatches(self, job: Any) -> list[str]:
+        """See `AsyncGwtfClient.mismatches`."""
+        return self._run(lambda c: c.mismatches(job))
+
     def jobs(self) -> list[JobResult]:
         """Every job the node knows."""
         return self._run(lambda c: c.jobs())
@@ -962,6 +980,32 @@ class GwtfClient(_Node):
     ) -> JobResult:
         """See `AsyncGwtfClient.wait`."""
         return self._run(lambda c: c.wait(job_id, on_progress=on_progress, timeout_s=timeout_s))
+
+
+ACTIVATION_MISMATCH = 4.0
+"""A job whose activations are this many times larger or smaller than the swarm's is warned
+about: transfer times, and so the flows, scale with the bytes an activation takes."""
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:g} {unit}"
+    return f"{count} bytes"
+
+
+def activation_mismatch(job_bytes: int, swarm_bytes: int) -> str | None:
+    """One sentence if the swarm computes its flows for activations far from the job's."""
+    if swarm_bytes < 1 or max(job_bytes, swarm_bytes) < ACTIVATION_MISMATCH * min(job_bytes,
+                                                                                  swarm_bytes):
+        return None
+    return (
+        f"this swarm computes its routes for activations of {_size(swarm_bytes)} (the "
+        f"--activation-bytes its first node was started with) but this job's are "
+        f"{_size(job_bytes)} (microbatch_size x seq_len x width x 4 bytes), so its flows are "
+        f"those of other transfers; start the swarm with --activation-bytes {job_bytes} to route "
+        "this job's"
+    )
 
 
 def fetch_jobs(
@@ -1011,6 +1055,14 @@ def run_submit(args: argparse.Namespace) -> int:
     if args.checkpoint_every and checkpoint is None:
         print("gwtf submit: --checkpoint-every needs --checkpoint-dir", file=sys.stderr)
         return EXIT_USAGE
+    if checkpoint is not None:
+        from gwtf.train.checkpoints.checkpoint import CheckpointError, check_writable
+
+        try:  # before the job trains, not once it has
+            check_writable(checkpoint)
+        except CheckpointError as err:
+            print(f"gwtf submit: --checkpoint-dir: {err}", file=sys.stderr)
+            return EXIT_USAGE
 
     def follow(on_progress: Callable[[JobResult], None] | None) -> JobResult:
         """Wait for the job; with --checkpoint-every, keep a checkpoint of it in DIR and
@@ -1032,6 +1084,8 @@ def run_submit(args: argparse.Namespace) -> int:
         else:
             job = _submitted_job(args)
             job_id = client.submit(job)
+            for warning in client.mismatches(job):  # said once the job is in, not refused
+                print(f"gwtf submit: warning: {warning}", file=sys.stderr, flush=True)
             iterations = job.iterations
         if not (args.wait or args.json):
             print(f"submitted {job_id} to {args.to}; follow it with gwtf submit --wait or "

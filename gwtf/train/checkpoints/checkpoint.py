@@ -33,6 +33,7 @@ __all__ = [
     "JOB_FILE",
     "CheckpointError",
     "SavedModel",
+    "check_writable",
     "job_toml",
     "load_model",
     "merge_stages",
@@ -143,6 +144,23 @@ def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
         raise
     except (SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"{path} is not a readable safetensors file: {err}") from None
+
+
+def check_writable(directory: str | Path) -> None:
+    """CheckpointError (one sentence) if a checkpoint could not be written into `directory`: it,
+    or the nearest of its parents that exists, is a file or cannot be written. Nothing is made:
+    called before a job trains, so that a job is not trained for a folder that cannot take it."""
+    folder = Path(directory)
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        if existing == folder.absolute():
+            raise CheckpointError(f"{folder} is a file; a checkpoint is a folder (made if missing)")
+        raise CheckpointError(f"{folder} cannot be made: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CheckpointError(f"cannot write the checkpoint into {folder}: {existing} is not "
+                              "writable by this user")  # fmt: skip
 
 
 def save_model(
