@@ -89,7 +89,7 @@ def test_a_swarm_trains_a_hugging_face_llama_and_exports_the_reference_s_tensors
         gone = dataclasses.replace(gone, pretrained_sha256=job.pinned().model.pretrained_sha256)
         with pytest.raises(ClientError) as refused_there:
             client.submit(dataclasses.replace(job, model=gone, iterations=1))
-        assert f"{tmp_path / 'gone'} is not a folder" in str(refused_there.value)
+        assert f"{tmp_path / 'gone'} does not exist" in str(refused_there.value)
         assert "\n" not in str(refused.value) + str(refused_there.value)
         for proc in s.procs.values():
             assert "Traceback" not in proc.log.read_text(), proc.id

@@ -369,8 +369,10 @@ def drop_tensor(folder: Path, name: str) -> None:
 
 
 CONFIG_CASES = [
-    ("absent", lambda f: None, "{f} is not a folder; give a Hugging Face model folder "
+    ("absent", lambda f: None, "{f} does not exist; give a Hugging Face model folder "
      "(config.json and model.safetensors)"),
+    ("a file", lambda f: f.write_text("{}"), "{f} is not a folder; give a Hugging Face model "
+     "folder (config.json and model.safetensors)"),
     ("no config", lambda f: f.mkdir(), "{f} holds no config.json; give a Hugging Face model "
      "folder (config.json and model.safetensors)"),
     ("mistral", lambda f: (tiny_llama(f), edit_config(f, model_type="mistral")),
