@@ -112,6 +112,24 @@ def test_a_joiner_started_before_its_bootstrap_node_waits_for_it() -> None:
                 proc.wait()
 
 
+def test_status_watch_into_a_pipe_writes_lines(first_node: LocalSwarm) -> None:
+    """Into a pipe or a file the live screen showed nothing: it writes its events as lines."""
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "gwtf", "status", "--to", first_node.bootstrap, "--watch",
+         "--interval", "0.2"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    view = first_node.status("only")
+    assert view is not None
+    try:
+        line = first_line(watch)
+        assert line and line[0].endswith(f"watching swarm {view['swarm']['id']} via only\n"), line
+    finally:
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=TIMEOUT_S)
+    assert watch.returncode == 0 and "Traceback" not in err, err
+
+
 def test_stage_outside_the_swarm(first_node: LocalSwarm) -> None:
     result = gwtf("node", "--stage", "5", "--compute-s", "0.1", "--bootstrap",
                   first_node.bootstrap)
