@@ -794,8 +794,10 @@ class AsyncGwtfClient(_Node):
             try:
                 result = waiting.result()
             except ClientError as err:
-                if not err.unreachable or not await self._turned_away(say):
+                if not err.unreachable:
                     raise
+                if not await self._turned_away(say):
+                    raise await _with_checkpoint(err, directory) from None
                 continue
             runs.append(result)
             if result.state != "failed" or not resumable(result.error):
@@ -858,6 +860,23 @@ class AsyncGwtfClient(_Node):
                         f"the job could not be resumed from the checkpoint of iteration {at} "
                         f"within {within_s:g} s: {failed}")
             await asyncio.sleep(RESUME_POLL_S)
+
+
+async def _with_checkpoint(err: ClientError, directory: str | Path) -> ClientError:
+    """`err` (no member of the swarm answers any more: every node died), saying where the
+    checkpoint of the job is and how to resume it, if `directory` holds one."""
+    from gwtf.train.checkpoints.checkpoint import CheckpointError
+    from gwtf.train.checkpoints.resume import load_resumable
+
+    try:
+        checkpoint = await asyncio.to_thread(load_resumable, directory)
+    except (CheckpointError, ValueError):
+        return err
+    return ClientError(
+        f"{err}; {directory} holds the checkpoint of iteration {checkpoint.iteration} of job "
+        f"{checkpoint.job.job_id}: once every stage has a node again, resume it with gwtf submit "
+        f"--to HOST:PORT --resume {directory}", err.exit_code, unreachable=True,
+    )
 
 
 def merge_runs(
