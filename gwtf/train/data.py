@@ -75,6 +75,7 @@ from gwtf.train.digests import (
     tokenizer_digest,
 )
 from gwtf.train.job import BYTE_VOCAB, DATA_ORDERS, JobConfig
+from gwtf.train.remote import data_location, tokenizer_location
 from gwtf.train.seeds import seeded_generator
 
 __all__ = [
@@ -197,10 +198,11 @@ def load_corpus(
 
 def job_corpus(job: JobConfig) -> Corpus:
     """The job's corpus: its `data`, `tokenizer` and `data_field`, the tokenizer checked against
-    `model.vocab`, the files checked against the digests the job pins. Raises DataError."""
-    check_digests(job)
+    `model.vocab`, the files checked against the digests the job pins (and fetched first where
+    the job names them by URL, `gwtf.train.remote`). Raises DataError."""
+    data, tokenizer = local_files(job)
     corpus = load_corpus(
-        job.data, tokenizer=job.tokenizer, data_field=job.data_field, max_vocab=job.model.vocab,
+        data, tokenizer=tokenizer, data_field=job.data_field, max_vocab=job.model.vocab,
         pretrained=job.model.pretrained,
     )
     check_corpus(corpus, job.model.seq_len, vocab=job.model.vocab,
@@ -219,24 +221,31 @@ def _vocab_fix(vocab: int, needed: int, pretrained: str | None) -> str:
     )
 
 
-def check_digests(job: JobConfig) -> None:
-    """DataError if the data or tokenizer file here is not what the job pins (another copy, or a
-    file changed since the job was submitted)."""
-    pins = (("data", job.data, job.data_sha256, data_digest),
-            ("tokenizer", job.tokenizer, job.tokenizer_sha256, tokenizer_digest))  # fmt: skip
-    for key, path, pinned, digest_of in pins:
-        if path is None or pinned is None:
+def local_files(job: JobConfig) -> tuple[str | None, str | None]:
+    """The job's data and tokenizer on this machine (a URL fetched into the cache first); DataError
+    if either is not what the job pins (another copy, or a file changed since the job was
+    submitted)."""
+    pins = (("data", job.data, job.data_sha256, data_location, data_digest),
+            ("tokenizer", job.tokenizer, job.tokenizer_sha256, tokenizer_location,
+             tokenizer_digest))  # fmt: skip
+    found: list[str | None] = []
+    for key, location, pinned, locate, digest_of in pins:
+        if location is None:
+            found.append(None)
             continue
         try:
-            here = digest_of(path)
+            path, fetched = locate(location, pinned)  # a fetched URL is checked as it comes
+            here = fetched or (digest_of(path) if pinned is not None else None)
         except DigestError as err:
             raise DataError(str(err)) from None
-        if here != pinned:
+        if pinned is not None and here != pinned:
             raise DataError(
-                f"{key} {path} here has digest {here[:12]}, not the job's {key}_sha256 "
-                f"{pinned[:12]}: it is not the file the job was submitted with; give this machine "
-                "the same file, or submit the job again to train on this one"
+                f"{key} {location} here has digest {(here or '')[:12]}, not the job's "
+                f"{key}_sha256 {pinned[:12]}: it is not the file the job was submitted with; give "
+                "this machine the same file, or submit the job again to train on this one"
             )
+        found.append(str(path))
+    return found[0], found[1]
 
 
 def check_corpus(

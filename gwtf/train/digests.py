@@ -36,6 +36,8 @@ __all__ = [
     "data_digest",
     "data_files",
     "file_sha256",
+    "is_data_file",
+    "is_pretrained_file",
     "pretrained_digest",
     "tokenizer_digest",
 ]
@@ -128,16 +130,29 @@ def _summed(entries: list[tuple[str, str]], kind: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def is_data_file(relative: str) -> bool:
+    """A file of a data folder that is read, by its path relative to the folder: `.txt`,
+    `.text`, `.md`, `.markdown`, `.rst` or `.jsonl`, no part of the path starting with `.`."""
+    parts = relative.split("/")
+    return (not any(part.startswith(".") for part in parts)
+            and Path(parts[-1]).suffix.lower() in (*TEXT_SUFFIXES, JSONL_SUFFIX))  # fmt: skip
+
+
+def is_pretrained_file(relative: str) -> bool:
+    """A file of a pretrained folder that is read: config.json and the safetensors files (and
+    their index), at its top level."""
+    return "/" not in relative and not relative.startswith(".") and (
+        relative == "config.json" or relative.endswith((".safetensors", ".safetensors.index.json"))
+    )
+
+
 def data_files(folder: Path, on_error: Callable[[OSError], None] | None = None) -> list[Path]:
     """The files a data folder contributes, sorted by relative path: `.txt`, `.text`, `.md`,
     `.markdown`, `.rst` and `.jsonl`, found recursively, names starting with `.` left out."""
     found: list[Path] = []
     for where, dirs, files in os.walk(folder, onerror=on_error):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            suffix = Path(name).suffix.lower()
-            if not name.startswith(".") and suffix in (*TEXT_SUFFIXES, JSONL_SUFFIX):
-                found.append(Path(where, name))
+        found.extend(Path(where, name) for name in files if is_data_file(name))
     return sorted(found, key=lambda file: file.relative_to(folder).as_posix())
 
 
@@ -176,9 +191,7 @@ def pretrained_digest(path: str | Path) -> str:
             f"pretrained folder {root} {what}; give a Hugging Face model folder (config.json and "
             "model.safetensors)"
         )
-    read = (".safetensors", ".safetensors.index.json")
-    names = sorted(entry.name for entry in root.iterdir() if entry.is_file() and (
-        entry.name == "config.json" or entry.name.endswith(read)
-    ) and not entry.name.startswith("."))  # fmt: skip
+    names = sorted(entry.name for entry in root.iterdir()
+                   if entry.is_file() and is_pretrained_file(entry.name))  # fmt: skip
     entries = [(name, file_sha256(root / name, "pretrained file")) for name in names]
     return _summed(entries, "pretrained")

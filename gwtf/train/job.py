@@ -80,6 +80,10 @@ a checkpoint (`to_dict` writes every key that differs from its default), so read
 needs the folder, and each node checks it against its own copy of the folder when it builds its
 stage. The folder is read on the node, at the same path, as `data` is.
 
+`data`, `tokenizer` and `model.pretrained` may each be a URL that fsspec opens instead of a path
+(`https://...`, `s3://...`, `file://...`): each node fetches it once into its cache and checks it
+against the pinned digest (`gwtf.train.remote`); a URL is never joined to the job file's folder.
+
 `grad_accum = "float64"` keeps each node's gradient sums in float64. A float64 holds the sum of
 float32 values exactly as long as their magnitudes span less than about 2**29, which gradients of
 one parameter over the microbatches of an iteration practically always do; the sum then does not
@@ -118,6 +122,7 @@ from typing import Any
 from gwtf.job.catchup import CATCH_UP_STEPS
 from gwtf.train.digests import DigestError, data_digest, pretrained_digest, tokenizer_digest
 from gwtf.train.models.hfconfig import CONFIG_FILE, HFConfigError, model_keys, read_config
+from gwtf.train.remote import data_location, is_url, pretrained_location, tokenizer_location
 
 __all__ = [
     "BYTE_VOCAB",
@@ -518,18 +523,21 @@ class JobConfig:
         if a file it must read is missing or unreadable."""
         if self.is_pinned:
             return self
-        try:
+        try:  # a URL is fetched (into the cache) to be summed; a path is summed where it is
             model = self.model
             if model.pretrained is not None and model.pretrained_sha256 is None:
+                folder, digest = pretrained_location(model.pretrained, None)
                 model = dataclasses.replace(
-                    model, pretrained_sha256=pretrained_digest(model.pretrained)
+                    model, pretrained_sha256=digest or pretrained_digest(folder)
                 )
             data_sha256 = self.data_sha256
             if self.data is not None and data_sha256 is None:
-                data_sha256 = data_digest(self.data)
+                data, digest = data_location(self.data, None)
+                data_sha256 = digest or data_digest(data)
             tokenizer_sha256 = self.tokenizer_sha256
             if self.tokenizer is not None and tokenizer_sha256 is None:
-                tokenizer_sha256 = tokenizer_digest(self.tokenizer)
+                tokenizer, digest = tokenizer_location(self.tokenizer, None)
+                tokenizer_sha256 = digest or tokenizer_digest(tokenizer)
         except DigestError as err:
             raise JobError(str(err)) from None
         return dataclasses.replace(self, model=model, data_sha256=data_sha256,
@@ -646,7 +654,7 @@ def job_from_dict(table: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     rest = {k: v for k, v in table.items() if k not in ("model", "optimizer", "aggregation")}
     for key in ("data", "tokenizer"):
         value = rest.get(key)
-        if isinstance(value, str) and value and base_dir is not None:
+        if isinstance(value, str) and value and base_dir is not None and not is_url(value):
             if not Path(value).is_absolute():
                 rest[key] = str((base_dir / value).resolve())
     return JobConfig(
@@ -663,15 +671,16 @@ def _pretrained_model(table: dict[str, Any], base_dir: Path | None) -> dict[str,
     folder = table.get("pretrained")
     if not isinstance(folder, str) or not folder:
         return table
-    if base_dir is not None and not Path(folder).is_absolute():
+    if base_dir is not None and not is_url(folder) and not Path(folder).is_absolute():
         folder = str((base_dir / folder).resolve())
         table = {**table, "pretrained": folder}
     if "kind" in table:
         return table
-    where = str(Path(folder) / CONFIG_FILE)
+    where = f"{folder.rstrip('/')}/{CONFIG_FILE}"
     try:
-        derived = model_keys(read_config(folder), where)
-    except HFConfigError as err:
+        local, _ = pretrained_location(folder, table.get("pretrained_sha256"))
+        derived = model_keys(read_config(local), where)
+    except (DigestError, HFConfigError) as err:
         raise JobError(f"model.pretrained: {err}") from None
     for key, value in table.items():
         if key in derived and value != derived[key]:

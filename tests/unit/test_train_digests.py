@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gwtf.train.checkpoints.checkpoint import job_toml
-from gwtf.train.data import DataError, job_corpus
+from gwtf.train.data import DataError, job_corpus, local_files
 from gwtf.train.digests import data_digest, file_sha256
 from gwtf.train.job import JobError, job_from_dict, load_job
 
@@ -126,3 +126,52 @@ def test_a_missing_file_or_a_bad_digest_is_one_sentence(tmp_path: Path) -> None:
     path.write_text(f'data_sha256 = "{"0" * 64}"\n' + JOB.replace('data = "data/corpus.txt"\n', ""))
     with pytest.raises(JobError, match="data_sha256 pins the content of data, which the job"):
         load_job(path)
+
+
+def test_files_named_by_url_are_the_same_job_as_the_same_files_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A volunteer need not keep the files at the submitter's path: a URL names them (fsspec;
+    file:// here, as nothing may be downloaded), fetched into the cache under the pinned digest."""
+    here = load_job(a_job(tmp_path / "here"))
+    served = a_job(tmp_path / "server")
+    text = (JOB.replace('"data/corpus.txt"', f'"file://{served.parent}/data/corpus.txt"')
+            .replace('"tokenizer.json"', f'"file://{served.parent}/tokenizer.json"'))  # fmt: skip
+    (tmp_path / "url.toml").write_text(text)
+    by_url = load_job(tmp_path / "url.toml")
+    assert by_url.data == f"file://{served.parent}/data/corpus.txt"  # not joined to a folder
+    assert by_url.job_id == here.job_id
+    pinned = by_url.pinned()
+    (tmp_path / "pinned.toml").write_text(job_toml(pinned))
+    # A node reads the pinned job: the fetched copy, checked; the bytes are the local file's.
+    data, tokenizer = local_files(load_job(tmp_path / "pinned.toml"))
+    assert data is not None and tokenizer is not None
+    assert Path(data).read_bytes() == (served.parent / "data" / "corpus.txt").read_bytes()
+    assert Path(data).is_relative_to(tmp_path / "cache" / "remote")
+    # Once fetched, a node needs the server no more; another node, with no copy yet, that finds
+    # the URL changed refuses the job.
+    shutil.rmtree(served.parent / "data")
+    assert local_files(pinned)[0] == data
+    monkeypatch.setenv("GWTF_CACHE", str(tmp_path / "another-node"))
+    with pytest.raises(DataError) as gone:
+        local_files(pinned)
+    assert str(gone.value) == f"data {pinned.data} does not exist"
+    (served.parent / "data").mkdir()
+    (served.parent / "data" / "corpus.txt").write_bytes(b"other words " * 50)
+    with pytest.raises(DataError) as changed:
+        local_files(pinned)
+    assert str(changed.value).startswith(f"data {pinned.data} now has digest ")
+    assert str(changed.value).endswith(
+        f"not the {(pinned.data_sha256 or '')[:12]} the job pins: it changed since the job was "
+        "submitted; submit the job again to train on what it holds now"
+    )
+    assert not list((tmp_path / "another-node" / "remote").iterdir())  # nothing half kept
+
+
+def test_a_url_gwtf_cannot_fetch_is_one_sentence(tmp_path: Path) -> None:
+    path = a_job(tmp_path)
+    path.write_text(JOB.replace('"data/corpus.txt"', '"nosuchscheme://host/corpus.txt"'))
+    with pytest.raises(JobError) as refused:
+        load_job(path).pinned()
+    assert str(refused.value).startswith("cannot fetch data nosuchscheme://host/corpus.txt: ")
+    assert "\n" not in str(refused.value)

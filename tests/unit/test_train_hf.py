@@ -271,6 +271,25 @@ def test_the_job_id_is_the_weights_not_the_folder_s_path(tmp_path: Path) -> None
     )
 
 
+def test_a_pretrained_folder_named_by_url_is_the_same_model_and_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GWTF_CACHE", str(tmp_path / "cache"))
+    tiny_llama(tmp_path / "llama")
+    (tmp_path / "llama" / "README.md").write_text("not read, not fetched")
+    here = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 24\n'))
+    url = f"file://{tmp_path / 'llama'}"
+    by_url = load_job(job_file(tmp_path, f'pretrained = "{url}"\nseq_len = 24\n', "url.toml"))
+    assert by_url.model.pretrained == url and by_url.job_id == here.job_id
+    (fetched,) = (tmp_path / "cache" / "remote").iterdir()
+    assert sorted(p.name for p in (fetched / "llama").iterdir()) == ["config.json",
+                                                                     "model.safetensors"]
+    stage = build_stage_of(by_url.pinned().model, 0, 1, 3).state_dict()
+    local = build_stage_of(here.model, 0, 1, 3).state_dict()
+    assert stage.keys() == local.keys()
+    assert all(torch.equal(stage[name], local[name]) for name in local)
+
+
 def test_a_tokenizer_larger_than_the_pretrained_vocabulary_says_what_to_change(
     tmp_path: Path,
 ) -> None:

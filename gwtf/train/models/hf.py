@@ -83,6 +83,7 @@ from gwtf.train.models.hfconfig import (
     read_config,
     tied_head,
 )
+from gwtf.train.remote import pretrained_location
 
 __all__ = [
     "INDEX_FILE",
@@ -209,7 +210,7 @@ def read_model_config(folder: str | Path, *, seq_len: int, dropout: float = 0.1)
 
 def check_folder(model: ModelConfig) -> dict[str, Any]:
     """The folder's parsed config.json; PretrainedError if it is not the job's model."""
-    folder = _folder(model)
+    folder, fetched = _folder(model)
     where = str(Path(folder) / CONFIG_FILE)
     try:
         config = read_config(folder)
@@ -229,7 +230,7 @@ def check_folder(model: ModelConfig) -> dict[str, Any]:
                 f"{where} gives model.{key} = {_shown(theirs, key)!r} but the job's model has "
                 f"{_shown(model, key)!r}; every node must hold the job's model at {folder}"
             )
-    if model.pretrained_sha256 is not None:
+    if model.pretrained_sha256 is not None and not fetched:  # a fetched one was checked
         try:
             here = pretrained_digest(folder)
         except DigestError as err:
@@ -251,10 +252,16 @@ def _shown(model: ModelConfig, key: str) -> object:
     return getattr(model, resolved.get(key, key))
 
 
-def _folder(model: ModelConfig) -> str:
+def _folder(model: ModelConfig) -> tuple[str, bool]:
+    """The pretrained folder on this machine, and whether it was fetched from the URL the job
+    names (into the cache, checked against its digest: `gwtf.train.remote`)."""
     if model.pretrained is None:
         raise ValueError("the model has no pretrained folder")
-    return model.pretrained
+    try:
+        folder, fetched = pretrained_location(model.pretrained, model.pretrained_sha256)
+    except DigestError as err:
+        raise PretrainedError(str(err)) from None
+    return str(folder), fetched is not None
 
 
 def stage_tensors(
@@ -263,7 +270,7 @@ def stage_tensors(
     """The float32 tensors of the gwtf parameters `expected` (name -> shape: one stage's), read
     from the model's pretrained folder and nothing more; PretrainedError with one sentence if the
     folder cannot give them."""
-    folder = Path(_folder(model))
+    folder = Path(_folder(model)[0])
     config = check_folder(model)
     where = str(folder / CONFIG_FILE)
     try:
