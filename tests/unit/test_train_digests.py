@@ -175,3 +175,33 @@ def test_a_url_gwtf_cannot_fetch_is_one_sentence(tmp_path: Path) -> None:
         load_job(path).pinned()
     assert str(refused.value).startswith("cannot fetch data nosuchscheme://host/corpus.txt: ")
     assert "\n" not in str(refused.value)
+
+
+def test_a_checkpoint_written_before_ids_were_digests_still_loads(tmp_path: Path) -> None:
+    import hashlib
+    import json
+
+    from gwtf.train.checkpoints.checkpoint import (
+        MODEL_FILE,
+        MODEL_FORMAT,
+        CheckpointError,
+        load_model,
+        write_tensors,
+    )
+    from gwtf.train.stage import build_model
+
+    job = load_job(a_job(tmp_path / "job"))
+    params = dict(build_model(job.model, job.seed).named_parameters())
+    # As it was written then: the job as stated, and the id that hashed it, paths included.
+    then = "job-" + hashlib.sha256(json.dumps(job.to_dict(), sort_keys=True, separators=(
+        ",", ":")).encode()).hexdigest()[:16]  # fmt: skip
+    assert then != job.job_id
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "job.toml").write_text(job_toml(job))
+    meta = {"format": MODEL_FORMAT, "job_id": then, "iteration": "2"}
+    write_tensors(tmp_path / "old" / MODEL_FILE, params, meta)
+    saved = load_model(tmp_path / "old")
+    assert saved.iteration == 2 and saved.job.job_id == job.job_id
+    write_tensors(tmp_path / "old" / MODEL_FILE, params, {**meta, "job_id": "job-0123456789abcdef"})
+    with pytest.raises(CheckpointError, match="is of job job-0123456789abcdef, not of job.toml's"):
+        load_model(tmp_path / "old")

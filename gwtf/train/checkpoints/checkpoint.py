@@ -14,6 +14,8 @@ model, and the swarm and the one-process reference write the same file for the s
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ __all__ = [
     "CheckpointError",
     "SavedModel",
     "check_writable",
+    "ids_of",
     "job_toml",
     "load_model",
     "merge_stages",
@@ -114,8 +117,6 @@ def _toml_value(value: Any) -> str:
             return "inf" if value > 0 else "-inf"
         return repr(value)
     if isinstance(value, str):
-        import json
-
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
@@ -199,6 +200,22 @@ def save_model(
     return model
 
 
+def ids_of(job: JobConfig) -> set[str]:
+    """The job ids a checkpoint of `job` may carry: its id, and for a job.toml that states no
+    digests of its files (written before ids were made of them) the id of that time, a hash of
+    the job as stated, paths included, so that older checkpoints still export and resume."""
+    ids: set[str] = set()
+    if not job.is_pinned:
+        text = json.dumps(job.to_dict(), sort_keys=True, separators=(",", ":"))
+        ids.add("job-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16])
+    try:
+        ids.add(job.job_id)
+    except JobError:  # an older job whose files are gone: its older id is all there is
+        if not ids:
+            raise
+    return ids
+
+
 def load_model(directory: str | Path) -> SavedModel:
     """The weights and job of a checkpoint folder; CheckpointError if it is missing, damaged,
     or its weights are not the ones it says it holds."""
@@ -224,7 +241,7 @@ def load_model(directory: str | Path) -> SavedModel:
     checksum = param_checksum(params)
     if meta.get("param_checksum") not in (None, checksum):
         raise CheckpointError(f"{model} is damaged: its weights do not match its checksum")
-    if meta.get("job_id") not in (None, job.job_id):
+    if meta.get("job_id") is not None and meta["job_id"] not in ids_of(job):
         raise CheckpointError(f"{model} is of job {meta.get('job_id')}, not of {JOB_FILE}'s")
     try:
         iteration = int(meta.get("iteration", "0"))

@@ -32,6 +32,7 @@ from torch import Tensor
 from gwtf.train.checkpoints.checkpoint import (
     CheckpointError,
     SavedModel,
+    ids_of,
     load_model,
     read_tensors,
     write_tensors,
@@ -162,7 +163,7 @@ def load_resumable(directory: str | Path) -> Resumable:
             f"{folder} holds no {OPTIMIZER_FILE}: only a checkpoint written while the job ran "
             "(gwtf submit --checkpoint-every) can be resumed from"
         ) from None
-    if meta.get("job_id") != saved.job.job_id:
+    if meta.get("job_id") not in ids_of(saved.job):
         raise CheckpointError(f"{path} is of job {meta.get('job_id')}, not of the model's")
     if meta.get("iteration") != str(saved.iteration):
         raise CheckpointError(
