@@ -30,8 +30,9 @@ def run_reference(args: argparse.Namespace) -> int:
         changes: dict[str, object] = {}
         if args.iterations is not None:
             changes["iterations"] = args.iterations
-        if args.data is not None:
+        if args.data is not None:  # other data: whatever digest the job pinned is not its
             changes["data"] = args.data
+            changes["data_sha256"] = None
         if changes:
             job = dataclasses.replace(job, **changes)  # type: ignore[arg-type]
         if args.checkpoint_dir is not None:

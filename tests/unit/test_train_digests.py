@@ -205,3 +205,17 @@ def test_a_checkpoint_written_before_ids_were_digests_still_loads(tmp_path: Path
     write_tensors(tmp_path / "old" / MODEL_FILE, params, {**meta, "job_id": "job-0123456789abcdef"})
     with pytest.raises(CheckpointError, match="is of job job-0123456789abcdef, not of job.toml's"):
         load_model(tmp_path / "old")
+
+
+def test_reference_with_other_data_drops_the_pinned_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gwtf.cli import main
+
+    path = a_job(tmp_path)
+    path.write_text(JOB.replace('tokenizer = "tokenizer.json"\n', "").replace("vocab = 300", ""))
+    (tmp_path / "pinned.toml").write_text(job_toml(load_job(path).pinned()))
+    (tmp_path / "other.txt").write_bytes(b"some other text to train on " * 10)
+    command = (f"reference --job {tmp_path / 'pinned.toml'} --data {tmp_path / 'other.txt'} "
+               "--iterations 1 --threads 1 --json")  # fmt: skip
+    assert main(command.split()) == 0, capsys.readouterr().err
