@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -64,7 +63,9 @@ def test_the_first_checkpoint_lands_at_k_and_a_dead_swarm_says_how_to_resume(
             shown = [int(m) for line in lines[:first] for m in re.findall(r"iteration +(\d+)/",
                                                                           line)]  # fmt: skip
             assert max(shown) <= 7, lines[:first + 1]
-            time.sleep(0.5)  # a few more iterations, and perhaps checkpoints, behind it
+            # A few more iterations, and perhaps checkpoints, behind it; then every node dies.
+            wait_for(lambda: any(re.match(r"iteration +8/", line) for line in lines), WAIT_S,
+                     "iteration 8")  # fmt: skip
             for node in list(swarm.procs):
                 swarm.kill(node)
             submit.wait(timeout=WAIT_S)
