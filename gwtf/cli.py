@@ -6,6 +6,7 @@ Heavy imports (torch, grpc) happen inside each handler, so `gwtf --help` stays f
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -83,7 +84,11 @@ def _add_export_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
     export.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
                         help="a gwtf checkpoint folder")
     export.add_argument("--hf", required=True, metavar="OUT_DIR",
-                        help="the Hugging Face folder to write (made if missing)")
+                        help="the Hugging Face folder to write (made if missing); refused if it "
+                        "holds anything, as the checkpoint or the job's pretrained folder do")
+    export.add_argument("--force", action="store_true",
+                        help="write into OUT_DIR even if it is not empty, replacing its "
+                        "config.json and model.safetensors")
     export.set_defaults(handler=_export)
 
 
@@ -104,6 +109,17 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text}")
     return value
 
 
@@ -271,6 +287,9 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       help="a member silent this long is declared dead (default 5)")
     node.add_argument("--rpc-timeout-s", type=_positive_float, default=3.0, metavar="S",
                       help="deadline of control calls (default 3)")
+    node.add_argument("--bootstrap-wait-s", type=_seconds, default=60.0, metavar="S",
+                      help="with --bootstrap: call bootstrap nodes that do not answer yet again "
+                      "for up to S seconds before giving up (default 60; 0: once)")
     node.add_argument("--probe-s", type=_positive_float, default=1.0, metavar="S",
                       help="latency probe period per owned arc (default 1)")
     node.add_argument("--route-quiet-s", type=_positive_float, default=1.0, metavar="S",

@@ -390,11 +390,13 @@ class AsyncGwtfClient(_Node):
         from gwtf.train.job import JobConfig, JobError, resolve_job
         from gwtf.v1 import job_pb2
 
-        if not isinstance(job, JobConfig):
-            try:
+        try:
+            if not isinstance(job, JobConfig):
                 job = resolve_job(Path(job) if not isinstance(job, str) else job)
-            except JobError as err:
-                raise ClientError(str(err), EXIT_USAGE) from None
+            # The digests of its files go with the job: its id, and what every node checks.
+            job = await asyncio.to_thread(job.pinned)
+        except JobError as err:
+            raise ClientError(str(err), EXIT_USAGE) from None
         request = job_pb2.SubmitRequest(job_json=json.dumps(job.to_dict(), sort_keys=True))
 
         async def call(stub: Any) -> Any:
@@ -402,6 +404,20 @@ class AsyncGwtfClient(_Node):
 
         reply = await self._call(call, timeout_s)
         return str(reply.job_id)
+
+    async def mismatches(self, job: Any) -> list[str]:
+        """What this swarm derives for every job and that disagrees with `job`, one sentence
+        each (empty: nothing): today its activation size, which its flows are computed for."""
+        from gwtf.train.costs import activation_bytes
+        from gwtf.v1 import node_pb2, node_pb2_grpc
+
+        async def view(stub: Any) -> Any:
+            status = node_pb2_grpc.StatusStub(self._channel)
+            return await status.Get(node_pb2.StatusRequest(swarm=False), timeout=self.timeout_s)
+
+        reply = await self._call(view, self.timeout_s)
+        warning = activation_mismatch(activation_bytes(job), reply.swarm.activation_bytes)
+        return [] if warning is None else [warning]
 
     async def jobs(self) -> list[JobResult]:
         """Every job the node knows."""
@@ -778,8 +794,10 @@ class AsyncGwtfClient(_Node):
             try:
                 result = waiting.result()
             except ClientError as err:
-                if not err.unreachable or not await self._turned_away(say):
+                if not err.unreachable:
                     raise
+                if not await self._turned_away(say):
+                    raise await _with_checkpoint(err, directory) from None
                 continue
             runs.append(result)
             if result.state != "failed" or not resumable(result.error):
@@ -842,6 +860,23 @@ class AsyncGwtfClient(_Node):
                         f"the job could not be resumed from the checkpoint of iteration {at} "
                         f"within {within_s:g} s: {failed}")
             await asyncio.sleep(RESUME_POLL_S)
+
+
+async def _with_checkpoint(err: ClientError, directory: str | Path) -> ClientError:
+    """`err` (no member of the swarm answers any more: every node died), saying where the
+    checkpoint of the job is and how to resume it, if `directory` holds one."""
+    from gwtf.train.checkpoints.checkpoint import CheckpointError
+    from gwtf.train.checkpoints.resume import load_resumable
+
+    try:
+        checkpoint = await asyncio.to_thread(load_resumable, directory)
+    except (CheckpointError, ValueError):
+        return err
+    return ClientError(
+        f"{err}; {directory} holds the checkpoint of iteration {checkpoint.iteration} of job "
+        f"{checkpoint.job.job_id}: once every stage has a node again, resume it with gwtf submit "
+        f"--to HOST:PORT --resume {directory}", err.exit_code, unreachable=True,
+    )
 
 
 def merge_runs(
@@ -915,6 +950,10 @@ class GwtfClient(_Node):
         """See `AsyncGwtfClient.submit`."""
         return self._run(lambda c: c.submit(job, timeout_s=timeout_s))
 
+    def mismatches(self, job: Any) -> list[str]:
+        """See `AsyncGwtfClient.mismatches`."""
+        return self._run(lambda c: c.mismatches(job))
+
     def jobs(self) -> list[JobResult]:
         """Every job the node knows."""
         return self._run(lambda c: c.jobs())
@@ -960,6 +999,32 @@ class GwtfClient(_Node):
     ) -> JobResult:
         """See `AsyncGwtfClient.wait`."""
         return self._run(lambda c: c.wait(job_id, on_progress=on_progress, timeout_s=timeout_s))
+
+
+ACTIVATION_MISMATCH = 4.0
+"""A job whose activations are this many times larger or smaller than the swarm's is warned
+about: transfer times, and so the flows, scale with the bytes an activation takes."""
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:g} {unit}"
+    return f"{count} bytes"
+
+
+def activation_mismatch(job_bytes: int, swarm_bytes: int) -> str | None:
+    """One sentence if the swarm computes its flows for activations far from the job's."""
+    if swarm_bytes < 1 or max(job_bytes, swarm_bytes) < ACTIVATION_MISMATCH * min(job_bytes,
+                                                                                  swarm_bytes):
+        return None
+    return (
+        f"this swarm computes its routes for activations of {_size(swarm_bytes)} (the "
+        f"--activation-bytes its first node was started with) but this job's are "
+        f"{_size(job_bytes)} (microbatch_size x seq_len x width x 4 bytes), so its flows are "
+        f"those of other transfers; start the swarm with --activation-bytes {job_bytes} to route "
+        "this job's"
+    )
 
 
 def fetch_jobs(
@@ -1009,6 +1074,14 @@ def run_submit(args: argparse.Namespace) -> int:
     if args.checkpoint_every and checkpoint is None:
         print("gwtf submit: --checkpoint-every needs --checkpoint-dir", file=sys.stderr)
         return EXIT_USAGE
+    if checkpoint is not None:
+        from gwtf.train.checkpoints.checkpoint import CheckpointError, check_writable
+
+        try:  # before the job trains, not once it has
+            check_writable(checkpoint)
+        except CheckpointError as err:
+            print(f"gwtf submit: --checkpoint-dir: {err}", file=sys.stderr)
+            return EXIT_USAGE
 
     def follow(on_progress: Callable[[JobResult], None] | None) -> JobResult:
         """Wait for the job; with --checkpoint-every, keep a checkpoint of it in DIR and
@@ -1030,6 +1103,8 @@ def run_submit(args: argparse.Namespace) -> int:
         else:
             job = _submitted_job(args)
             job_id = client.submit(job)
+            for warning in client.mismatches(job):  # said once the job is in, not refused
+                print(f"gwtf submit: warning: {warning}", file=sys.stderr, flush=True)
             iterations = job.iterations
         if not (args.wait or args.json):
             print(f"submitted {job_id} to {args.to}; follow it with gwtf submit --wait or "

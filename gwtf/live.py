@@ -58,6 +58,10 @@ class SwarmWatch:
     def failed(self, message: str) -> None:
         self.error = message
 
+    def elapsed(self) -> float:
+        """Seconds since the watch began (the time its event lines carry)."""
+        return self._clock() - self._start
+
     def render(self) -> Any:
         from rich.console import Group
         from rich.panel import Panel
@@ -110,12 +114,15 @@ def watch(
     screen: bool = True,
 ) -> int:
     """Refresh the view every `interval_s` until Ctrl-C; `fetch` returns a view or raises one
-    of `errors`, whose message is shown (the node may be down for a moment)."""
+    of `errors`, whose message is shown (the node may be down for a moment). Into a pipe or a
+    file, where a redrawn screen shows nothing, it writes the events as lines instead."""
     from rich.console import Console
     from rich.live import Live
 
     state = SwarmWatch()
     console = Console()
+    if not console.is_terminal:
+        return _log(state, fetch, interval_s, errors)
     try:
         with Live(state.render(), console=console, screen=screen, auto_refresh=False) as live:
             while True:
@@ -126,4 +133,33 @@ def watch(
                 live.update(state.render(), refresh=True)
                 time.sleep(interval_s)
     except KeyboardInterrupt:
+        return 0
+
+
+def _log(
+    state: SwarmWatch, fetch: Callable[[], dict[str, Any]], interval_s: float,
+    errors: tuple[type[Exception], ...],
+) -> int:
+    """The watch as a log: each event a line, and each failure to fetch when it changes."""
+    import os
+    import sys
+
+    shown_error: str | None = None
+    try:
+        while True:
+            try:
+                lines = state.update(fetch())
+                shown_error = None
+            except errors as err:
+                lines = []
+                if str(err) != shown_error:
+                    shown_error = str(err)
+                    lines.append(f"{state.elapsed():7.1f} s  {err}")
+            for line in lines:
+                print(line, flush=True)
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `gwtf status --watch | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -152,6 +152,7 @@ def run_node(args: argparse.Namespace) -> int:
             heartbeat_s=args.heartbeat_s,
             failure_timeout_s=args.failure_timeout_s,
             rpc_timeout_s=args.rpc_timeout_s,
+            bootstrap_wait_s=args.bootstrap_wait_s,
             probe_s=args.probe_s,
             route_quiet_s=args.route_quiet_s,
             explore_peers=args.explore_peers,

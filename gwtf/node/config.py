@@ -177,6 +177,15 @@ class NodeConfig:
     """A joiner whose state is of the iteration in its commit asks to be admitted again this
     often rather than fetch the same state again (a commit that takes longer than a fetch would
     keep it out), and one whose state came too stale starts its entry over after this."""
+    bootstrap_wait_s: float = 60.0
+    """A joiner whose bootstrap nodes do not answer (not listening yet, or restarting) calls
+    them again every `bootstrap_retry_s` for this long before it gives up: the nodes of a swarm
+    are often started together, by hand or by a script, and the first one takes seconds to load
+    torch and listen. A node that answers and refuses (a token, a stage, a taken id) is final at
+    once. 0: one try."""
+    bootstrap_retry_s: float = 1.0
+    """...the wait between two tries: a few per failure timeout of a starting node, one line in
+    its log for the first failure only."""
     entry_retry_s: float = 0.5
     """A node entering a running job tries again after this when the job's coordinator is not a
     live member or did not answer, or no donor gave it its stage's state: short against the
@@ -220,6 +229,7 @@ class NodeConfig:
             "spread_gap_s",
             "admit_poll_s",
             "entry_retry_s",
+            "bootstrap_retry_s",
             "evidence_retry_s",
             "watchdog_s",
             "idle_tick_s",
@@ -227,6 +237,9 @@ class NodeConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not (math.isfinite(self.bootstrap_wait_s) and self.bootstrap_wait_s >= 0):
+            raise ValueError(f"bootstrap_wait_s must be 0 or more seconds, got "
+                             f"{self.bootstrap_wait_s!r}")  # fmt: skip
         if self.failure_timeout_s < 2 * self.heartbeat_s:
             raise ValueError(
                 f"the failure timeout ({self.failure_timeout_s:g} s) must be at least twice the "

@@ -64,7 +64,18 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
+from gwtf.train.digests import (
+    JSONL_SUFFIX,
+    TEXT_SUFFIXES,
+    DigestError,
+    cache_dir,
+    data_digest,
+    data_files,
+    file_sha256,
+    tokenizer_digest,
+)
 from gwtf.train.job import BYTE_VOCAB, DATA_ORDERS, JobConfig
+from gwtf.train.remote import data_location, tokenizer_location
 from gwtf.train.seeds import seeded_generator
 
 __all__ = [
@@ -92,8 +103,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CORPUS_BYTES = 4 * 1024 * 1024
 
 # Files of a folder read as one text document each; `.jsonl` files as one document per line.
-TEXT_SUFFIXES = (".markdown", ".md", ".rst", ".text", ".txt")
-JSONL_SUFFIX = ".jsonl"
 
 # Byte-level documents are joined by ASCII ETX ("end of text"), a byte plain text never holds.
 BYTE_EOT = 0x03
@@ -152,15 +161,6 @@ def stdlib_sources(root: str | None = None) -> list[Path]:
     return sorted(found, key=lambda path: path.relative_to(base).as_posix())
 
 
-def cache_dir() -> Path:
-    """Where token caches live: `$GWTF_CACHE`, else `$XDG_CACHE_HOME/gwtf`, else ~/.cache/gwtf."""
-    if os.environ.get("GWTF_CACHE"):
-        return Path(os.environ["GWTF_CACHE"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "gwtf"
-    return Path.home() / ".cache" / "gwtf"
-
-
 def load_corpus(
     path: str | Path | None = None,
     *,
@@ -168,20 +168,20 @@ def load_corpus(
     data_field: str = "text",
     max_vocab: int | None = None,
     max_bytes: int = DEFAULT_CORPUS_BYTES,
+    pretrained: str | None = None,
 ) -> Corpus:
     """The training tokens of `path` (a file, a .jsonl file or a folder; default: the stdlib
     sources capped at `max_bytes`), bytes or the ids of the `tokenizer` file.
 
-    `max_vocab` is the model's vocabulary: a tokenizer with more ids is refused before any work.
-    Raises DataError.
+    `max_vocab` is the model's vocabulary: a tokenizer with more ids is refused before any work
+    (`pretrained`: the folder the vocabulary comes from, which the refusal then names, since
+    model.vocab is not the user's to change there). Raises DataError.
     """
     encoder = _ByteEncoder() if tokenizer is None else _TokenizerEncoder.load(Path(tokenizer))
     if max_vocab is not None and encoder.vocab_size > max_vocab:
         what = "byte-level data has" if tokenizer is None else f"tokenizer {tokenizer} has"
-        raise DataError(
-            f"{what} {encoder.vocab_size} tokens, more than model.vocab = {max_vocab}; set "
-            f"model.vocab to at least {encoder.vocab_size}"
-        )
+        raise DataError(f"{what} {encoder.vocab_size} tokens, "
+                        f"{_vocab_fix(max_vocab, encoder.vocab_size, pretrained)}")  # fmt: skip
     if path is None:
         raw, root = _stdlib_bytes(max_bytes)
         if isinstance(encoder, _ByteEncoder):
@@ -198,15 +198,61 @@ def load_corpus(
 
 def job_corpus(job: JobConfig) -> Corpus:
     """The job's corpus: its `data`, `tokenizer` and `data_field`, the tokenizer checked against
-    `model.vocab`. Raises DataError."""
-    return load_corpus(
-        job.data, tokenizer=job.tokenizer, data_field=job.data_field, max_vocab=job.model.vocab
+    `model.vocab`, the files checked against the digests the job pins (and fetched first where
+    the job names them by URL, `gwtf.train.remote`). Raises DataError."""
+    data, tokenizer = local_files(job)
+    corpus = load_corpus(
+        data, tokenizer=tokenizer, data_field=job.data_field, max_vocab=job.model.vocab,
+        pretrained=job.model.pretrained,
+    )
+    check_corpus(corpus, job.model.seq_len, vocab=job.model.vocab,
+                 pretrained=job.model.pretrained)  # fmt: skip
+    return corpus
+
+
+def _vocab_fix(vocab: int, needed: int, pretrained: str | None) -> str:
+    """The end of a refusal of `needed` token ids for a model of `vocab`: what to change."""
+    if pretrained is None:
+        return f"more than model.vocab = {vocab}; set model.vocab to at least {needed}"
+    return (
+        f"more than the {vocab} token embeddings of the pretrained model {pretrained} "
+        f"(vocab_size in its config.json, which model.vocab must equal); give a tokenizer of at "
+        "most that many tokens, such as the one the model was trained with"
     )
 
 
-def check_corpus(corpus: Corpus, seq_len: int, *, vocab: int | None = None) -> None:
+def local_files(job: JobConfig) -> tuple[str | None, str | None]:
+    """The job's data and tokenizer on this machine (a URL fetched into the cache first); DataError
+    if either is not what the job pins (another copy, or a file changed since the job was
+    submitted)."""
+    pins = (("data", job.data, job.data_sha256, data_location, data_digest),
+            ("tokenizer", job.tokenizer, job.tokenizer_sha256, tokenizer_location,
+             tokenizer_digest))  # fmt: skip
+    found: list[str | None] = []
+    for key, location, pinned, locate, digest_of in pins:
+        if location is None:
+            found.append(None)
+            continue
+        try:
+            path, fetched = locate(location, pinned)  # a fetched URL is checked as it comes
+            here = fetched or (digest_of(path) if pinned is not None else None)
+        except DigestError as err:
+            raise DataError(str(err)) from None
+        if pinned is not None and here != pinned:
+            raise DataError(
+                f"{key} {location} here has digest {(here or '')[:12]}, not the job's "
+                f"{key}_sha256 {pinned[:12]}: it is not the file the job was submitted with; give "
+                "this machine the same file, or submit the job again to train on this one"
+            )
+        found.append(str(path))
+    return found[0], found[1]
+
+
+def check_corpus(
+    corpus: Corpus, seq_len: int, *, vocab: int | None = None, pretrained: str | None = None
+) -> None:
     """Raise DataError if the corpus cannot give one sequence of `seq_len` tokens plus a label,
-    or if its ids do not fit a model of `vocab` tokens."""
+    or if its ids do not fit a model of `vocab` tokens (from the `pretrained` folder if given)."""
     if len(corpus) < seq_len + 1:
         raise DataError(
             f"data {corpus.source} has {len(corpus)} tokens, too few for one sequence of "
@@ -214,8 +260,8 @@ def check_corpus(corpus: Corpus, seq_len: int, *, vocab: int | None = None) -> N
         )
     if vocab is not None and corpus.vocab_size > vocab:
         raise DataError(
-            f"data {corpus.source} has a vocabulary of {corpus.vocab_size} tokens, more than "
-            f"model.vocab = {vocab}; set model.vocab to at least {corpus.vocab_size}"
+            f"data {corpus.source} has a vocabulary of {corpus.vocab_size} tokens, "
+            f"{_vocab_fix(vocab, corpus.vocab_size, pretrained)}"
         )
 
 
@@ -330,22 +376,15 @@ def _stdlib_bytes(max_bytes: int) -> tuple[bytes, str]:
 def _sources(path: Path) -> list[_Source]:
     """The files of `path` in their order; DataError if there is none."""
     if path.is_dir():
-        found: list[_Source] = []
-        for folder, dirs, files in os.walk(path, onerror=_unreadable):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            for name in files:
-                suffix = Path(name).suffix.lower()
-                if name.startswith(".") or suffix not in (*TEXT_SUFFIXES, JSONL_SUFFIX):
-                    continue
-                file = Path(folder, name)
-                relative = file.relative_to(path).as_posix()
-                found.append(_Source(file, relative, jsonl=suffix == JSONL_SUFFIX))
+        found = [_Source(file, file.relative_to(path).as_posix(),
+                         jsonl=file.suffix.lower() == JSONL_SUFFIX)
+                 for file in data_files(path, on_error=_unreadable)]  # fmt: skip
         if not found:
             raise DataError(
                 f"data folder {path} has no {', '.join(TEXT_SUFFIXES)} or {JSONL_SUFFIX} files; "
                 "put the training text in such files"
             )
-        return sorted(found, key=lambda source: source.name)
+        return found
     if not path.exists():
         raise DataError(
             f"data path {path} does not exist; give an existing text file, .jsonl file or folder"
@@ -425,9 +464,19 @@ def _sha256_of(chunks: Iterable[bytes]) -> str:
     return hasher.hexdigest()
 
 
+def _source_sha256(source: _Source) -> str:
+    """A source's sha256, a file's cached by its identity (`gwtf.train.digests.file_sha256`)."""
+    if source.path is None:
+        return _sha256_of(_chunks(source))
+    try:
+        return file_sha256(source.path, "data file")
+    except DigestError as err:
+        raise DataError(str(err)) from None
+
+
 def _mapped_file(path: Path) -> Corpus:
     """A byte-level file as it is: memory-mapped, its sha256 computed in one streamed read."""
-    digest = _sha256_of(_chunks(_Source(path, path.name, jsonl=False)))
+    digest = _source_sha256(_Source(path, path.name, jsonl=False))
     try:
         tokens = np.memmap(path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as exc:
@@ -612,7 +661,7 @@ def _cached(sources: list[_Source], encoder: _Encoder, label: str, data_field: s
 
 
 def _cache_key(sources: list[_Source], encoder: _Encoder, data_field: str) -> str:
-    listed = [[s.name, s.jsonl, _sha256_of(_chunks(s))] for s in sources]
+    listed = [[s.name, s.jsonl, _source_sha256(s)] for s in sources]
     identity = {
         "format": _FORMAT,
         "encoder": encoder.identity,

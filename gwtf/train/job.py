@@ -16,6 +16,10 @@ File format (TOML; every key is listed, optional ones with their default)::
                                # (default "text")
     data_order = "random"      # optional, random|sequential: windows at random offsets, or
                                # consecutive windows in corpus order (default "random")
+    data_sha256 = "9f86d0..."  # optional, the digest `data` must have (gwtf.train.digests);
+                               # computed from the file when left out, and stated in the job
+                               # that travels to the nodes and is saved beside a checkpoint
+    tokenizer_sha256 = "..."   # optional, the same for `tokenizer`
     grad_accum = "float64"     # optional, float64|float32: dtype of the gradient sums (below)
     replay_bound = "auto"      # optional, "auto" or N (0: off): how often a node ships its
                                # running gradient sum to a stage peer, so that its death
@@ -44,6 +48,7 @@ File format (TOML; every key is listed, optional ones with their default)::
                                # positions for; gpt learns that many; at least seq_len
     pretrained = "hf-folder"   # optional, a Hugging Face folder to start from (below), relative
                                # to this file's folder (default: initialised from the seed)
+    pretrained_sha256 = "..."  # optional, the digest `pretrained` must have, as data_sha256
 
     [optimizer]                # optional table: AdamW
     lr = 0.003                 # default 0.001
@@ -75,6 +80,10 @@ a checkpoint (`to_dict` writes every key that differs from its default), so read
 needs the folder, and each node checks it against its own copy of the folder when it builds its
 stage. The folder is read on the node, at the same path, as `data` is.
 
+`data`, `tokenizer` and `model.pretrained` may each be a URL that fsspec opens instead of a path
+(`https://...`, `s3://...`, `file://...`): each node fetches it once into its cache and checks it
+against the pinned digest (`gwtf.train.remote`); a URL is never joined to the job file's folder.
+
 `grad_accum = "float64"` keeps each node's gradient sums in float64. A float64 holds the sum of
 float32 values exactly as long as their magnitudes span less than about 2**29, which gradients of
 one parameter over the microbatches of an iteration practically always do; the sum then does not
@@ -82,6 +91,16 @@ depend on the order in which the microbatches arrived or on how they were split 
 and a swarm ends bit-identical to the one-process reference. It costs 8 bytes per parameter of
 memory and of aggregation traffic instead of 4; `float32` halves that and leaves differences at
 the level of float rounding.
+
+**The id is the content.** `job_id` is a hash of the job's settings and of the digests of the
+files it names (`data_sha256`, `tokenizer_sha256`, `model.pretrained_sha256`: a streamed sha256 of
+what each path holds, `gwtf.train.digests`), never of the paths themselves: the same job copied to
+another folder, or kept by its volunteers at other paths, has the same id, and a job whose data,
+tokenizer or weights changed by one byte has a new one, so a swarm that trained it once trains it
+again. `pinned` states the digests (read from the files, once, where the job leaves them out);
+the client submits a job pinned, so the nodes never hash a file to know a job's id, and every node
+that reads a file checks it against its digest before training (`gwtf.train.data.job_corpus`,
+`gwtf.train.models.hf.check_folder`): a volunteer whose copy differs refuses the job at submission.
 
 Every mistake is reported as one `JobError` sentence that names the key and says what is allowed.
 """
@@ -92,14 +111,18 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from gwtf.job.catchup import CATCH_UP_STEPS
+from gwtf.train.digests import DigestError, data_digest, pretrained_digest, tokenizer_digest
 from gwtf.train.models.hfconfig import CONFIG_FILE, HFConfigError, model_keys, read_config
+from gwtf.train.remote import data_location, is_url, pretrained_location, tokenizer_location
 
 __all__ = [
     "BYTE_VOCAB",
@@ -160,8 +183,12 @@ ROPE_THETA = 10000.0
 # [model] keys left out of `to_dict` at these values (None: the kind's default).
 _MODEL_OMITTED_AT: Mapping[str, object] = {
     "kv_heads": None, "mlp_hidden": None, "norm_eps": NORM_EPS, "rope_theta": ROPE_THETA,
-    "activation": None, "positions": None, "pretrained": None,
+    "activation": None, "positions": None, "pretrained": None, "pretrained_sha256": None,
 }  # fmt: skip
+# The keys that name where a file is, on one machine: left out of the id, whose digests stand
+# for them.
+_PATH_KEYS = ("data", "tokenizer")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class JobError(ValueError):
@@ -187,6 +214,16 @@ def _check_int(key: str, value: object, *, minimum: int) -> None:
     if value < minimum:
         what = "positive" if minimum == 1 else f"at least {minimum}"
         raise JobError(f"{key} must be {what}, got {value}")
+
+
+def _check_sha256(key: str, value: object, path_key: str, path: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not _SHA256.fullmatch(value):
+        raise JobError(f"{key} must be 64 lowercase hex digits (a sha256), got {value!r}")
+    if path is None:
+        raise JobError(f"{key} pins the content of {path_key}, which the job does not set; "
+                       f"set {path_key} or leave {key} out")  # fmt: skip
 
 
 def _check_float(key: str, value: object) -> float:
@@ -221,6 +258,8 @@ class ModelConfig:
     activation: str | None = None
     positions: int | None = None
     pretrained: str | None = None
+    pretrained_sha256: str | None = None
+    """The digest of the pretrained folder's files (`gwtf.train.digests.pretrained_digest`)."""
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -292,6 +331,8 @@ class ModelConfig:
             raise JobError(
                 f"model.pretrained must be a non-empty folder path, got {self.pretrained!r}"
             )
+        _check_sha256("model.pretrained_sha256", self.pretrained_sha256, "model.pretrained",
+                      self.pretrained)  # fmt: skip
 
     def _default_mlp(self) -> int:
         if self.kind == "gpt":
@@ -420,6 +461,10 @@ class JobConfig:
     """Bounded replay (docs/design.md 4.9): a node ships its running gradient sum to a stage
     peer every this many microbatches (0: never), or when the replay it saves outweighs the
     upload ("auto"), so that its death replays at most that many."""
+    data_sha256: str | None = None
+    """The digest of `data` (`gwtf.train.digests.data_digest`); None: not pinned yet."""
+    tokenizer_sha256: str | None = None
+    """The digest of `tokenizer` (`gwtf.train.digests.tokenizer_digest`); None: not pinned yet."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelConfig):
@@ -462,11 +507,52 @@ class JobConfig:
             raise JobError("aggregation must be a rule name or an [aggregation] table")
         if not isinstance(self.name, str):
             raise JobError(f"name must be a string, got {self.name!r} ({_type_name(self.name)})")
+        _check_sha256("data_sha256", self.data_sha256, "data", self.data)
+        _check_sha256("tokenizer_sha256", self.tokenizer_sha256, "tokenizer", self.tokenizer)
 
     @property
+    def is_pinned(self) -> bool:
+        """Every file the job names has its digest stated."""
+        return ((self.data is None or self.data_sha256 is not None)
+                and (self.tokenizer is None or self.tokenizer_sha256 is not None)
+                and (self.model.pretrained is None or self.model.pretrained_sha256 is not None))
+
+    def pinned(self) -> JobConfig:
+        """The job with the digest of every file it names stated: a digest the job states is kept,
+        a missing one is computed from the file (cached by file identity). JobError (one sentence)
+        if a file it must read is missing or unreadable."""
+        if self.is_pinned:
+            return self
+        try:  # a URL is fetched (into the cache) to be summed; a path is summed where it is
+            model = self.model
+            if model.pretrained is not None and model.pretrained_sha256 is None:
+                folder, digest = pretrained_location(model.pretrained, None)
+                model = dataclasses.replace(
+                    model, pretrained_sha256=digest or pretrained_digest(folder)
+                )
+            data_sha256 = self.data_sha256
+            if self.data is not None and data_sha256 is None:
+                data, digest = data_location(self.data, None)
+                data_sha256 = digest or data_digest(data)
+            tokenizer_sha256 = self.tokenizer_sha256
+            if self.tokenizer is not None and tokenizer_sha256 is None:
+                tokenizer, digest = tokenizer_location(self.tokenizer, None)
+                tokenizer_sha256 = digest or tokenizer_digest(tokenizer)
+        except DigestError as err:
+            raise JobError(str(err)) from None
+        return dataclasses.replace(self, model=model, data_sha256=data_sha256,
+                                   tokenizer_sha256=tokenizer_sha256)  # fmt: skip
+
+    @cached_property
     def job_id(self) -> str:
-        """`job-` and 16 hex digits of the sha256 of the job's canonical JSON."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """`job-` and 16 hex digits of the sha256 of the pinned job's canonical JSON without its
+        paths: the settings and what the files hold, wherever they are (JobError if a file the
+        job names and does not pin cannot be read)."""
+        table = self.pinned().to_dict()
+        for key in _PATH_KEYS:
+            table.pop(key, None)
+        table["model"].pop("pretrained", None)
+        text = json.dumps(table, sort_keys=True, separators=(",", ":"))
         return "job-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
@@ -492,6 +578,9 @@ class JobConfig:
             del out["catch_up_steps"]
         if self.replay_bound == "auto":
             del out["replay_bound"]
+        for key in ("data_sha256", "tokenizer_sha256"):
+            if out[key] is None:
+                del out[key]
         # The default is left out, so that a job that does not choose keeps its id.
         if self.aggregation == AggregationConfig():
             del out["aggregation"]
@@ -516,6 +605,8 @@ _TOP_KEYS = {
     "snapshot_keepers",
     "catch_up_steps",
     "replay_bound",
+    "data_sha256",
+    "tokenizer_sha256",
     "grad_accum",
     "model",
     "optimizer",
@@ -563,7 +654,7 @@ def job_from_dict(table: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     rest = {k: v for k, v in table.items() if k not in ("model", "optimizer", "aggregation")}
     for key in ("data", "tokenizer"):
         value = rest.get(key)
-        if isinstance(value, str) and value and base_dir is not None:
+        if isinstance(value, str) and value and base_dir is not None and not is_url(value):
             if not Path(value).is_absolute():
                 rest[key] = str((base_dir / value).resolve())
     return JobConfig(
@@ -580,15 +671,16 @@ def _pretrained_model(table: dict[str, Any], base_dir: Path | None) -> dict[str,
     folder = table.get("pretrained")
     if not isinstance(folder, str) or not folder:
         return table
-    if base_dir is not None and not Path(folder).is_absolute():
+    if base_dir is not None and not is_url(folder) and not Path(folder).is_absolute():
         folder = str((base_dir / folder).resolve())
         table = {**table, "pretrained": folder}
     if "kind" in table:
         return table
-    where = str(Path(folder) / CONFIG_FILE)
+    where = f"{folder.rstrip('/')}/{CONFIG_FILE}"
     try:
-        derived = model_keys(read_config(folder), where)
-    except HFConfigError as err:
+        local, _ = pretrained_location(folder, table.get("pretrained_sha256"))
+        derived = model_keys(read_config(local), where)
+    except (DigestError, HFConfigError) as err:
         raise JobError(f"model.pretrained: {err}") from None
     for key, value in table.items():
         if key in derived and value != derived[key]:

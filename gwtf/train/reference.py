@@ -65,7 +65,7 @@ def train_reference(
     """
     if corpus is None:
         corpus = job_corpus(job)
-    check_corpus(corpus, job.model.seq_len, vocab=job.model.vocab)
+    check_corpus(corpus, job.model.seq_len, vocab=job.model.vocab, pretrained=job.model.pretrained)
     total = job.iterations if iterations is None else iterations
     executor = StageExecutor(job, 0, 1)
     losses: list[float] = []

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import sys
 
-from gwtf.train.checkpoints.checkpoint import CheckpointError, save_model
+from gwtf.train.checkpoints.checkpoint import CheckpointError, check_writable, save_model
 from gwtf.train.data import DataError, job_corpus
 from gwtf.train.job import JobError, resolve_job
 from gwtf.train.reference import train_reference
@@ -30,10 +30,16 @@ def run_reference(args: argparse.Namespace) -> int:
         changes: dict[str, object] = {}
         if args.iterations is not None:
             changes["iterations"] = args.iterations
-        if args.data is not None:
+        if args.data is not None:  # other data: whatever digest the job pinned is not its
             changes["data"] = args.data
+            changes["data_sha256"] = None
         if changes:
             job = dataclasses.replace(job, **changes)  # type: ignore[arg-type]
+        if args.checkpoint_dir is not None:
+            try:
+                check_writable(args.checkpoint_dir)
+            except CheckpointError as err:
+                raise CheckpointError(f"--checkpoint-dir: {err}") from None
         corpus = job_corpus(job)
         if args.json:
             result = train_reference(job, corpus)

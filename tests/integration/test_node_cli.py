@@ -70,8 +70,64 @@ def test_unreachable_bootstrap() -> None:
         hole.bind(("127.0.0.1", 0))
         port = hole.getsockname()[1]
         result = gwtf("node", "--stage", "0", "--compute-s", "0.1",
-                      "--bootstrap", f"127.0.0.1:{port}")
+                      "--bootstrap", f"127.0.0.1:{port}", "--bootstrap-wait-s", "0")
     one_line_error(result, 1, "cannot reach the bootstrap", f"127.0.0.1:{port}")
+
+
+def test_a_joiner_started_before_its_bootstrap_node_waits_for_it() -> None:
+    """It failed at once and never tried again: nodes started together by a script raced."""
+    node = [sys.executable, "-m", "gwtf", "node", "--no-train", "--compute-s", "0.1"]
+    with socket.socket() as hole:  # the bootstrap node's port, taken until it starts
+        hole.bind(("127.0.0.1", 0))
+        port = hole.getsockname()[1]
+        joiner = subprocess.Popen([*node, "--id", "late", "--stage", "1", "--bootstrap",
+                                   f"127.0.0.1:{port}"], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert joiner.stderr is not None
+            said: list[str] = []
+            reader = threading.Thread(target=lambda: said.append(joiner.stderr.readline()),  # type: ignore[union-attr]
+                                      daemon=True)  # fmt: skip
+            reader.start()
+            reader.join(TIMEOUT_S)
+            assert said and "bootstrap node(s) not answering yet" in said[0], said
+        except BaseException:
+            joiner.kill()
+            raise
+    first = subprocess.Popen([*node, "--id", "first", "--stage", "0", "--stages", "2", "--port",
+                              str(port)], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        assert first_line(first) and first_line(joiner)[0].startswith(
+            "gwtf node late listening on"
+        )
+    finally:
+        for proc in (joiner, first):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (joiner, first):
+            try:
+                proc.wait(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_status_watch_into_a_pipe_writes_lines(first_node: LocalSwarm) -> None:
+    """Into a pipe or a file the live screen showed nothing: it writes its events as lines."""
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "gwtf", "status", "--to", first_node.bootstrap, "--watch",
+         "--interval", "0.2"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    view = first_node.status("only")
+    assert view is not None
+    try:
+        line = first_line(watch)
+        assert line and line[0].endswith(f"watching swarm {view['swarm']['id']} via only\n"), line
+    finally:
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=TIMEOUT_S)
+    assert watch.returncode == 0 and "Traceback" not in err, err
 
 
 def test_stage_outside_the_swarm(first_node: LocalSwarm) -> None:

@@ -80,7 +80,7 @@ def test_a_checkpoint_that_cannot_be_resumed_is_refused_in_one_sentence(tmp_path
         cwd=REPO, capture_output=True, text=True, timeout=WAIT_S, check=True,
     )  # fmt: skip
     for folder, words in ((tmp_path / "done", "only a checkpoint written while the job ran"),
-                          (tmp_path / "none", "holds no model.safetensors")):
+                          (tmp_path / "none", "none does not exist; give a checkpoint folder")):
         result = subprocess.run(
             [sys.executable, "-m", "gwtf", "submit", "--to", "127.0.0.1:1", "--resume",
              str(folder)],

@@ -80,12 +80,17 @@ def test_a_swarm_trains_a_hugging_face_llama_and_exports_the_reference_s_tensors
         result = client.wait(job_id, timeout_s=WAIT_S)
         assert result.state == "completed", result.error
         saved = client.download(job_id, tmp_path / "checkpoint")
-        # A job whose folder the nodes do not have: refused at submission, in one sentence.
+        # A job whose folder is nowhere: refused at submission, in one sentence; one whose folder
+        # the submitter pins but the nodes do not have: refused by them, in one sentence.
         gone = dataclasses.replace(job.model, pretrained=str(tmp_path / "gone"))
         with pytest.raises(ClientError) as refused:
             client.submit(dataclasses.replace(job, model=gone, iterations=1))
-        assert f"{tmp_path / 'gone'} is not a folder" in str(refused.value)
-        assert "\n" not in str(refused.value)
+        assert f"pretrained folder {tmp_path / 'gone'} does not exist" in str(refused.value)
+        gone = dataclasses.replace(gone, pretrained_sha256=job.pinned().model.pretrained_sha256)
+        with pytest.raises(ClientError) as refused_there:
+            client.submit(dataclasses.replace(job, model=gone, iterations=1))
+        assert f"{tmp_path / 'gone'} does not exist" in str(refused_there.value)
+        assert "\n" not in str(refused.value) + str(refused_there.value)
         for proc in s.procs.values():
             assert "Traceback" not in proc.log.read_text(), proc.id
     ref = train_reference(job)

@@ -66,8 +66,11 @@ def test_a_checkpoint_that_is_not_what_it_says_is_refused(tmp_path: Path) -> Non
     model.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="damaged"):
         load_model(tmp_path)
-    with pytest.raises(CheckpointError, match="holds no"):
+    with pytest.raises(CheckpointError, match="elsewhere does not exist; give a checkpoint"):
         load_model(tmp_path / "elsewhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="empty holds no model.safetensors"):
+        load_model(tmp_path / "empty")
     with pytest.raises(CheckpointError, match="not a safetensors"):
         weights_from_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
 

@@ -30,7 +30,7 @@ from gwtf.train.data import (
     microbatch,
     stdlib_sources,
 )
-from gwtf.train.job import load_job
+from gwtf.train.job import JobConfig, ModelConfig, load_job
 from gwtf.train.reference import train_reference
 
 
@@ -80,6 +80,15 @@ def test_data_too_small_for_one_sequence(tmp_path: Path) -> None:
     microbatch(corpus, 0, 0, 0, batch_size=2, seq_len=9)  # 9 tokens + 1 label: just fits
     with pytest.raises(DataError, match="too few for one sequence of 10 tokens plus its label"):
         microbatch(corpus, 0, 0, 0, batch_size=2, seq_len=10)
+    # The job's corpus, as a node's prepare and `gwtf reference` read it, is refused at once.
+    job = JobConfig(model=ModelConfig("gpt", layers=1, width=8, heads=1, seq_len=16),
+                    iterations=1, microbatches=1, microbatch_size=1, data=str(path))  # fmt: skip
+    with pytest.raises(DataError) as refused:
+        job_corpus(job)
+    assert str(refused.value) == (
+        f"data {path} has 10 tokens, too few for one sequence of 16 tokens plus its label; give "
+        "at least 17 tokens"
+    )
 
 
 def test_microbatch_is_a_pure_function_of_seed_iteration_and_id() -> None:

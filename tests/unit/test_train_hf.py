@@ -18,7 +18,9 @@ Moving tensors between the layouts (copy, transpose, concatenate, split) is exac
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from transformers import (
 from gwtf.cli import main
 from gwtf.train import PRESETS, JobConfig, ModelConfig, train_reference
 from gwtf.train.checkpoints.checkpoint import job_toml, merge_stages, save_model
-from gwtf.train.data import job_corpus, job_microbatch
+from gwtf.train.data import DataError, job_corpus, job_microbatch
 from gwtf.train.job import JobError, load_job
 from gwtf.train.models.hf import (
     ExportError,
@@ -241,9 +243,76 @@ def test_the_job_travels_and_is_saved_stated_in_full_without_the_folder(tmp_path
     table = job.to_dict()["model"]
     assert table["kind"] == "llama" and table["kv_heads"] == 2 and table["rope_theta"] == 500.0
     assert "activation" not in table  # silu is llama's own: left out, as every default
-    (tmp_path / "saved.toml").write_text(job_toml(job))
+    (tmp_path / "saved.toml").write_text(job_toml(job.pinned()))  # with its weights' digest
+    job_id = job.job_id
     (tmp_path / "llama").rename(tmp_path / "elsewhere")  # reading it back needs no folder
-    assert load_job(tmp_path / "saved.toml").job_id == job.job_id
+    assert load_job(tmp_path / "saved.toml").job_id == job_id
+
+
+def test_the_job_id_is_the_weights_not_the_folder_s_path(tmp_path: Path) -> None:
+    """Changed weights once kept the job's id, and a swarm returned the old job's model."""
+    tiny_llama(tmp_path / "a" / "llama")
+    first = load_job(job_file(tmp_path / "a", 'pretrained = "llama"\nseq_len = 24\n'))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    copied = load_job(tmp_path / "b" / "job.toml")
+    assert copied.model.pretrained != first.model.pretrained and copied.job_id == first.job_id
+    submitted = copied.pinned().model
+    tiny_llama(tmp_path / "b" / "llama", seed=7)  # the same model, trained further
+    changed = load_job(tmp_path / "b" / "job.toml")
+    assert changed.model == dataclasses.replace(first.model, pretrained=changed.model.pretrained)
+    assert changed.job_id != first.job_id
+    # A node that holds these weights refuses the job pinned to the first ones, before training.
+    with pytest.raises(PretrainedError) as refused:
+        build_stage_of(submitted, 0, 1, 3)
+    assert str(refused.value).startswith(f"the weights in {tmp_path / 'b' / 'llama'} here have ")
+    assert str(refused.value).endswith(
+        "they are not the ones the job was submitted with; give this machine the same folder, or "
+        "submit the job again to train from these"
+    )
+
+
+def test_a_pretrained_folder_named_by_url_is_the_same_model_and_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GWTF_CACHE", str(tmp_path / "cache"))
+    tiny_llama(tmp_path / "llama")
+    (tmp_path / "llama" / "README.md").write_text("not read, not fetched")
+    here = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 24\n'))
+    url = f"file://{tmp_path / 'llama'}"
+    by_url = load_job(job_file(tmp_path, f'pretrained = "{url}"\nseq_len = 24\n', "url.toml"))
+    assert by_url.model.pretrained == url and by_url.job_id == here.job_id
+    (fetched,) = (tmp_path / "cache" / "remote").iterdir()
+    assert sorted(p.name for p in (fetched / "llama").iterdir()) == ["config.json",
+                                                                     "model.safetensors"]
+    stage = build_stage_of(by_url.pinned().model, 0, 1, 3).state_dict()
+    local = build_stage_of(here.model, 0, 1, 3).state_dict()
+    assert stage.keys() == local.keys()
+    assert all(torch.equal(stage[name], local[name]) for name in local)
+
+
+def test_a_tokenizer_larger_than_the_pretrained_vocabulary_says_what_to_change(
+    tmp_path: Path,
+) -> None:
+    """It said "set model.vocab to at least N", and setting it was refused as disagreeing with
+    config.json: the user went in a circle."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    tiny_llama(tmp_path / "llama")  # 320 token embeddings
+    words = {f"w{i}": i for i in range(400)}
+    Tokenizer(WordLevel(words, unk_token="w0")).save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "text.txt").write_text(" ".join(words) * 4)
+    job = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 16\n'))
+    job = dataclasses.replace(job, tokenizer=str(tmp_path / "tokenizer.json"),
+                              data=str(tmp_path / "text.txt"))  # fmt: skip
+    with pytest.raises(DataError) as refused:
+        job_corpus(job)
+    assert str(refused.value) == (
+        f"tokenizer {tmp_path / 'tokenizer.json'} has 400 tokens, more than the 320 token "
+        f"embeddings of the pretrained model {tmp_path / 'llama'} (vocab_size in its config.json, "
+        "which model.vocab must equal); give a tokenizer of at most that many tokens, such as the "
+        "one the model was trained with"
+    )
 
 
 def test_a_node_whose_folder_is_another_model_refuses_to_build(tmp_path: Path) -> None:
@@ -319,8 +388,10 @@ def drop_tensor(folder: Path, name: str) -> None:
 
 
 CONFIG_CASES = [
-    ("absent", lambda f: None, "{f} is not a folder; give a Hugging Face model folder "
+    ("absent", lambda f: None, "{f} does not exist; give a Hugging Face model folder "
      "(config.json and model.safetensors)"),
+    ("a file", lambda f: f.write_text("{}"), "{f} is not a folder; give a Hugging Face model "
+     "folder (config.json and model.safetensors)"),
     ("no config", lambda f: f.mkdir(), "{f} holds no config.json; give a Hugging Face model "
      "folder (config.json and model.safetensors)"),
     ("mistral", lambda f: (tiny_llama(f), edit_config(f, model_type="mistral")),
@@ -482,7 +553,60 @@ def test_gwtf_export_writes_a_checkpoint_as_a_hugging_face_folder(
     capsys.readouterr()  # transformers' progress bars
     assert main(["export", str(tmp_path / "none"), "--hf", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert err == f"gwtf export: {tmp_path / 'none'} holds no model.safetensors\n"
+    assert err == (
+        f"gwtf export: {tmp_path / 'none'} does not exist; give a checkpoint folder "
+        "(model.safetensors and job.toml)\n"
+    )
+
+
+def test_gwtf_export_refuses_to_write_over_what_it_reads_or_anything_else(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gwtf export CKPT --hf CKPT` and `--hf PRETRAINED` once replaced the weights they read."""
+    tiny_llama(tmp_path / "llama")
+    job = load_job(job_file(tmp_path, 'pretrained = "llama"\nseq_len = 16\ndropout = 0.0\n'))
+    save_model(tmp_path / "ckpt", dict(build_model(job.model, job.seed).named_parameters()), job, 3)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    kept = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    capsys.readouterr()  # transformers' progress bars
+    ckpt, llama = tmp_path / "ckpt", tmp_path / "llama"
+    refusals = {
+        f"gwtf export {ckpt} --hf {ckpt}": f"{ckpt} is the checkpoint being exported: writing "
+        "there would replace its model.safetensors and it could no longer be exported or "
+        "resumed; give --hf another folder (or add --force)",
+        f"gwtf export {ckpt}/ --hf {ckpt}/../ckpt": f"{ckpt}/../ckpt is the checkpoint being "
+        "exported: writing there would replace its model.safetensors and it could no longer be "
+        "exported or resumed; give --hf another folder (or add --force)",
+        f"gwtf export {ckpt} --hf {llama}": f"{llama} is the pretrained folder job {job.job_id} "
+        "started from: writing there would replace its weights; give --hf another folder (or "
+        "add --force)",
+        f"gwtf export {ckpt} --hf {tmp_path / 'notes'}": f"{tmp_path / 'notes'} is not empty (it "
+        "holds todo.txt); give --hf a new or empty folder, or add --force to write config.json "
+        "and model.safetensors over what is there",
+        f"gwtf export {ckpt} --hf {tmp_path / 'job.toml'}": f"{tmp_path / 'job.toml'} is a file; "
+        "give --hf a folder to write into",
+    }
+    for command, sentence in refusals.items():
+        assert main(command.split()[1:]) == 2, command
+        assert capsys.readouterr() == ("", f"gwtf export: {sentence}\n"), command
+    assert {path: path.read_bytes() for path in kept} == kept
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(kept)
+    # An empty folder is fine; --force writes over what is there when the user means it.
+    (tmp_path / "empty").mkdir()
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "empty")]) == 0
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "notes"), "--force"]) == 0
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+    assert (tmp_path / "notes" / "config.json").exists()
+    # A checkpoint forced over says so when read again, not that parameters are missing.
+    assert main(["export", str(ckpt), "--hf", str(ckpt), "--force"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(ckpt), "--hf", str(tmp_path / "again")]) == 2
+    assert capsys.readouterr().err == (
+        f"gwtf export: {ckpt / 'model.safetensors'} is not a gwtf checkpoint's weights but a "
+        "'pt' file, as `gwtf export --hf` and transformers write; the checkpoint was "
+        "overwritten, export or resume from another copy of it\n"
+    )
 
 
 def test_a_pretrained_job_trains_from_the_folder_s_weights(tmp_path: Path) -> None:

@@ -107,7 +107,9 @@ def test_data_keys_resolve_like_data_and_keep_the_job_id_at_their_default(tmp_pa
     assert not {"tokenizer", "data_field", "data_order"} & set(plain.to_dict())
     assert plain.job_id == load_job(write(tmp_path, MINIMAL)).job_id
     assert PRESETS["tiny-gpt"].job_id == "job-829bebfa546dad2e"
-    changes = ({"tokenizer": "/t.json"}, {"data_field": "body"}, {"data_order": "sequential"})
+    (tmp_path / "t.json").write_text("{}")
+    changes = ({"tokenizer": str(tmp_path / "t.json")}, {"data_field": "body"},
+               {"data_order": "sequential"})  # fmt: skip
     others = {dataclasses.replace(plain, **change).job_id for change in changes}
     assert len(others) == 3 and plain.job_id not in others
 

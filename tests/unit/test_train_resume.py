@@ -13,6 +13,9 @@ from safetensors import safe_open
 from gwtf.train.checkpoints.checkpoint import CheckpointError, merge_stages, save_model
 from gwtf.train.checkpoints.resume import (
     OPTIMIZER_FILE,
+    _meta_stage,
+    _positions,
+    _state_positions,
     load_resumable,
     save_optimizer,
     stage_state,
@@ -23,6 +26,7 @@ from gwtf.train.data import Corpus, job_microbatch, load_corpus
 from gwtf.train.executor import MicrobatchKey, StageExecutor
 from gwtf.train.job import JobConfig, ModelConfig, OptimizerConfig
 from gwtf.train.reference import train_reference
+from gwtf.train.state import unpack_state
 
 JOB = JobConfig(
     model=ModelConfig(kind="llama", layers=4, width=32, heads=2, seq_len=16, dropout=0.1),
@@ -119,3 +123,15 @@ def test_a_checkpoint_that_cannot_resume_says_why(corpus: Corpus, tmp_path: Path
     save_optimizer(tmp_path, {"exp_avg/blocks.9.nothing": torch.zeros(1)}, JOB, 2)
     with pytest.raises(CheckpointError, match="which no parameter of the model has"):
         load_resumable(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_a_state_names_its_optimizer_positions_as_its_module_does(kind: str) -> None:
+    """A client reads a stage's optimizer state by name without building the stage (whose first
+    build on the meta device held its first checkpoint up for seconds)."""
+    model = ModelConfig(kind=kind, layers=4, width=32, heads=2, seq_len=16, kv_heads=1)
+    job = JobConfig(model=model, iterations=1, microbatches=1, microbatch_size=1)
+    for stage in range(3):
+        state = StageExecutor(job, stage, 3).state_bytes()
+        from_state = _state_positions(unpack_state(state).model)
+        assert from_state == _positions(_meta_stage(job, stage, 3), job)

@@ -35,6 +35,7 @@ from gwtf.node.control.peers import Peers
 from gwtf.node.errors import NodeError
 from gwtf.node.observe import NodeLog
 from gwtf.node.rpc.codec import InvalidMessage, member_to_pb, members_from_pb, swarm_from_pb
+from gwtf.node.rpc.retry import Backoff, is_transient
 from gwtf.node.state import LOG, NodeState
 from gwtf.v1 import node_pb2
 
@@ -227,29 +228,51 @@ class SwarmEntry:
         if state.pace is None:  # a new incarnation keeps what it measured
             state.pace = Pace(me.compute_s, state.clock, config.pace)
 
+    async def _swarm_config(self) -> tuple[node_pb2.ConfigReply, str]:
+        """The swarm's settings from the first bootstrap node that answers, and its address.
+        Bootstrap nodes that do not answer yet are called again, every `bootstrap_retry_s` for
+        `bootstrap_wait_s` (a joiner started before its bootstrap node waits for it); NodeError
+        when none answered by then, or at once when one refused this node."""
+        state = self._state
+        config = state.config
+        retry = Backoff(config.bootstrap_retry_s, factor=1.0)  # a steady poll: it is starting
+        deadline = state.clock() + config.bootstrap_wait_s
+        tries = 0
+        while True:
+            failures: list[str] = []
+            transient = True
+            for address in state.settings.bootstrap:
+                try:
+                    reply = await self._peers.stubs_at(address).membership.Config(
+                        node_pb2.ConfigRequest(stage=state.settings.stage or 0),
+                        timeout=config.rpc_timeout_s,
+                    )
+                except aio.AioRpcError as err:
+                    _refused_by_bootstrap(address, err)
+                    failures.append(f"{address}: {_describe(err)}")
+                    transient = transient and is_transient(err)
+                    continue
+                return reply, address
+            wait = retry.delay(tries)
+            if not transient or state.clock() + wait > deadline:
+                waited = f" for {config.bootstrap_wait_s:g} s" if tries else ""
+                raise NodeError(
+                    f"cannot reach the bootstrap node(s){waited}: {'; '.join(failures)}; check "
+                    "the address and that a gwtf node runs there",
+                    1,
+                )
+            if tries == 0:
+                state.log.warning(
+                    "bootstrap node(s) not answering yet (%s); trying again every %g s for up "
+                    "to %g s", "; ".join(failures), wait, config.bootstrap_wait_s,
+                )
+            tries += 1
+            await asyncio.sleep(wait)
+
     async def _join(self) -> str:
         state = self._state
         timeout = state.config.rpc_timeout_s
-        failures: list[str] = []
-        config_reply: node_pb2.ConfigReply | None = None
-        via = ""
-        for address in state.settings.bootstrap:
-            try:
-                config_reply = await self._peers.stubs_at(address).membership.Config(
-                    node_pb2.ConfigRequest(stage=state.settings.stage or 0), timeout=timeout
-                )
-            except aio.AioRpcError as err:
-                _refused_by_bootstrap(address, err)
-                failures.append(f"{address}: {_describe(err)}")
-                continue
-            via = address
-            break
-        if config_reply is None:
-            raise NodeError(
-                f"cannot reach the bootstrap node(s) {'; '.join(failures)}; check the address "
-                "and that a gwtf node runs there",
-                1,
-            )
+        config_reply, via = await self._swarm_config()
         try:
             swarm = swarm_from_pb(config_reply.swarm)
         except InvalidMessage as err:

@@ -107,6 +107,10 @@ class JobLauncher:
             raise InvalidMessage("the job description is not a JSON object")
         try:
             job = job_from_dict(table)
+            # A client pins the job's files; a job that comes without their digests is pinned
+            # here, from this node's copies, so that the job its peers prepare names them.
+            if not job.is_pinned:
+                job = await asyncio.to_thread(job.pinned)
         except (JobError, TypeError) as err:
             raise InvalidMessage(f"invalid job: {err}") from None
         if job.microbatches > MAX_MICROBATCHES:

@@ -14,6 +14,8 @@ model, and the swarm and the one-process reference write the same file for the s
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, load_file, save, save_file
 from torch import Tensor
 
-from gwtf.train.job import JobConfig, load_job
+from gwtf.train.job import JobConfig, JobError, load_job
 from gwtf.train.stage import canonical_order
 from gwtf.train.state import param_checksum
 
@@ -33,6 +35,8 @@ __all__ = [
     "JOB_FILE",
     "CheckpointError",
     "SavedModel",
+    "check_writable",
+    "ids_of",
     "job_toml",
     "load_model",
     "merge_stages",
@@ -42,6 +46,7 @@ __all__ = [
 ]
 
 MODEL_FILE = "model.safetensors"
+MODEL_FORMAT = "gwtf-model/1"
 JOB_FILE = "job.toml"
 
 
@@ -112,8 +117,6 @@ def _toml_value(value: Any) -> str:
             return "inf" if value > 0 else "-inf"
         return repr(value)
     if isinstance(value, str):
-        import json
-
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
@@ -144,6 +147,23 @@ def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
         raise CheckpointError(f"{path} is not a readable safetensors file: {err}") from None
 
 
+def check_writable(directory: str | Path) -> None:
+    """CheckpointError (one sentence) if a checkpoint could not be written into `directory`: it,
+    or the nearest of its parents that exists, is a file or cannot be written. Nothing is made:
+    called before a job trains, so that a job is not trained for a folder that cannot take it."""
+    folder = Path(directory)
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        if existing == folder.absolute():
+            raise CheckpointError(f"{folder} is a file; a checkpoint is a folder (made if missing)")
+        raise CheckpointError(f"{folder} cannot be made: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CheckpointError(f"cannot write the checkpoint into {folder}: {existing} is not "
+                              "writable by this user")  # fmt: skip
+
+
 def save_model(
     directory: str | Path, params: Mapping[str, Tensor], job: JobConfig, iteration: int,
     *, expect_checksum: str | None = None,
@@ -152,6 +172,10 @@ def save_model(
     through a temporary file renamed into place, so a reader never sees half a checkpoint.
     `expect_checksum`: the checksum the swarm reported for these weights; CheckpointError if
     they are not those weights. The path of the model file."""
+    try:
+        job = job.pinned()  # job.toml states what its files held, so it never needs them again
+    except JobError as err:
+        raise CheckpointError(f"cannot write the checkpoint's job: {err}") from None
     checksum = param_checksum(params)
     if expect_checksum is not None and checksum != expect_checksum:
         raise CheckpointError(
@@ -163,7 +187,7 @@ def save_model(
         folder.mkdir(parents=True, exist_ok=True)
         model = folder / MODEL_FILE
         write_tensors(model, {n: params[n] for n in canonical_order(list(params))}, {
-            "format": "gwtf-model/1", "job_id": job.job_id, "iteration": str(iteration),
+            "format": MODEL_FORMAT, "job_id": job.job_id, "iteration": str(iteration),
             "param_checksum": checksum,
         })  # fmt: skip
         tmp_job = folder / f".{JOB_FILE}.tmp"
@@ -176,21 +200,48 @@ def save_model(
     return model
 
 
+def ids_of(job: JobConfig) -> set[str]:
+    """The job ids a checkpoint of `job` may carry: its id, and for a job.toml that states no
+    digests of its files (written before ids were made of them) the id of that time, a hash of
+    the job as stated, paths included, so that older checkpoints still export and resume."""
+    ids: set[str] = set()
+    if not job.is_pinned:
+        text = json.dumps(job.to_dict(), sort_keys=True, separators=(",", ":"))
+        ids.add("job-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16])
+    try:
+        ids.add(job.job_id)
+    except JobError:  # an older job whose files are gone: its older id is all there is
+        if not ids:
+            raise
+    return ids
+
+
 def load_model(directory: str | Path) -> SavedModel:
     """The weights and job of a checkpoint folder; CheckpointError if it is missing, damaged,
     or its weights are not the ones it says it holds."""
     folder = Path(directory)
     model = folder / MODEL_FILE
+    if not folder.is_dir():
+        what = "is a file, not" if folder.exists() else "does not exist; give"
+        raise CheckpointError(f"{folder} {what} a checkpoint folder (model.safetensors and "
+                              f"{JOB_FILE})")  # fmt: skip
     try:
         tensors, meta = read_tensors(model)
     except FileNotFoundError:
         raise CheckpointError(f"{folder} holds no {MODEL_FILE}") from None
+    if meta.get("format") not in (None, MODEL_FORMAT):
+        # transformers and `gwtf export` write {"format": "pt"}: a folder exported over.
+        raise CheckpointError(
+            f"{model} is not a gwtf checkpoint's weights but a {meta['format']!r} file, as "
+            "`gwtf export --hf` and transformers write; the checkpoint was overwritten, export or "
+            "resume from another copy of it"
+        )
     params = _canonical(tensors)
     job = load_job(folder / JOB_FILE)
     checksum = param_checksum(params)
     if meta.get("param_checksum") not in (None, checksum):
         raise CheckpointError(f"{model} is damaged: its weights do not match its checksum")
-    if meta.get("job_id") not in (None, job.job_id):
+    if meta.get("job_id") is not None and meta["job_id"] not in ids_of(job):
         raise CheckpointError(f"{model} is of job {meta.get('job_id')}, not of {JOB_FILE}'s")
     try:
         iteration = int(meta.get("iteration", "0"))

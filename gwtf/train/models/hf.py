@@ -43,13 +43,11 @@ so in gwtf they are two parameters that start equal and train apart.
 **Nodes with different folders.** Each node reads the folder at the path the job names, on its own
 machine, as data holders read `data`. A node whose `config.json` disagrees with the job's [model]
 table refuses to build its stage (`PretrainedError`, one sentence; the job is refused at
-submission). Whether two nodes hold the same *weights* is not compared before training: that
-would mean hashing every stage's tensors at prepare and a new field in the prepare reply. The
-swarm's existing check covers it after one iteration: replicas of a stage report a parameter
-checksum at every commit, and replicas that started from different weights cannot agree, so the
-mismatch is logged and counted from the first step (and outvoted with a robust aggregation,
-`docs/design.md` 4.7). A stage with a single replica has nobody to disagree with; comparing the
-swarm's final checksum with `gwtf reference` on one machine is then the check.
+submission). A node also compares the folder's files with the digest the job pins
+(`model.pretrained_sha256`, `gwtf.train.digests`) and refuses a job whose weights it does not
+hold, in one sentence, before any training: two volunteers never start one stage from different
+weights. The replicas' parameter checksum at every commit still catches what a digest cannot
+(replicas that compute differently).
 
 **Going back out.** `export_hf(params, model, folder)` writes a whole gwtf parameter map (a
 checkpoint's `model.safetensors`, `gwtf.train.checkpoints.checkpoint`) as `config.json` and one
@@ -76,6 +74,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from gwtf.train.data import DataError
+from gwtf.train.digests import DigestError, pretrained_digest
 from gwtf.train.job import JobError, ModelConfig
 from gwtf.train.models.hfconfig import (
     CONFIG_FILE,
@@ -84,6 +83,7 @@ from gwtf.train.models.hfconfig import (
     read_config,
     tied_head,
 )
+from gwtf.train.remote import pretrained_location
 
 __all__ = [
     "INDEX_FILE",
@@ -210,7 +210,7 @@ def read_model_config(folder: str | Path, *, seq_len: int, dropout: float = 0.1)
 
 def check_folder(model: ModelConfig) -> dict[str, Any]:
     """The folder's parsed config.json; PretrainedError if it is not the job's model."""
-    folder = _folder(model)
+    folder, fetched = _folder(model)
     where = str(Path(folder) / CONFIG_FILE)
     try:
         config = read_config(folder)
@@ -219,7 +219,8 @@ def check_folder(model: ModelConfig) -> dict[str, Any]:
         raise PretrainedError(str(err)) from None
     try:
         theirs = ModelConfig(**keys, seq_len=model.seq_len, dropout=model.dropout,
-                             pretrained=model.pretrained)  # fmt: skip
+                             pretrained=model.pretrained,
+                             pretrained_sha256=model.pretrained_sha256)  # fmt: skip
     except JobError as err:
         raise PretrainedError(f"{where}: {err}") from None
     for item in fields(ModelConfig):
@@ -228,6 +229,18 @@ def check_folder(model: ModelConfig) -> dict[str, Any]:
             raise PretrainedError(
                 f"{where} gives model.{key} = {_shown(theirs, key)!r} but the job's model has "
                 f"{_shown(model, key)!r}; every node must hold the job's model at {folder}"
+            )
+    if model.pretrained_sha256 is not None and not fetched:  # a fetched one was checked
+        try:
+            here = pretrained_digest(folder)
+        except DigestError as err:
+            raise PretrainedError(str(err)) from None
+        if here != model.pretrained_sha256:
+            raise PretrainedError(
+                f"the weights in {folder} here have digest {here[:12]}, not the job's "
+                f"model.pretrained_sha256 {model.pretrained_sha256[:12]}: they are not the ones "
+                "the job was submitted with; give this machine the same folder, or submit the "
+                "job again to train from these"
             )
     return config
 
@@ -239,10 +252,16 @@ def _shown(model: ModelConfig, key: str) -> object:
     return getattr(model, resolved.get(key, key))
 
 
-def _folder(model: ModelConfig) -> str:
+def _folder(model: ModelConfig) -> tuple[str, bool]:
+    """The pretrained folder on this machine, and whether it was fetched from the URL the job
+    names (into the cache, checked against its digest: `gwtf.train.remote`)."""
     if model.pretrained is None:
         raise ValueError("the model has no pretrained folder")
-    return model.pretrained
+    try:
+        folder, fetched = pretrained_location(model.pretrained, model.pretrained_sha256)
+    except DigestError as err:
+        raise PretrainedError(str(err)) from None
+    return str(folder), fetched is not None
 
 
 def stage_tensors(
@@ -251,7 +270,7 @@ def stage_tensors(
     """The float32 tensors of the gwtf parameters `expected` (name -> shape: one stage's), read
     from the model's pretrained folder and nothing more; PretrainedError with one sentence if the
     folder cannot give them."""
-    folder = Path(_folder(model))
+    folder = Path(_folder(model)[0])
     config = check_folder(model)
     where = str(folder / CONFIG_FILE)
     try:

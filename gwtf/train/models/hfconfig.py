@@ -64,14 +64,15 @@ def _supported_text() -> str:
 def read_config(folder: str | Path) -> dict[str, Any]:
     """The parsed `config.json` of a Hugging Face model folder."""
     path = Path(folder) / CONFIG_FILE
+    if not Path(folder).is_dir():
+        what = "is not a folder" if Path(folder).exists() else "does not exist"
+        raise HFConfigError(
+            f"{folder} {what}; give a Hugging Face model folder (config.json and "
+            "model.safetensors)"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        if not Path(folder).is_dir():
-            raise HFConfigError(
-                f"{folder} is not a folder; give a Hugging Face model folder (config.json and "
-                "model.safetensors)"
-            ) from None
         raise HFConfigError(
             f"{folder} holds no {CONFIG_FILE}; give a Hugging Face model folder (config.json "
             "and model.safetensors)"
