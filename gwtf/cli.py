@@ -317,10 +317,11 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                        help="largest arc cost the routing is sized for (default 2)")
     swarm.add_argument("--min-arc-cost-s", type=_positive_float, default=0.01, metavar="S",
                        help="smallest arc cost; sets the cost accuracy (default 0.01)")
-    swarm.add_argument("--routing", choices=("local", "relax"), default="local",
+    swarm.add_argument("--routing", choices=("local", "relax", "swarm"), default="local",
                        help="how the swarm routes: every node solves the flow on its "
-                       "membership view (local, the default) or the decentralized "
-                       "relaxation (relax)")
+                       "membership view (local, the default), the decentralized "
+                       "relaxation (relax), or as SWARM does, each sender by its own "
+                       "throughput estimates of the next stage (swarm: a baseline)")
     swarm.add_argument("--quiet-s", type=_positive_float, metavar="S",
                        help="end scaling phases per node after S quiet seconds instead of "
                        "swarm-wide (uncoordinated; several times the messages)")

@@ -30,7 +30,7 @@ MAX_MESSAGE_BYTES = 4 * 2**20
 """Largest control message a node sends or accepts (gRPC rejects bigger ones with
 RESOURCE_EXHAUSTED before any handler runs). The biggest legitimate one is a bandwidth probe."""
 
-ROUTINGS = ("local", "relax")
+ROUTINGS = ("local", "relax", "swarm")
 """The routing methods of a swarm (`SwarmSettings.routing`)."""
 
 MAX_ID_LENGTH = 128
@@ -263,8 +263,10 @@ class SwarmSettings:
     flow: FlowConfig
     routing: str = "local"
     """How the swarm routes (docs/design.md 2.12): "local", every node solving the whole flow on
-    its membership view, or "relax", the decentralized epsilon-relaxation of 2.3-2.7. Swarm-wide:
-    the two do not mix (a relaxing node needs its peers' arc messages)."""
+    its membership view, or "relax", the decentralized epsilon-relaxation of 2.3-2.7, or "swarm",
+    SWARM's routing (2.14: every sender chooses its next hops from its own throughput estimates,
+    `gwtf.job.swarmroute`; the flows are still solved locally, for `gwtf status` only).
+    Swarm-wide: they do not mix (a relaxing node needs its peers' arc messages)."""
 
     @staticmethod
     def create(

@@ -321,6 +321,9 @@ class Node:
     def activation_bytes(self) -> int:
         return self.swarm.activation_bytes
 
+    def routing(self) -> str:
+        return self.swarm.routing
+
     def move_to(self, stage: int, note: str) -> None:
         """The job coordinator moved this node to `stage` (docs/design.md 2.11): whoever runs
         the node (`gwtf node`) leaves the swarm and starts a new incarnation there

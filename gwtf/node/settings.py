@@ -60,7 +60,7 @@ class NodeSettings:
     min_arc_cost_s: float = DEFAULT_MIN_ARC_COST_S
     quiet_s: float | None = None
     routing: str = "local"
-    """How the swarm routes (`SwarmSettings.routing`): "local" or "relax"."""
+    """How the swarm routes (`SwarmSettings.routing`): "local", "relax" or "swarm"."""
     seed: int | None = None
     """Seed of the gossip partner order; default: derived from the node id."""
     credentials: Credentials = field(default_factory=Credentials)

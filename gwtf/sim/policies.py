@@ -14,11 +14,12 @@ data holder inject, when is a crash noticed, what happens then) and keeps its ow
   a holder injects its share as fast as its memory slots allow.
 - `oracle`: the networkx optimum, recomputed at once at every change, crashes noticed at once;
   otherwise like gwtf (same recovery rules). The upper bound.
-- `swarm` / `swarm-rebalance`: see `gwtf.sim.routing.baselines`; no pacing (each trainer keeps its
-  memory slots full), peers discovered every `swarm_refresh_s`, dead peers banned when a call to
-  them fails (after the detection timeout); rebalancing every `swarm_rebalance_period_s` moves a
-  peer from the stage with the most throughput to the one with the least when that raises the
-  minimum (the move takes effect at the next iteration boundary, after the state download).
+- `swarm` / `swarm-rebalance`: SWARM's chooser, `gwtf.job.swarmroute` (the node's too); no
+  pacing (each trainer keeps its memory slots full), peers discovered every `swarm_refresh_s`,
+  dead peers banned when a call to them fails (after the detection timeout); rebalancing every
+  `swarm_rebalance_period_s` moves a peer from the stage with the most throughput to the one
+  with the least when that raises the minimum (the move takes effect at the next iteration
+  boundary, after the state download).
 - `dtfm`: a schedule computed once (`gwtf.sim.routing.baselines.dtfm_schedule`); pipeline
   heads inject equal shares; a crash of a scheduled node loses the iteration, and the job
   restarts after `restart_delay_s` with a schedule recomputed for the live nodes (joiners wait
@@ -40,13 +41,14 @@ from gwtf.flow.placement import Seat, Swarm, best_stage, propose_move
 from gwtf.flow.topology import NodeSpec
 from gwtf.job.iterations import assign
 from gwtf.job.nexthop import live_weights, next_hop_weights
+from gwtf.job.swarmroute import SwarmBalancer
 from gwtf.sim.churn import Churn
 from gwtf.sim.costs import allreduce_s
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import MB, Iteration, SimNode
 from gwtf.sim.recovery.recovering import RestartRecovery, RuleRecovery, SwarmRecovery
 from gwtf.sim.recovery.shipping import Shipper
-from gwtf.sim.routing.baselines import DtfmNode, SwarmBalancer, dtfm_schedule
+from gwtf.sim.routing.baselines import DtfmNode, dtfm_schedule
 from gwtf.sim.routing.localrouting import LocalRouting
 from gwtf.sim.routing.relaxrouting import RelaxRouting
 from gwtf.sim.scenario import NodeInfo, Scenario
@@ -404,7 +406,7 @@ class GwtfPolicy(_FlowPolicy):
 
 
 class SwarmPolicy(Policy):
-    """SWARM parallelism's stochastic wiring (see `gwtf.sim.routing.baselines`)."""
+    """SWARM parallelism's stochastic wiring (its chooser: `gwtf.job.swarmroute`)."""
 
     name = "swarm"
     recovery = SwarmRecovery
@@ -467,7 +469,7 @@ class SwarmPolicy(Policy):
         node = sim.nodes[choice]
         if not node.active and node.alive:
             bal.ban(choice)  # it moved to another stage
-            bal.banned.discard(choice)
+            bal.unban(choice)
             return self.pick(source, stage, mb)
         return node
 
@@ -521,7 +523,7 @@ class SwarmPolicy(Policy):
             node.move_to = None
             for bal in self.balancers.values():
                 bal.ban(node.id)
-                bal.banned.discard(node.id)
+                bal.unban(node.id)
             sim.churn.move(node, stage)
 
 

@@ -96,7 +96,7 @@ class FlowControl:
     def local(self) -> LocalRouting | None:
         """This node's local routing (None: the swarm routes by the relaxation)."""
         state = self._state
-        if self._local is None and state.swarm.routing == "local":
+        if self._local is None and state.swarm.routing in ("local", "swarm"):
             self._local = LocalRouting(state, self.prober, self._start_link)
         return self._local
 

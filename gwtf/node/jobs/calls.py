@@ -107,8 +107,8 @@ class JobCalls:
         """The flow units out of this holder to the job's stage-1 nodes; None while the
         swarm's flows are not settled (the coordinator weights the holders' shares by them)."""
         active = self.book.active
-        if active is None or not self.host.settled():
-            return None
+        if active is None or not self.host.settled() or self.host.routing() == "swarm":
+            return None  # SWARM has no flows: equal shares
         return flow_to_stage(self.host.routes(), active.participants, active.departed)
 
     def excluded_here(self, active: CurrentJob, nodes: Iterable[str]) -> None:

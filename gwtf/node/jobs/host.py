@@ -67,6 +67,10 @@ class JobsHost(Protocol):
         """The swarm's activation size, which its flows are computed with."""
         ...
 
+    def routing(self) -> str:
+        """How the swarm routes (`SwarmSettings.routing`)."""
+        ...
+
     def move_to(self, stage: int, note: str) -> None:
         """The job coordinator moved this node to `stage` (docs/design.md 2.11) and its worker
         stopped: leave the swarm gracefully and enter it again at `stage`, logging `note`."""

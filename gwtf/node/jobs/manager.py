@@ -668,6 +668,9 @@ class _WorkerHost:
     def next_hop_weights(self, capacities: Mapping[str, float]) -> tuple[dict[str, int], str]:
         return next_hop_weights(self._host.routes(), capacities, settled=self._host.settled())
 
+    def routing(self) -> str:
+        return self._host.routing()
+
     def observe_compute(self, kind: str, started: float, ended: float,
                         device_s: float | None = None) -> None:
         self._host.observe_compute(kind, started, ended, device_s)

@@ -11,6 +11,8 @@ job fails.
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections.abc import Mapping
 
 import grpc
@@ -18,6 +20,7 @@ from grpc import aio
 from torch import Tensor
 
 from gwtf.job.nexthop import SmoothRoundRobin, live_weights
+from gwtf.job.swarmroute import SwarmBalancer
 from gwtf.node.dataplane.tensors import MicrobatchTag, TensorError, send
 from gwtf.node.observe import job_event
 from gwtf.node.rpc.retry import is_final
@@ -33,6 +36,9 @@ _SENT, _BUSY, _RETRY, _GIVE_UP = range(4)
 # Sends refused by a node that no longer takes part in the job, before this node has heard that
 # it left or was excluded: with the backoff, several seconds for the news to arrive.
 _UNHEARD_ATTEMPTS = 8
+SWARM_BAN_S = 30.0
+"""With SWARM's routing, how long a peer whose call failed is left out: SWARM keeps the ban
+until the peer's DHT record expires, which its servers renew every 30 s (`update_period`)."""
 
 
 class DataPlaneSender:
@@ -48,6 +54,10 @@ class DataPlaneSender:
         self.live_pace: dict[str, float] = {}
         """The seconds per microbatch each next hop said in its last acknowledgement: a share
         cut for a straggler until the flows move (gwtf.job.nexthop.live_weights)."""
+        self._swarm: SwarmBalancer | None = None
+        if ctx.host.routing() == "swarm":
+            # Seeded by the node and the job: a run's choices depend on what it measures only.
+            self._swarm = SwarmBalancer(random.Random(f"{ctx.host.node_id}/{ctx.job_id}"))
 
     def count_data(self, verb: str, direction: str, tensors: Mapping[str, Tensor]) -> None:
         """A microbatch `verb` (sent, received) on the data plane, and its payload bytes."""
@@ -73,6 +83,27 @@ class DataPlaneSender:
         weights, source = ctx.host.next_hop_weights(capacities)
         return live_weights(weights, solved, self.live_pace), source
 
+    def _pick(self, dead: str, excluded: set[str]) -> tuple[str | None, str]:
+        """The next hop for one forward (never `dead`, `excluded` only if nothing else is
+        left), and where the choice came from: the flows, the capacities, or "swarm"."""
+        weights, source = self._weights(exclude=dead)
+        balancer = self._swarm
+        if balancer is None:
+            return self._rr.pick(weights, excluded) or self._rr.pick(weights), source
+        # SWARM's routing: the same candidates, chosen by this sender's throughput estimates.
+        now = time.monotonic()
+        for peer in [p for p in balancer.runtime if p not in weights]:
+            balancer.forget(peer)
+        for peer in sorted(weights):
+            balancer.add(peer, now)
+        if not balancer.runtime:
+            # Every live candidate is banned: SWARM refreshes its peers when none is left, and
+            # the membership says these are alive, so their bans are lifted.
+            for peer in sorted(weights):
+                balancer.unban(peer)
+                balancer.add(peer, now)
+        return balancer.choose(excluded) or balancer.choose(), "swarm"
+
     async def send_forward(
         self,
         it: Iteration,
@@ -91,8 +122,7 @@ class DataPlaneSender:
         attempt = 0
         waited = False
         while ctx.current(it):
-            weights, source = self._weights(exclude=dead)
-            target = self._rr.pick(weights, excluded) or self._rr.pick(weights)
+            target, source = self._pick(dead, excluded)
             if target is None:
                 if mode != Mode.FORWARD and not waited:
                     ctx.host.log.warning(
@@ -106,10 +136,13 @@ class DataPlaneSender:
                 continue
             self.route_sources[source] = self.route_sources.get(source, 0) + 1
             ctx.ledger.activation_sent(m, target, mode)
+            started = time.monotonic()
             outcome = await self._send(
                 it, m, "forward", target, tensors, attempt, mode=mode, downstream=downstream,
                 recovered_from=dead,
             )
+            if self._swarm is not None:
+                self._swarm_outcome(target, outcome, started)
             if outcome == _SENT:
                 if mode != Mode.FORWARD or dead:
                     self.rerouted += 1
@@ -128,6 +161,18 @@ class DataPlaneSender:
             elif ctx.peer(target) is None:
                 return  # it died with the microbatch: the recovery of its death resends it
             attempt += 1
+
+    def _swarm_outcome(self, target: str, outcome: int, started: float) -> None:
+        """What SWARM's chooser learns from one forward to `target` (gwtf.job.swarmroute): a
+        call that ends at the acknowledgement plus the compute the receiver tells in it, or a
+        failure, which bans the peer."""
+        balancer = self._swarm
+        assert balancer is not None
+        now = time.monotonic()
+        if outcome == _SENT:
+            balancer.measured(target, started, now + self.live_pace.get(target, 0.0))
+        elif outcome == _RETRY:
+            balancer.ban(target, now + SWARM_BAN_S)
 
     async def send_backward(self, it: Iteration, m: int, gradient: Tensor) -> None:
         """Send `m`'s input gradient to the node of the stage above on its path; a redirect

@@ -129,6 +129,11 @@ class WorkerHost(Protocol):
         """Weights over these candidates, from the node's flows or their capacities."""
         ...
 
+    def routing(self) -> str:
+        """How the swarm routes (`SwarmSettings.routing`): "swarm" has the sender choose its
+        next hops as SWARM does (gwtf.job.swarmroute), any other by the flows."""
+        ...
+
     def observe_compute(self, kind: str, started: float, ended: float,
                         device_s: float | None = None) -> None:
         """A forward or backward of this stage ran from `started` to `ended` (monotonic

@@ -1,14 +1,6 @@
-"""Small pure pieces of the baseline policies: SWARM's throughput estimate and peer choice, and
-DT-FM's schedule search. (gwtf's own next hops are the node's, `gwtf.job.nexthop`.)
+"""Small pure pieces of the DT-FM baseline: its schedule search. (SWARM's chooser is the node's
+too, `gwtf.job.swarmroute`; gwtf's own next hops are `gwtf.job.nexthop`.)
 
-- `PerformanceEMA`: hivemind's `utils/performance_ema.py`: an exponential moving average of
-  seconds per sample with the bias correction `1 - (1 - alpha)^n`, fed with simulated times.
-  Concurrent calls count time from `max(call start, last update)`, as hivemind's
-  `update_threadsafe` does, so the estimate is a throughput, not a latency.
-- `SwarmBalancer`: SWARM's `moe/client/balancer.py` (`ExpertBalancer.use_another_expert`): each
-  peer has a virtual "busy until" time; a sender takes the peer with the least, and adds the
-  expected time of the task (1 / estimated throughput, or `initial_s` before any measurement);
-  a new peer starts at the current least load, a failed peer is banned.
 - `dtfm_schedule`: DT-FM's scheduler (Yuan et al. 2022) restricted to nodes whose stage is fixed:
   choose D pipelines (one node per stage each, D = the smallest stage) minimising DT-FM's cost
   model, max over pipelines of the pipeline time + max over stages of the data-parallel
@@ -29,87 +21,9 @@ import numpy as np
 
 __all__ = [
     "DtfmNode",
-    "PerformanceEMA",
-    "SwarmBalancer",
     "dtfm_cost",
     "dtfm_schedule",
 ]
-
-
-class PerformanceEMA:
-    """Samples per second, by a bias-corrected EMA of seconds per sample (hivemind)."""
-
-    __slots__ = ("alpha", "ema_seconds_per_sample", "num_updates", "samples_per_second",
-                 "timestamp")
-
-    def __init__(self, alpha: float = 0.1, now: float = 0.0) -> None:
-        self.alpha = alpha
-        self.ema_seconds_per_sample = 0.0
-        self.num_updates = 0
-        self.samples_per_second = 1e-20
-        self.timestamp = now
-
-    def update(self, task_size: float, started: float, now: float) -> float:
-        """A call that started at `started` answered at `now` (hivemind's update_threadsafe)."""
-        interval = max(now - max(started, self.timestamp), 0.0)
-        self.timestamp = now
-        self.ema_seconds_per_sample = (
-            self.alpha * interval / task_size + (1 - self.alpha) * self.ema_seconds_per_sample
-        )
-        self.num_updates += 1
-        adjusted = self.ema_seconds_per_sample / (1 - (1 - self.alpha) ** self.num_updates)
-        self.samples_per_second = 1 / max(adjusted, 1e-20)
-        return self.samples_per_second
-
-
-class SwarmBalancer:
-    """One sender's view of the next stage: virtual busy times, throughput EMAs, bans."""
-
-    __slots__ = ("alpha", "initial_s", "runtime", "tiebreak", "ema", "banned", "rng")
-
-    def __init__(self, rng: np.random.Generator, alpha: float = 0.1, initial_s: float = 1.0):
-        self.alpha = alpha
-        self.initial_s = initial_s
-        self.runtime: dict[str, float] = {}
-        self.tiebreak: dict[str, float] = {}
-        self.ema: dict[str, PerformanceEMA] = {}
-        self.banned: set[str] = set()
-        self.rng = rng
-
-    def add(self, peer: str, now: float) -> None:
-        if peer in self.runtime or peer in self.banned:
-            return
-        base = min(self.runtime.values(), default=0.0)
-        self.runtime[peer] = base
-        self.tiebreak[peer] = float(self.rng.random())
-        self.ema[peer] = PerformanceEMA(self.alpha, now)
-
-    def ban(self, peer: str) -> None:
-        self.banned.add(peer)
-        self.runtime.pop(peer, None)
-        self.tiebreak.pop(peer, None)
-        self.ema.pop(peer, None)
-
-    def choose(self) -> str | None:
-        """The peer with the least expected busy time; charges it with this task."""
-        best: str | None = None
-        key = (math.inf, 0.0)
-        for peer, runtime in self.runtime.items():
-            candidate = (runtime, self.tiebreak[peer])
-            if candidate < key:
-                best, key = peer, candidate
-        if best is None:
-            return None
-        ema = self.ema[best]
-        expected = 1.0 / ema.samples_per_second if ema.num_updates else self.initial_s
-        self.runtime[best] = key[0] + expected
-        self.tiebreak[best] = float(self.rng.random())
-        return best
-
-    def measured(self, peer: str, started: float, now: float) -> None:
-        ema = self.ema.get(peer)
-        if ema is not None:
-            ema.update(1.0, started, now)
 
 
 @dataclass(frozen=True, slots=True)
