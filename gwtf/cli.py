@@ -265,9 +265,10 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     node.add_argument("--location", metavar="NAME",
                       help="this node's location in --link-matrix (emulated WAN)")
     node.add_argument("--uplink-mbps", type=_positive_float, metavar="MBIT",
-                      help="this machine's upload bandwidth in Mbit/s: its stage's snapshots "
-                      "go out from the replica with the fastest (default: not said, ranked "
-                      "last)")
+                      help="this machine's upload bandwidth in Mbit/s: it bounds the node's "
+                      "capacity (every microbatch crosses it), its stage's snapshots go out "
+                      "from the replica with the fastest, and with --link-matrix the data "
+                      "plane's sends queue on it (default: not said, no bound, ranked last)")
     node.add_argument("--link-matrix", metavar="FILE",
                       help="CSV src,dst,rtt_ms,bandwidth_gbps: delay every outgoing message as "
                       "that link would (e.g. gwtf/data/geo10_aws.csv)")
@@ -617,8 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--policy",
         metavar="P[,P...]",
-        help="policies to run: gwtf, gwtf-fixed, swarm, swarm-rebalance, dtfm, oracle "
-        "(default: the scenario's list)",
+        help="policies to run: gwtf, gwtf-fixed, swarm, swarm-rebalance, swarm-routing, dtfm, "
+        "oracle (default: the scenario's list)",
     )
     simulate.add_argument(
         "--seed", type=int, default=None, metavar="N",

@@ -53,6 +53,7 @@ __all__ = [
     "NodeSpec",
     "Topology",
     "TopologyError",
+    "access_capacity",
     "cap_to_units",
     "cost_to_units",
     "load_link_matrix",
@@ -87,6 +88,18 @@ class TopologyError(ValueError):
 def cap_to_units(capacity: float) -> int:
     """Microbatches/s -> integer flow units, floored, never negative."""
     return max(0, int(capacity * CAP_SCALE))
+
+
+def access_capacity(gbps: float, stage: int, stages: int, activation_bytes: float) -> float:
+    """Microbatches/s a node's access link carries (`gbps`: its uplink, shared by everything
+    it sends; inf: not said): a microbatch crosses it once per neighbouring stage, the
+    activation down and the gradient (the same size) up. A node's capacity is the least of
+    this and its compute (docs/design.md 2.1); the node and the simulator both use it."""
+    sides = (stage > 0) + (stage < stages - 1)
+    if not sides:
+        return math.inf
+    per_mb = sides * activation_bytes * 8 / 1e9
+    return gbps / per_mb
 
 
 def cost_to_units(cost: float) -> int:

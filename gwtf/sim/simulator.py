@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, TopologyError
+from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, TopologyError, access_capacity
 from gwtf.recovery import CrashPlan, Rule
 from gwtf.sim.costs import allreduce_s, hop_estimate
 from gwtf.sim.engine import Engine, EventSink, Kind, returns_events
@@ -290,9 +290,8 @@ class Simulation:
             self.hop_estimate
         # Access links: a microbatch crosses the node's uplink once per neighbouring stage (the
         # activation down, the gradient up) and its downlink as often.
-        sides = (s > 0) + (s < self.S - 1)
-        per_mb = sides * self.sc.activation_bytes * 8 / 1e9
-        access = min(info.uplink_gbps, info.downlink_gbps) / per_mb
+        access = access_capacity(min(info.uplink_gbps, info.downlink_gbps), s, self.S,
+                                 self.sc.activation_bytes)
         return min(1.0 / compute_s, self.sc.memory_slots / residence, access)
 
     def active_nodes(self, stage: int | None = None) -> list[SimNode]:

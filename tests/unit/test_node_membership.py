@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
-from gwtf.node.control.membership import MemberInfo, Membership, State
+from gwtf.node.control.membership import MemberInfo, Membership, State, member_capacity
 
 TIMEOUT = 4.0
 
@@ -380,8 +381,8 @@ def test_a_measured_pace_is_a_new_revision_that_gossip_carries() -> None:
     a, b = table(clock, "a"), table(clock, "b")
     a.merge([b.me])
     b.merge([a.me])
-    assert not a.set_pace(0.1)  # what it says already: no new revision
-    assert a.set_pace(0.4)
+    assert not a.set_pace(0.1, 10.0)  # what it says already: no new revision
+    assert a.set_pace(0.4, 2.5)
     assert (a.me.compute_s, a.me.capacity, a.me.revision) == (0.4, 2.5, 1)
     events = b.merge([a.me])
     assert kinds(events) == [("links", "a")]
@@ -390,3 +391,14 @@ def test_a_measured_pace_is_a_new_revision_that_gossip_carries() -> None:
     assert b.merge([stale]) == []  # an older revision moves the heartbeat, not the pace
     assert b.get("a").compute_s == 0.4  # type: ignore[union-attr]
     assert b.view_hash() != table(clock, "b").view_hash()
+
+
+def test_a_declared_uplink_bounds_a_members_capacity() -> None:
+    """Every microbatch crosses a node's uplink once per neighbouring stage: 256 KiB activations
+    through a middle stage's 10 Mbit/s uplink, 10e6 / (2 * 2 ** 21) microbatches/s, below its
+    compute's 12.5; an edge stage crosses it once; no uplink said, no bound."""
+    act = 2**18
+    assert member_capacity(0.08, 1, 0.01, 3, act) == pytest.approx(0.01e9 / (2 * act * 8))
+    assert member_capacity(0.08, 0, 0.01, 3, act) == pytest.approx(0.01e9 / (act * 8))
+    assert member_capacity(0.08, 1, 0.0, 3, act) == pytest.approx(12.5)
+    assert member_capacity(0.08, 1, 1.0, 3, act) == pytest.approx(12.5)

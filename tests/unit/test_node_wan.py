@@ -58,6 +58,19 @@ def test_messages_to_one_peer_queue_behind_each_other() -> None:
     assert first == pytest.approx(0.064)
 
 
+def test_data_to_every_peer_queues_on_a_declared_uplink_control_does_not() -> None:
+    links = {frozenset(("Oregon", "Tokyo")): LinkSpec(rtt_ms=96.0, bandwidth_gbps=1.0),
+             frozenset(("Oregon", "Seoul")): LinkSpec(rtt_ms=124.0, bandwidth_gbps=1.0)}
+    wan = WanEmulator("Oregon", links, Clock(), uplink_gbps=0.1)
+    # 1 MB at the uplink's 0.1 Gbit/s, not the links' 1: 80 ms; the second, to another peer,
+    # waits for the first on the uplink.
+    assert wan.delay("t", "Tokyo", 1_000_000, data=True) == pytest.approx(0.048 + 0.080)
+    assert wan.delay("s", "Seoul", 1_000_000, data=True) == pytest.approx(0.062 + 0.160)
+    # A control message is not queued behind the data plane (at the uplink's rate still).
+    assert wan.delay("s", "Seoul", 1_000, data=False) == pytest.approx(0.062 + 0.160 + 0.00008)
+    assert wan.delay("x", "Tokyo", 1_000, data=False) == pytest.approx(0.048 + 0.00008)
+
+
 def test_snapshots_queue_behind_each_other_apart_from_the_data_plane() -> None:
     wan = WanEmulator("Oregon", LINKS, Clock())
     # A 10 MB snapshot: 160 ms on the wire, after the snapshot before it, not in the way of

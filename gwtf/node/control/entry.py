@@ -30,7 +30,7 @@ from gwtf.flow.placement import Swarm, best_stage, open_stage
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
 from gwtf.node.config import SwarmSettings
 from gwtf.node.control.driver import FlowDriver
-from gwtf.node.control.membership import MemberInfo, Membership
+from gwtf.node.control.membership import MemberInfo, Membership, member_capacity
 from gwtf.node.control.peers import Peers
 from gwtf.node.errors import NodeError
 from gwtf.node.observe import NodeLog
@@ -108,7 +108,7 @@ class SwarmEntry:
         self._check_stage(swarm)
         await self._preload()
         compute_s = await self._place(swarm, _no_members)
-        self._setup(swarm, self._me(compute_s, epoch), warm=False, round_=0, tightens=0)
+        self._setup(swarm, self._me(swarm, compute_s, epoch), warm=False, round_=0, tightens=0)
         state.log.info(
             "created swarm %s: %d stages, %d-byte activations",
             swarm.swarm_id,
@@ -194,16 +194,18 @@ class SwarmEntry:
         log.info("compute: %.4f s per microbatch at stage %d", seconds, stage)
         return seconds
 
-    def _me(self, compute_s: float, epoch: int) -> MemberInfo:
+    def _me(self, swarm: SwarmSettings, compute_s: float, epoch: int) -> MemberInfo:
         state = self._state
-        assert state.settings.stage is not None, "placed by _place"
+        stage = state.settings.stage
+        assert stage is not None, "placed by _place"
         return MemberInfo(
             id=state.node_id,
             address=state.address,
-            stage=state.settings.stage,
+            stage=stage,
             location=state.settings.location,
             compute_s=compute_s,
-            capacity=1.0 / compute_s,
+            capacity=member_capacity(compute_s, stage, state.settings.uplink_gbps,
+                                     swarm.num_stages, swarm.activation_bytes),
             epoch=epoch,
             movable=state.settings.movable,
             uplink_gbps=state.settings.uplink_gbps,
@@ -288,7 +290,7 @@ class SwarmEntry:
         await self._preload()
         compute_s = await self._place(swarm, lambda: self._members_at(via, swarm))
         epoch = time.time_ns()
-        me = self._me(compute_s, epoch)
+        me = self._me(swarm, compute_s, epoch)
         try:
             reply = await self._peers.stubs_at(via).membership.Join(
                 node_pb2.JoinRequest(member=member_to_pb(me)), timeout=timeout

@@ -53,8 +53,20 @@ from enum import IntEnum
 import numpy as np
 
 from gwtf.flow.linkreports import LinkReport
+from gwtf.flow.topology import access_capacity
 
-__all__ = ["Gossip", "MemberEvent", "MemberInfo", "Membership", "State"]
+__all__ = ["Gossip", "MemberEvent", "MemberInfo", "Membership", "State", "member_capacity"]
+
+
+def member_capacity(
+    compute_s: float, stage: int, uplink_gbps: float, num_stages: int, activation_bytes: int
+) -> float:
+    """A member's capacity in microbatches/s: its compute, and the uplink its operator declared
+    (`--uplink-mbps`; 0: not said, no bound), which every microbatch crosses once per
+    neighbouring stage (gwtf.flow.topology.access_capacity, as the simulator's)."""
+    access = (access_capacity(uplink_gbps, stage, num_stages, activation_bytes)
+              if uplink_gbps > 0 else math.inf)
+    return min(1.0 / compute_s, access)
 
 WATCH = 6
 """Members each node watches (times out): enough that a member is still watched when several of
@@ -212,14 +224,14 @@ class Membership:
         self._spread(self._me.id)
         return True
 
-    def set_pace(self, compute_s: float) -> bool:
-        """This node's measured pace (gwtf.flow.pace): its compute time and so its capacity, a
-        new revision of its record, spread as news. True if it changed."""
+    def set_pace(self, compute_s: float, capacity: float) -> bool:
+        """This node's measured pace (gwtf.flow.pace): its compute time and its capacity with
+        it (`member_capacity`), a new revision of its record, spread as news. True if it
+        changed."""
         if compute_s == self._me.compute_s:
             return False
         self._me = replace(
-            self._me, compute_s=compute_s, capacity=1.0 / compute_s,
-            revision=self._me.revision + 1,
+            self._me, compute_s=compute_s, capacity=capacity, revision=self._me.revision + 1,
         )
         self._spread(self._me.id)
         return True

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -59,7 +60,8 @@ class Peers:
         self._clock = clock
         self.wan: WanEmulator | None = None
         if settings.links is not None and settings.location:
-            self.wan = WanEmulator(settings.location, settings.links, clock, wall=time.time)
+            self.wan = WanEmulator(settings.location, settings.links, clock, wall=time.time,
+                                   uplink_gbps=settings.uplink_gbps or math.inf)
             if settings.wan_schedule is not None:
                 self.wan.partitions = read_schedule(settings.wan_schedule, self.wan.locations())
         self._pool: ChannelPool | None = None
@@ -89,10 +91,11 @@ class Peers:
 
     def wan_delay(self, member: MemberInfo, nbytes: int, *, bulk: bool = False) -> float:
         """How long the emulated WAN holds `nbytes` to `member` (streams are not intercepted:
-        their senders wait this long before the first chunk); `bulk`: a stage snapshot."""
+        their senders wait this long before the first chunk); `bulk`: a stage snapshot. The data
+        plane's tensors (not `bulk`) queue on this node's declared uplink too."""
         if self.wan is None:
             return 0.0
-        return self.wan.delay(member.id, member.location, nbytes, bulk=bulk)
+        return self.wan.delay(member.id, member.location, nbytes, bulk=bulk, data=not bulk)
 
     def link(self, a: MemberInfo, b: MemberInfo) -> LinkSpec | None:
         """The link matrix's link between two members' locations (None: no emulated WAN, or

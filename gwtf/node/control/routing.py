@@ -46,7 +46,7 @@ from gwtf.flow.localroute import LocalRoute, OutArc
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
 from gwtf.node.control.entry import ONE_SITE
 from gwtf.node.control.links import ArcParamsSpec, arc_params
-from gwtf.node.control.membership import MemberInfo
+from gwtf.node.control.membership import MemberInfo, member_capacity
 from gwtf.node.control.prober import LinkProber
 from gwtf.node.state import NodeState
 
@@ -225,7 +225,9 @@ class LocalRouting:
         before = pace.published_s
         pace.publish(due)
         members = state.members
-        if members.set_pace(due):
+        me, swarm = members.me, state.swarm
+        if members.set_pace(due, member_capacity(due, me.stage, me.uplink_gbps, swarm.num_stages,
+                                                 swarm.activation_bytes)):
             state.log.info(
                 "pace: %.4f s per microbatch measured, the record said %.4f (spread %.0f%%, "
                 "running %.0f%% of the time): record revision %d, capacity %.2f mb/s; the next "

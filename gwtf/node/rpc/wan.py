@@ -133,9 +133,11 @@ class WanEmulator:
         *,
         intra: LinkSpec = DEFAULT_INTRA,
         wall: Callable[[], float] | None = None,
+        uplink_gbps: float = math.inf,
     ) -> None:
         """`clock`: for the links' queues; `wall`: the wall clock partitions are scheduled on
-        (None: `clock`)."""
+        (None: `clock`); `uplink_gbps`: this node's access uplink (inf: none, the pair links
+        alone), shared by the data plane's messages to every peer (`delay(data=True)`)."""
         self.location = location
         self._links = dict(links)
         self._clock = clock
@@ -145,6 +147,9 @@ class WanEmulator:
         # Per peer: when the outgoing link to it has finished serialising what was queued.
         self._free_at: dict[str, float] = {}
         self._bulk_free_at: dict[str, float] = {}
+        self.uplink_gbps = uplink_gbps
+        self._uplink_free_at = 0.0
+        """When the uplink has finished serialising the data plane's messages queued on it."""
         self._stack: deque[float] = deque(maxlen=CALIBRATION_WINDOW)
 
     def calibrate(self, rtt_s: float) -> None:
@@ -179,19 +184,30 @@ class WanEmulator:
             return self._intra
         return self._links.get(frozenset((loc_a, loc_b)))
 
-    def delay(self, peer: str, location: str, nbytes: int, *, bulk: bool = False) -> float:
+    def delay(self, peer: str, location: str, nbytes: int, *, bulk: bool = False,
+              data: bool = False) -> float:
         """Seconds to hold a message of `nbytes` to `peer` at `location`, from now; 0 when the
         peer's location is unknown (a client with no location, such as `gwtf status`).
         `bulk`: a stage snapshot, streamed in the background (docs/design.md 4.6): it queues
-        behind the snapshots sent to `peer` before it, not with the data plane's messages."""
+        behind the snapshots sent to `peer` before it, not with the data plane's messages.
+        `data`: a data-plane message (a tensor), which also queues on this node's uplink behind
+        the data plane's messages to every peer, as the simulator's access links do
+        (gwtf/sim/network.py); control messages are small and, on a real uplink, share it
+        fairly with the streams rather than wait behind them."""
         link = self.link_to(location) if location else None
         if link is None:
             return 0.0
         now = self._clock()
-        serialise = nbytes * 8 / (link.bandwidth_gbps * 1e9)
+        serialise = nbytes * 8 / (min(link.bandwidth_gbps, self.uplink_gbps) * 1e9)
         queue = self._bulk_free_at if bulk else self._free_at
-        departed = max(now, queue.get(peer, now)) + serialise
+        start = max(now, queue.get(peer, now))
+        shared = data and math.isfinite(self.uplink_gbps)
+        if shared:
+            start = max(start, self._uplink_free_at)
+        departed = start + serialise
         queue[peer] = departed
+        if shared:
+            self._uplink_free_at = departed
         one_way = max(0.0, link.rtt_ms / 2000 - self.stack_rtt_s / 2)
         return departed - now + one_way
 

@@ -289,7 +289,8 @@ class CommitParticipant:
 
     def exchange_kind(self, members: list[str], sum_bytes: int) -> str:
         """The exchange the stage's `members` of an attempt use (gwtf.job.exchange), from what
-        each of them knows alike: the sum's size, the members and the link matrix."""
+        each of them knows alike: the sum's size, the members, the link matrix and the uplinks
+        the members declared in their records (`--uplink-mbps`)."""
         host = self._ctx.host
         infos = {m: host.member(m) for m in members}
 
@@ -298,7 +299,10 @@ class CommitParticipant:
             spec = host.link(ia, ib) if ia is not None and ib is not None else None
             return None if spec is None else (spec.rtt_ms / 2000, spec.bandwidth_gbps)
 
-        return choose(sum_bytes, members, link, robust=self._ctx.job.aggregation.robust)
+        uplinks = {m: info.uplink_gbps for m, info in infos.items()
+                   if info is not None and info.uplink_gbps > 0}
+        return choose(sum_bytes, members, link, uplinks,
+                      robust=self._ctx.job.aggregation.robust)
 
     async def _exchange_whole(
         self, order: CommitOrder, it: Iteration, mine: GradContribution,
