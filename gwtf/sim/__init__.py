@@ -6,6 +6,7 @@
   moves), `paces` (each node's pace, for the policies that follow it), `recovery/` (the crash
   rules, SWARM's losses, dtfm's restarts, shipped partial sums, stage snapshots, the client's
   checkpoints), `network`, `exchange` and `costs` around it;
-- `policies`: gwtf, oracle, swarm, swarm-rebalance, dtfm, with `routing/` (how each routes);
+- `policies`: gwtf, oracle, swarm, swarm-rebalance, swarm-routing, dtfm, with `routing/` (how
+  each routes);
 - `report`: JSON, CSV and PNG outputs; `cli`: the command (runs a scenario's policies).
 """

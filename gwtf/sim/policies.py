@@ -1,4 +1,5 @@
-"""The routing policies the simulator compares: gwtf, oracle, swarm, swarm-rebalance, dtfm.
+"""The routing policies the simulator compares: gwtf, oracle, swarm, swarm-rebalance,
+swarm-routing, dtfm.
 
 Each policy answers the simulator's questions (where does a sender's next microbatch go, may a
 data holder inject, when is a crash noticed, what happens then) and keeps its own state.
@@ -19,7 +20,8 @@ data holder inject, when is a crash noticed, what happens then) and keeps its ow
   dead peers banned when a call to them fails (after the detection timeout); rebalancing every
   `swarm_rebalance_period_s` moves a peer from the stage with the most throughput to the one
   with the least when that raises the minimum (the move takes effect at the next iteration
-  boundary, after the state download).
+  boundary, after the state download). `swarm-routing`: SWARM's routing under gwtf's recovery
+  rules and exact commit, as `gwtf node --routing swarm` runs it.
 - `dtfm`: a schedule computed once (`gwtf.sim.routing.baselines.dtfm_schedule`); pipeline
   heads inject equal shares; a crash of a scheduled node loses the iteration, and the job
   restarts after `restart_delay_s` with a schedule recomputed for the live nodes (joiners wait
@@ -409,7 +411,7 @@ class SwarmPolicy(Policy):
     """SWARM parallelism's stochastic wiring (its chooser: `gwtf.job.swarmroute`)."""
 
     name = "swarm"
-    recovery = SwarmRecovery
+    recovery: type[RuleRecovery] = SwarmRecovery
 
     def __init__(self, sim: Simulation, rebalance: bool = False) -> None:
         super().__init__(sim)
@@ -527,6 +529,23 @@ class SwarmPolicy(Policy):
             sim.churn.move(node, stage)
 
 
+class SwarmRoutingPolicy(SwarmPolicy):
+    """SWARM's routing under gwtf's recovery, as `gwtf node --routing swarm` runs it: the
+    same chooser, with the rules' exact recovery and commit (what SWARM's routing alone is
+    worth against gwtf's, docs/design.md 2.14)."""
+
+    recovery = RuleRecovery
+
+    def __init__(self, sim: Simulation) -> None:
+        super().__init__(sim)
+        self.name = "swarm-routing"
+
+    def pick(self, source: SimNode, stage: int, mb: MB) -> SimNode | None:
+        if stage == 0:  # a dead holder's microbatches are recovered by another (rule 1)
+            return Policy.pick(self, source, stage, mb)
+        return super().pick(source, stage, mb)
+
+
 class DtfmPolicy(Policy):
     """DT-FM: a static schedule, no fault tolerance (restart from the last commit)."""
 
@@ -628,7 +647,7 @@ class DtfmPolicy(Policy):
 
 def simulation(scenario: Scenario, policy_name: str, seed: int | None = None) -> Simulation:
     """The simulation of `scenario` under the policy named `policy_name` (gwtf, oracle, swarm,
-    swarm-rebalance or dtfm)."""
+    swarm-rebalance, swarm-routing or dtfm)."""
     return Simulation(scenario, policy_name, seed, make_policy=lambda sim, name: make_policy(
         name, sim), make_shipping=Shipper, make_recovery=_recovery, make_churn=Churn)
 
@@ -651,6 +670,8 @@ def make_policy(name: str, sim: Simulation) -> Policy:
         return SwarmPolicy(sim)
     if name == "swarm-rebalance":
         return SwarmPolicy(sim, rebalance=True)
+    if name == "swarm-routing":
+        return SwarmRoutingPolicy(sim)
     if name == "dtfm":
         return DtfmPolicy(sim)
     raise ValueError(f"unknown policy {name!r}")

@@ -141,7 +141,7 @@ __all__ = [
     "parse_scenario",
 ]
 
-POLICIES = ("gwtf", "gwtf-fixed", "swarm", "swarm-rebalance", "dtfm", "oracle")
+POLICIES = ("gwtf", "gwtf-fixed", "swarm", "swarm-rebalance", "swarm-routing", "dtfm", "oracle")
 ROUTINGS = ("local", "relax")
 """How the gwtf policies route (`Scenario.routing`), as `gwtf node --routing`."""
 TXL_LARGE_PARAMS = 257e6
@@ -619,7 +619,8 @@ def parse_scenario(
     alive_per_stage = [0] * stages
     node_stage: dict[str, int] = {}
 
-    def make(node_id: str, stage: int | None, location: str | None) -> NodeInfo:
+    def make(node_id: str, stage: int | None, location: str | None,
+             uplink: float | None = None) -> NodeInfo:
         pinned = stage is not None
         if stage is None:
             stage = min(range(stages), key=lambda s: (alive_per_stage[s], s))
@@ -629,14 +630,18 @@ def parse_scenario(
             )
         loc = location or locations[int(rng.integers(len(locations)))]
         gpu = gpu_names[int(rng.integers(len(gpu_names)))]
-        up = uplinks[int(link_rng.integers(len(uplinks)))] if uplinks else math.inf
+        if uplink is not None:
+            up = uplink
+        else:
+            up = uplinks[int(link_rng.integers(len(uplinks)))] if uplinks else math.inf
         down = downlinks[int(link_rng.integers(len(downlinks)))] if downlinks else math.inf
         return NodeInfo(node_id, stage, loc, gpu, gpus[gpu][0], pinned, up, down)
 
     explicit = {e.node: e for e in events if e.kind == "join" and e.time_s <= 0}
     for node_id in initial_ids:
         join = explicit.get(node_id)
-        info = make(node_id, join.stage if join else None, join.location if join else None)
+        info = make(node_id, join.stage if join else None, join.location if join else None,
+                    join.uplink_gbps if join else None)
         infos[node_id] = info
         alive_per_stage[info.stage] += 1
         node_stage[node_id] = info.stage
@@ -648,7 +653,7 @@ def parse_scenario(
             if event.node in infos and event.node in node_stage:
                 raise ScenarioError(f"{where}: node {event.node!r} joins twice while alive")
             base_info = infos.get(event.node)
-            info = make(event.node, event.stage, event.location)
+            info = make(event.node, event.stage, event.location, event.uplink_gbps)
             if base_info is not None:  # a rejoin keeps the machine, not the stage
                 info = replace(base_info, stage=info.stage, pinned=info.pinned)
             infos[event.node] = info

@@ -2,11 +2,12 @@
 
 CSV format (docs/design.md 5), one event per line, an optional header line starting with `time_s`::
 
-    time_s,event,node[,stage][,location]      event: join | leave | crash
+    time_s,event,node[,stage][,location][,uplink_gbps]      event: join | leave | crash
     time_s,link,LOC_A:LOC_B,rtt_ms,bandwidth_gbps
     time_s,speed,node,factor
 
-`stage` and `location` are optional on a join (the scenario assigns what is missing); a `link`
+`stage`, `location` and the machine's access uplink are optional on a join (the scenario
+assigns what is missing: the uplink from `[nodes] uplink_gbps`, or none); a `link`
 row sets the link between two locations from that time on; a `speed` row makes the machine
 `node` take `factor` times its normal compute time from then on (1: back to normal), whether it
 is in the swarm then or joins later (docs/design.md 2.13, 5). Blank lines and lines starting with
@@ -62,6 +63,8 @@ class TraceEvent:
     bandwidth_gbps: float | None = None
     factor: float | None = None
     """`speed`: the machine's compute time over its normal one from now on."""
+    uplink_gbps: float | None = None
+    """`join`: the machine's own access uplink (None: drawn from the scenario's list)."""
 
     @property
     def link_pair(self) -> tuple[str, str]:
@@ -129,17 +132,19 @@ def read_csv_trace(path: str | PathLike[str]) -> list[TraceEvent]:
             factor = _number(where, "factor", cells[3], positive=True)
             events.append(TraceEvent(time_s, kind, node, factor=factor))
             continue
-        if len(cells) > 5:
-            raise TraceError(f"{where}: expected at most 5 fields, got {len(cells)}")
+        if len(cells) > 6:
+            raise TraceError(f"{where}: expected at most 6 fields, got {len(cells)}")
         stage = None
         if len(cells) >= 4 and cells[3]:
             if not cells[3].isdigit():
                 raise TraceError(f"{where}: stage must be an integer >= 0, got {cells[3]!r}")
             stage = int(cells[3])
-        location = cells[4] if len(cells) == 5 and cells[4] else None
-        if kind != "join" and (stage is not None or location is not None):
-            raise TraceError(f"{where}: only a join row may give a stage or a location")
-        events.append(TraceEvent(time_s, kind, node, stage, location))
+        location = cells[4] if len(cells) >= 5 and cells[4] else None
+        uplink = (_number(where, "uplink_gbps", cells[5], positive=True)
+                  if len(cells) == 6 and cells[5] else None)
+        if kind != "join" and (stage is not None or location is not None or uplink is not None):
+            raise TraceError(f"{where}: only a join row may give a stage, a location or an uplink")
+        events.append(TraceEvent(time_s, kind, node, stage, location, uplink_gbps=uplink))
     events.sort(key=lambda e: e.time_s)
     return events
 

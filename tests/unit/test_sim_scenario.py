@@ -41,7 +41,7 @@ def test_shipped_scenarios_load(name: str) -> None:
     sc = load_scenario(REPO / "simulations" / f"{name}.toml")
     assert sc.name == name
     assert sc.stages == 4 and sc.activation_bytes == 32 * 2**20
-    assert set(sc.policies) == set(POLICIES)
+    assert set(sc.policies) == set(POLICIES) - {"swarm-routing"}  # that one: benchmarks/versus.py
     assert sc.description.strip()
     assert len(sc.initial) >= 4
     stages = {sc.nodes[n].stage for n in sc.initial}
@@ -122,7 +122,7 @@ def test_missing_scenario_file() -> None:
 @pytest.mark.parametrize("name", ["home_links", "volunteer_sessions"])
 def test_home_scenarios_have_access_links_and_peak_compute(name: str) -> None:
     sc = load_scenario(REPO / "simulations" / f"{name}.toml")
-    assert set(sc.policies) == set(POLICIES) and sc.description.strip()
+    assert set(sc.policies) == set(POLICIES) - {"swarm-routing"} and sc.description.strip()
     infos = list(sc.nodes.values())
     assert all(0.02 <= i.uplink_gbps <= 1.0 and 0.1 <= i.downlink_gbps <= 1.0 for i in infos)
     assert len({i.uplink_gbps for i in infos}) > 1  # drawn per machine

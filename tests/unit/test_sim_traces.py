@@ -60,7 +60,9 @@ def test_csv_trace_reads_every_kind_sorted(tmp_path: Path) -> None:
         ("1,crash,a,1", "only a join row may give a stage"),
         ("1,link,Oregon,10,1", "a link row is time_s,link,LOC_A:LOC_B"),
         ("1,link,Oregon:Tokyo,10,0", "bandwidth_gbps must be a positive number"),
-        ("1,join,a,1,Tokyo,extra", "at most 5 fields"),
+        ("1,join,a,1,Tokyo,0.1,extra", "at most 6 fields"),
+        ("1,join,a,1,Tokyo,fast", "uplink_gbps must be"),
+        ("1,crash,a,,,0.1", "only a join row may give"),
     ],
 )
 def test_csv_trace_rejects_a_malformed_row_naming_the_line(
