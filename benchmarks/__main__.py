@@ -38,6 +38,7 @@ BENCHMARKS = {
     "moves": "benchmarks.moves",
     "snapshots": "benchmarks.snapshots_node",
     "stragglers": "benchmarks.stragglers",
+    "versus": "benchmarks.versus",
 }
 
 

@@ -37,13 +37,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from benchmarks.report import machine, write_section
 from benchmarks.swarmrun import log, log_time, submit_when_formed
 from gwtf.sim.policies import simulation
 from gwtf.sim.scenario import Scenario, load_scenario
 from gwtf.sim.traces import TraceEvent
+
+if TYPE_CHECKING:
+    from gwtf.train import JobConfig
 
 SECTION = ("## Simulator fidelity: the real swarm against the simulator "
            "(`python -m benchmarks fidelity`)")
@@ -187,12 +190,14 @@ def commits(log_dir: Path) -> list[tuple[float, int]]:
     return sorted(first.values())
 
 
-def run_real(sc: Scenario, log_dir: Path) -> dict[str, Any]:
-    """Run the trace on real processes: commits relative to the first, and the trace as it
-    happened (crash at the SIGKILL, join when the new process listened)."""
+def run_real(sc: Scenario, log_dir: Path, swarm: Swarm | None = None,
+             job: JobConfig | None = None) -> dict[str, Any]:
+    """Run the trace on real processes (`swarm`: this scenario's `Swarm` by default; `job`: a
+    tiny-gpt job by default): commits relative to the first, and the trace as it happened
+    (crash at the SIGKILL, join when the new process listened)."""
     from gwtf.train import PRESETS
 
-    swarm = Swarm(sc, log_dir)
+    swarm = swarm or Swarm(sc, log_dir)
     initial = list(sc.initial)
     applied: list[TraceEvent] = []
     try:
@@ -202,7 +207,7 @@ def run_real(sc: Scenario, log_dir: Path) -> dict[str, Any]:
         for node in initial[1:]:
             swarm.start(node)
         swarm.wait_listening(initial)
-        job = dataclasses.replace(PRESETS["tiny-gpt"], name="fidelity", iterations=100000)
+        job = job or dataclasses.replace(PRESETS["tiny-gpt"], name="fidelity", iterations=100000)
         deadline = time.monotonic() + 120
         job_id = submit_when_formed(swarm.bootstrap, job)
         started = time.time()
