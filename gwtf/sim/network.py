@@ -237,8 +237,9 @@ def commit_timeline(
             legs: list[Moves] = [whole_moves(stage, sum_bytes[s])]
         else:
             legs = list(moves[s] if moves is not None else fresh_moves(stage, sum_bytes[s]))
+        uplinks: dict[str, float] = {}
         for leg in legs:
-            start = _leg_arrivals(network, stage, leg, start)
+            start = _leg_arrivals(network, stage, leg, start, uplinks)
         held.update(start)
     decided = max((held[m.id] + msg(m, coordinator) for m in members), default=got)
     return CommitTimeline(
@@ -249,29 +250,42 @@ def commit_timeline(
 
 
 def _leg_arrivals(
-    network: Network, stage: Sequence[NodeInfo], moves: Moves, start: Mapping[str, float]
+    network: Network, stage: Sequence[NodeInfo], moves: Moves, start: Mapping[str, float],
+    uplinks: dict[str, float],
 ) -> dict[str, float]:
     """When each replica of `stage` holds what one leg of the exchange sends it, every replica
     `a` sending its `moves` from `start[a]` on: per pair, `a`'s start, the pair's latency and
     `a`'s sends (through a shared uplink one after the other, on pair links the one to this
     receiver), or what the receiver takes in through its shared downlink, whichever is longer
-    (the terms of `leg_s`)."""
+    (the terms of `leg_s`). A shared uplink is one queue for every leg: a replica that holds
+    what the last leg sent it before its own sends of that leg are out (a slow uplink among
+    fast ones) starts this leg's sends behind them (`uplinks`: when each replica's uplink is
+    free, updated; measured in real processes, section `versus` of benchmarks/RESULTS.md)."""
     out: dict[str, float] = {}
+    begin: dict[str, float] = {}
+    sent: dict[str, list[float]] = {}
+    for a in stage:
+        peers = [c for c in stage if c.id != a.id]
+        sent[a.id] = [moves.get((a.id, c.id), 0.0) * 8 / (network.gbps(a, c) * 1e9)
+                      for c in peers]
+        begin[a.id] = start[a.id]
+        if math.isfinite(a.uplink_gbps):
+            begin[a.id] = max(start[a.id], uplinks.get(a.id, start[a.id]))
     for b in stage:
         at = start[b.id]
         for a in stage:
             if a.id == b.id:
                 continue
-            peers = [c for c in stage if c.id != a.id]
-            sends = [moves.get((a.id, c.id), 0.0) * 8 / (network.gbps(a, c) * 1e9)
-                     for c in peers]
-            up = (sum(sends) if math.isfinite(a.uplink_gbps)
+            up = (sum(sent[a.id]) if math.isfinite(a.uplink_gbps)
                   else moves.get((a.id, b.id), 0.0) * 8 / (network.gbps(a, b) * 1e9))
             down = 0.0
             if math.isfinite(b.downlink_gbps):
                 down = sum(moves.get((c.id, b.id), 0.0) for c in stage
                            if c.id != b.id) * 8 / (b.downlink_gbps * 1e9)
             latency = (network.link(a, b) or network.intra).rtt_ms / 2000
-            at = max(at, start[a.id] + latency + max(up, down))
+            at = max(at, begin[a.id] + latency + max(up, down))
         out[b.id] = at
+    for a in stage:
+        if math.isfinite(a.uplink_gbps):
+            uplinks[a.id] = begin[a.id] + sum(sent[a.id])
     return out

@@ -183,3 +183,16 @@ def test_the_timeline_never_takes_longer_than_the_legs(whole: set[int], nbytes: 
                                100.0, whole=whole)
     legs = two_phase_commit_s(net, up[0][0], up[0], up, [nbytes] * 3, 100.0, whole=whole)
     assert max(timeline.step_s.values()) <= legs + 1e-12
+
+
+def test_a_slow_uplink_sends_its_second_leg_only_after_its_first() -> None:
+    # Three fast replicas (8 Gbit/s uplinks) and one on 0.008: the slow one holds what the
+    # reduce-scatter sends it at once, but its own slices of that leg still take 0.75 s on its
+    # uplink; its all-gather slices queue behind them (real processes, benchmarks versus: the
+    # commit took as long as both legs of the slow uplink, not one and a bit).
+    net = Network({}, LinkSpec(0.0, 80.0))
+    stage = [node(f"n{i}", 0, "A", uplink=8.0) for i in range(3)]
+    stage.append(node("slow", 0, "A", uplink=0.008))
+    timeline = commit_timeline(net, stage[0], {}, [stage], [1e6], 0.0)
+    leg = 3 * 1e6 / 4 * 8 / 0.008e9  # three quarter-sums through the slow uplink: 0.75 s
+    assert timeline.decided_s == pytest.approx(2 * leg, rel=1e-3)
