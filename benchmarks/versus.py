@@ -5,10 +5,10 @@
 
 Three cases, each a scenario of `simulations/versus/` (their descriptions say what and from
 which data): (a) a heterogeneous swarm whose home uplinks bind, (b) the same with churn, (c) the
-same with two stragglers. Each case runs as 12 `gwtf node` processes (15 over the churn) on 127.0.0.1 (the
-emulated WAN over the measured geo10 matrix, each node's uplink shared by its data plane,
-compute emulated by sleep) training tiny-gpt through the scenario's trace, once routed by gwtf's
-flows (`--routing local`) and once by SWARM's chooser (`--routing swarm`,
+same with two stragglers. Each case runs as 12 `gwtf node` processes (15 over the churn) on
+127.0.0.1 (the emulated WAN over the measured geo10 matrix, each node's uplink shared by its
+data plane, compute emulated by sleep) training tiny-gpt through the scenario's trace, once
+routed by gwtf's flows (`--routing local`) and once by SWARM's chooser (`--routing swarm`,
 gwtf.job.swarmroute), alternated A B A B, `PAIRS` pairs. Both recover from crashes by gwtf's
 rules: the comparison is of routing alone (docs/design.md 2.14).
 
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity import Swarm, committed_at, run_real
+from benchmarks.fidelity import Swarm, committed_at, run_real, save
 from benchmarks.report import machine, write_section
 from benchmarks.swarmrun import log
 from gwtf.sim.policies import simulation
@@ -143,6 +143,7 @@ def one_run(sc: Scenario, label: str, routing: str, policy: str, name: str) -> d
         microbatch_size=MICROBATCH_SIZE, microbatches=sc.microbatches_per_iteration,
     )
     real = run_real(sc, log_dir, swarm, job)
+    save(real, log_dir / "real.json")  # the simulator's side can be redone from it
     events = [e for e in real["events"] if e.kind != "speed"]
     span = sc.duration_s
     done = real["commits"]
