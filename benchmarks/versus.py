@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity import Swarm, committed_at, run_real, save
+from benchmarks.fidelity import Swarm, committed_at, load, run_real, save
 from benchmarks.report import machine, write_section
 from benchmarks.swarmrun import log
 from gwtf.sim.policies import simulation
@@ -142,16 +142,24 @@ def one_run(sc: Scenario, label: str, routing: str, policy: str, name: str) -> d
         PRESETS["tiny-gpt"], name=f"versus-{name}", iterations=100_000,
         microbatch_size=MICROBATCH_SIZE, microbatches=sc.microbatches_per_iteration,
     )
-    real = run_real(sc, log_dir, swarm, job)
+    # The stragglers are slowed by their fault from the start; the real run replays the rest.
+    churn = dataclasses.replace(sc, events=tuple(e for e in sc.events if e.kind != "speed"))
+    real = run_real(churn, log_dir, swarm, job)
+    real["cpu_s"] = sum(swarm.cpu_s.values())
+    real["wall_s"] = max(swarm.wall_s.values(), default=1.0)
     save(real, log_dir / "real.json")  # the simulator's side can be redone from it
+    return figures(sc, label, policy, log_dir, real)
+
+
+def figures(sc: Scenario, label: str, policy: str, log_dir: Path,
+            real: dict[str, Any]) -> dict[str, Any]:
+    """One run's figures from its real side (`real.json`) and the simulator's prediction."""
     events = [e for e in real["events"] if e.kind != "speed"]
     span = sc.duration_s
     done = real["commits"]
     by_iteration = losses(log_dir)
     predicted = run_sim(sc, events, policy)
     lost = sum(sc.microbatches_per_iteration - mbs for at, mbs in done if 0 < at <= span)
-    cpu = sum(swarm.cpu_s.values())
-    wall = max(swarm.wall_s.values(), default=1.0)
     return {
         "label": label,
         "rate": committed_at(done, span) / span,
@@ -159,8 +167,7 @@ def one_run(sc: Scenario, label: str, routing: str, policy: str, name: str) -> d
         "commits": [(at, mbs) for at, mbs in done if at <= span],
         "losses": by_iteration,
         "lost": lost,
-        "cpu_cores": cpu / wall,
-        "busiest": max((c / swarm.wall_s[n] for n, c in swarm.cpu_s.items()), default=0.0),
+        "cpu_cores": real["cpu_s"] / real["wall_s"] if "cpu_s" in real else float("nan"),
         "events": events,
         "log_dir": str(log_dir),
     }
@@ -169,6 +176,11 @@ def one_run(sc: Scenario, label: str, routing: str, policy: str, name: str) -> d
 def time_to(run: dict[str, Any], iteration: int) -> float:
     """Seconds from the run's first commit to its `iteration`-th after it."""
     return float(run["commits"][iteration][0]) if iteration < len(run["commits"]) else float("nan")
+
+
+def _cores(run: dict[str, Any]) -> str:
+    cores = run["cpu_cores"]
+    return "-" if cores != cores else f"{cores:.2f}"  # nan: not recorded
 
 
 def case_rows(case: str, runs: list[dict[str, Any]]) -> tuple[list[str], list[float], str]:
@@ -186,7 +198,7 @@ def case_rows(case: str, runs: list[dict[str, Any]]) -> tuple[list[str], list[fl
             f"**{a['rate'] / b['rate']:.2f}** | {time_to(a, k):.0f} / {time_to(b, k):.0f} s "
             f"({time_to(b, k) / time_to(a, k):.2f}) | {a['lost']} / {b['lost']} | "
             f"{a['rate'] / a['predicted']:.2f} / {b['rate'] / b['predicted']:.2f} | "
-            f"{a['cpu_cores']:.2f} / {b['cpu_cores']:.2f} |"
+            f"{_cores(a)} / {_cores(b)} |"
         )
     spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
     summary = (f"| {case} | mean | | | **{statistics.fmean(ratios):.2f}** ({spread}) | "
@@ -194,7 +206,20 @@ def case_rows(case: str, runs: list[dict[str, Any]]) -> tuple[list[str], list[fl
     return [*rows, summary], ratios, same
 
 
-def run(quick: bool = False, pairs: int = PAIRS) -> str:
+def saved_runs(name: str, sc: Scenario) -> list[dict[str, Any]]:
+    """The runs of case `name` kept in /tmp (their `real.json`), oldest first, A B A B."""
+    runs = []
+    policy = {label: p for label, _, p in ROUTINGS}
+    for path in sorted(Path(tempfile.gettempdir()).glob(f"gwtf-versus-{name}[0-9]-*/real.json"),
+                       key=lambda p: p.stat().st_mtime):
+        label = path.parent.name.split("-")[3]
+        runs.append(figures(sc, label, policy[label], path.parent, load(path)))
+    return runs
+
+
+def run(quick: bool = False, pairs: int = PAIRS, saved: tuple[str, ...] = ()) -> str:
+    """`saved`: the cases whose runs are taken from their kept `real.json` files rather than
+    run again (the simulator's side is computed anew)."""
     pairs = 1 if quick else pairs
     rows: list[str] = []
     notes: list[str] = []
@@ -204,23 +229,29 @@ def run(quick: bool = False, pairs: int = PAIRS) -> str:
         if quick:
             sc = dataclasses.replace(sc, duration_s=60.0, events=tuple(
                 e for e in sc.events if e.time_s < 60.0))
-        runs = []
-        for pair in range(pairs):
+        runs = saved_runs(name, sc) if name in saved else []
+        for pair in range(0 if name in saved else pairs):
             for label, routing, policy in ROUTINGS:
                 runs.append(one_run(sc, label, routing, policy, f"{name}{pair}"))
                 log(f"{name} pair {pair + 1} {label}: {runs[-1]['rate']:.2f} mb/s "
                     f"(predicted {runs[-1]['predicted']:.2f})")
         case_lines, _, same = case_rows(case, runs)
         rows += case_lines
-        notes.append(f"{case}: {same}; logs in {', '.join(r['log_dir'] for r in runs)}")
+        notes.append(f"{case}: {same}.")
+        log(f"{case}: logs in {', '.join(r['log_dir'] for r in runs)}")
         for r in runs:
             fidelity[r["label"]].append((r["rate"], r["predicted"]))
     fid = {label: sum(m for m, _ in v) / sum(p for _, p in v) for label, v in fidelity.items()}
     flag = " --quick" if quick else ""
+    if saved:
+        flag += f" --saved={','.join(saved)}"
+        notes.append(f"The real runs of {', '.join(saved)} are their kept `real.json` files, "
+                     "measured earlier the same day by this benchmark (the simulator's side "
+                     "computed anew); `-`: the cores were not recorded in that run.")
     body = f"""## gwtf against SWARM's routing in real processes (`python -m benchmarks versus`)
 
 Measured {time.strftime('%Y-%m-%d %H:%M')} on {machine()} by `flock /tmp/gwtf-heavy.lock
-.venv/bin/python -m benchmarks versus{flag}`: {pairs} pair(s) per case, gwtf then swarm. The
+.venv/bin/python -m benchmarks.versus{flag}`: {pairs} pair(s) per case, gwtf then swarm. The
 scenarios are `simulations/versus/*.toml` (12 home nodes in 3 stages, geo10 RTTs, uplinks of
 2-40 Mbit/s shared by each node's data plane, 0.5 s emulated compute per microbatch and
 stage, tiny-gpt at 32 microbatches of 128 KiB activations per iteration,
@@ -248,4 +279,6 @@ gwtf **{fid['gwtf']:.2f}**, swarm **{fid['swarm']:.2f}**.
 if __name__ == "__main__":
     args = sys.argv[1:]
     count = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--pairs=")), PAIRS)
-    print(run(quick="--quick" in args, pairs=count))
+    kept = next((tuple(a.split("=", 1)[1].split(",")) for a in args
+                 if a.startswith("--saved=")), ())
+    print(run(quick="--quick" in args, pairs=count, saved=kept))
