@@ -9,9 +9,12 @@ panels (a job's progress) can be added by whoever drives it.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 __all__ = ["SwarmWatch", "watch"]
@@ -106,6 +109,36 @@ class SwarmWatch:
         return Group(*parts)
 
 
+class _Interrupts:
+    """Ctrl-C, seen even where a fetch swallows it.
+
+    A fetch runs a gRPC call under `asyncio.run`, whose own SIGINT handler cancels the call;
+    grpc's asyncio stub then ends it as an RPC error (CANCELLED), which a watch that goes on
+    through fetch errors took for a node down for a moment: the Ctrl-C was lost, and the watch
+    ran on (a test that interrupted it under load waited for it in vain). While this handler is
+    installed asyncio leaves SIGINT alone; it raises KeyboardInterrupt as the default one does
+    and remembers it, and the loop checks `seen` after every fetch."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_Interrupts]:
+        try:
+            previous = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:  # not the main thread: nothing to install
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
 def watch(
     fetch: Callable[[], dict[str, Any]],
     interval_s: float,
@@ -121,24 +154,27 @@ def watch(
 
     state = SwarmWatch()
     console = Console()
-    if not console.is_terminal:
-        return _log(state, fetch, interval_s, errors)
-    try:
-        with Live(state.render(), console=console, screen=screen, auto_refresh=False) as live:
-            while True:
-                try:
-                    state.update(fetch())
-                except errors as err:  # shown in the view; the watch goes on
-                    state.failed(str(err))
-                live.update(state.render(), refresh=True)
-                time.sleep(interval_s)
-    except KeyboardInterrupt:
+    with _Interrupts().installed() as interrupts:
+        if not console.is_terminal:
+            return _log(state, fetch, interval_s, errors, interrupts)
+        try:
+            with Live(state.render(), console=console, screen=screen,
+                      auto_refresh=False) as live:
+                while not interrupts.seen:
+                    try:
+                        state.update(fetch())
+                    except errors as err:  # shown in the view; the watch goes on
+                        state.failed(str(err))
+                    live.update(state.render(), refresh=True)
+                    time.sleep(interval_s)
+        except KeyboardInterrupt:
+            pass
         return 0
 
 
 def _log(
     state: SwarmWatch, fetch: Callable[[], dict[str, Any]], interval_s: float,
-    errors: tuple[type[Exception], ...],
+    errors: tuple[type[Exception], ...], interrupts: _Interrupts,
 ) -> int:
     """The watch as a log: each event a line, and each failure to fetch when it changes."""
     import os
@@ -146,11 +182,13 @@ def _log(
 
     shown_error: str | None = None
     try:
-        while True:
+        while not interrupts.seen:
             try:
                 lines = state.update(fetch())
                 shown_error = None
             except errors as err:
+                if interrupts.seen:
+                    break
                 lines = []
                 if str(err) != shown_error:
                     shown_error = str(err)
@@ -158,6 +196,7 @@ def _log(
             for line in lines:
                 print(line, flush=True)
             time.sleep(interval_s)
+        return 0
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # `gwtf status --watch | head`: the reader has what it wanted

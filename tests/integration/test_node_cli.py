@@ -126,7 +126,12 @@ def test_status_watch_into_a_pipe_writes_lines(first_node: LocalSwarm) -> None:
         assert line and line[0].endswith(f"watching swarm {view['swarm']['id']} via only\n"), line
     finally:
         watch.send_signal(signal.SIGINT)
-        _, err = watch.communicate(timeout=TIMEOUT_S)
+        try:
+            _, err = watch.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            watch.kill()  # it ignored the Ctrl-C: do not leave it running after the test
+            watch.communicate()
+            raise
     assert watch.returncode == 0 and "Traceback" not in err, err
 
 

@@ -3,11 +3,14 @@ screen that shows members per stage and the flows."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
 from rich.console import Console
 
-from gwtf.live import SwarmWatch
+from gwtf.live import SwarmWatch, watch
 
 
 def member(node: str, stage: int, *, alive: bool = True, state: str = "alive",
@@ -58,3 +61,23 @@ def test_the_screen_shows_stages_flows_and_events() -> None:
     assert "members per stage" in text and "empty" in text  # stage 1 has nobody left
     assert "b0 died" in text and "rerouting" in text
     assert "cannot reach 127.0.0.1:1" in text
+
+
+def test_a_ctrl_c_that_a_fetch_swallows_still_ends_the_watch() -> None:
+    """`asyncio.run` turns Ctrl-C into cancelling the fetch's task; a call that ends anyway (its
+    channel closing, or grpc answering CANCELLED) lost it, and the watch ran on."""
+    calls = 0
+
+    def fetch() -> dict[str, object]:
+        nonlocal calls
+        calls += 1
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the handler runs here
+        except KeyboardInterrupt:
+            pass  # swallowed inside the call
+        raise RuntimeError("the node answered with an error: CANCELLED")
+
+    assert watch(fetch, 0.01, errors=(RuntimeError,)) == 0
+    assert calls == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
