@@ -66,6 +66,10 @@ T = TypeVar("T")
 WEIGHTS_CALL_S = 600.0
 """Deadline of one stage's weights download (a large stage over a slow link takes minutes)."""
 WATCH_CALL_S = 60.0
+WATCH_RETRIES = 4
+"""Watch calls that fail to reach the node in a row before `wait` says it cannot: a node under
+load may drop a stream (UNAVAILABLE) and answer the next call at once; a dead one fails all of
+them, after 0.25 + 0.5 + 1 + 2 s."""
 RESUME_WITHIN_S = 600.0
 """How long `wait_resuming` waits for every stage to have a live node again before it gives up
 resuming a job that lost a stage's state (`gwtf submit --resume-within`)."""
@@ -699,6 +703,7 @@ class AsyncGwtfClient(_Node):
             # One Watch call per WATCH_CALL_S at most, so that every call has a deadline; the
             # node answers each new call with the progress at once.
             last: JobResult | None = None
+            failures = 0
             while True:
                 left = WATCH_CALL_S if deadline is None else deadline - time.monotonic()
                 if left <= 0:
@@ -710,6 +715,7 @@ class AsyncGwtfClient(_Node):
                 )
                 try:
                     async for pb in stream:
+                        failures = 0
                         result = job_result(pb)
                         if on_progress is not None and result != last:
                             on_progress(result)
@@ -717,6 +723,10 @@ class AsyncGwtfClient(_Node):
                         if result.over:
                             return result
                 except aio.AioRpcError as err:
+                    if err.code() == grpc.StatusCode.UNAVAILABLE and failures < WATCH_RETRIES:
+                        await asyncio.sleep(0.25 * 2**failures)
+                        failures += 1
+                        continue
                     if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                         raise
                     continue
