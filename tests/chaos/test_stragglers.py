@@ -32,7 +32,7 @@ pytestmark = pytest.mark.chaos
 
 COMPUTE_S = 0.05
 MICROBATCHES = 24
-ITERATIONS = 26
+ITERATIONS = 30
 FAULT = (3, 9)
 """The iterations r0's fault makes it four times slower in (from, until)."""
 STOPPED = (14, 20)
@@ -162,9 +162,13 @@ def test_a_straggler_loses_its_share_and_gets_it_back(swarm: LocalSwarm) -> None
     # Each straggler's windows: before, slowed (from two iterations in), recovered (from three
     # iterations after, until the other relay's slowdown or the job's end: a straggler gets a
     # fifth of the work, so the five samples that show its recovery take it an iteration).
-    for relay, (slow, until), end in (("r0", FAULT, STOPPED[0]), ("r1", STOPPED, ITERATIONS)):
+    # r1's: its last four iterations, so that a record held back by a flapping pace under a
+    # loaded machine (the hold doubles while it flaps, docs/design.md 2.13) has six iterations
+    # to come back in (a CI run under load saw 0.06 over iterations 23-25 of 26).
+    for relay, (slow, until), back in (("r0", FAULT, (FAULT[1] + 3, STOPPED[0])),
+                                       ("r1", STOPPED, (ITERATIONS - 4, ITERATIONS))):
         shares = (watch.share(relay, slow - 3, slow), watch.share(relay, slow + 2, until),
-                  watch.share(relay, until + 3, end))
+                  watch.share(relay, *back))
         # Before: the two relays alike (r1's before is r0's after, which its recovery may
         # still tilt towards r1).
         assert (0.3 < shares[0] < 0.7) if relay == "r0" else shares[0] > 0.35, (relay, shares)
@@ -176,12 +180,12 @@ def test_a_straggler_loses_its_share_and_gets_it_back(swarm: LocalSwarm) -> None
         assert slowed > 2 * COMPUTE_S, watch.records
         # Recovered: back to its speed (on a loaded machine that is up to 1.5x the declared
         # 0.05 s for every node, and a record within the band of it stays).
-        assert watch.paces(relay, until + 3, end)[-1] < min(0.5 * slowed, 2 * COMPUTE_S), (
+        assert watch.paces(relay, *back)[-1] < min(0.5 * slowed, 2 * COMPUTE_S), (
             watch.records)
         # The flow value follows the straggler down; stage 1's capacity in the records comes
         # back up with it (the flow value is every stage's: on this loaded machine another
         # node's pace may move it meanwhile).
         low = min(watch.flows(slow + 2, until))
         assert low < 0.8 * watch.flows(0, 1)[0], watch.records
-        assert watch.stage_1(until + 3, end)[-1] > 1.25 * min(
+        assert watch.stage_1(*back)[-1] > 1.25 * min(
             watch.stage_1(slow + 2, until)), watch.records

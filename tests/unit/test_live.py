@@ -67,6 +67,7 @@ def test_a_ctrl_c_that_a_fetch_swallows_still_ends_the_watch() -> None:
     """`asyncio.run` turns Ctrl-C into cancelling the fetch's task; a call that ends anyway (its
     channel closing, or grpc answering CANCELLED) lost it, and the watch ran on."""
     calls = 0
+    before = signal.getsignal(signal.SIGINT)  # ignored in a pytest-xdist worker
 
     def fetch() -> dict[str, object]:
         nonlocal calls
@@ -80,4 +81,4 @@ def test_a_ctrl_c_that_a_fetch_swallows_still_ends_the_watch() -> None:
 
     assert watch(fetch, 0.01, errors=(RuntimeError,)) == 0
     assert calls == 1
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) == before  # put back
