@@ -26,7 +26,11 @@ _HOPS = re.compile(r"\); next hops (.*)$", re.MULTILINE)
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
     logs = tmp_path_factory.mktemp("swarm-routing")
-    with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=3.0, train=True) as s:
+    # Compute emulated (padded by sleep to --compute-s): the nodes mostly wait, as a GPU's host
+    # does, rather than take a core from the chaos test beside this one. Unpadded, they made
+    # test_stragglers' shares leave their bands when the two ran together (-n 2).
+    with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=3.0, train=True,
+                    extra=("--emulate-compute",)) as s:
         s.start(NODES, 3, "--activation-bytes", "131072", "--routing", "swarm")
         s.wait_formed()
         yield s
