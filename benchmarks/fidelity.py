@@ -61,10 +61,12 @@ WINDOW_S = 30.0
 START_TIMEOUT_S = 120.0
 TAIL_S = 5.0
 """Real seconds after the trace's end before the nodes stop (the last commits get logged)."""
-_COMMIT = re.compile(
-    r"^(\S+ \S+) INFO node=\S+ stage=\S+ job \S+ iteration (\d+)/\d+ committed: loss \S+, "
+COMMIT_LINE = re.compile(
+    r"^(\S+ \S+) INFO node=\S+ stage=\S+ job \S+ iteration (\d+)/\d+ committed: loss (\S+), "
     r"(\d+) microbatches"
 )
+"""A node's log line of a committed iteration: its time, the iteration, the loss, the
+microbatches."""
 _LISTENING = re.compile(r"listening on (\S+)")
 
 
@@ -182,9 +184,9 @@ def commits(log_dir: Path) -> list[tuple[float, int]]:
     first: dict[int, tuple[float, int]] = {}
     for path in log_dir.glob("*.log"):
         for line in path.read_text(errors="replace").splitlines():
-            match = _COMMIT.match(line)
+            match = COMMIT_LINE.match(line)
             if match:
-                at, it, mbs = log_time(match.group(1)), int(match.group(2)), int(match.group(3))
+                at, it, mbs = log_time(match.group(1)), int(match.group(2)), int(match.group(4))
                 if it not in first or at < first[it][0]:
                     first[it] = (at, mbs)
     return sorted(first.values())

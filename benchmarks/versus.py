@@ -25,7 +25,6 @@ two cores, says whether the machine carried the emulated swarm honestly.
 from __future__ import annotations
 
 import dataclasses
-import re
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fidelity import Swarm, committed_at, load, run_real, save
+from benchmarks.fidelity import COMMIT_LINE, Swarm, committed_at, load, run_real, save
 from benchmarks.report import machine, write_section
 from benchmarks.swarmrun import log
 from gwtf.sim.policies import simulation
@@ -52,10 +51,6 @@ ROUTINGS = (("gwtf", "local", "gwtf-fixed"), ("swarm", "swarm", "swarm-routing")
 PAIRS = 3
 MICROBATCH_SIZE = 8
 """Sequences per microbatch: the scenarios' 512 tokens, 128 KiB activations."""
-_COMMIT = re.compile(
-    r"^(\S+ \S+) INFO node=\S+ stage=\S+ job \S+ iteration (\d+)/\d+ committed: loss (\S+), "
-    r"(\d+) microbatches"
-)
 _TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux
 HEARTBEAT_S = 0.5
 
@@ -112,7 +107,7 @@ def losses(log_dir: Path) -> dict[int, str]:
     out: dict[int, str] = {}
     for path in log_dir.glob("*.log"):
         for line in path.read_text(errors="replace").splitlines():
-            match = _COMMIT.match(line)
+            match = COMMIT_LINE.match(line)
             if match:
                 out.setdefault(int(match.group(2)), match.group(3))
     return out
