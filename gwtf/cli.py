@@ -43,9 +43,9 @@ def _route(args: argparse.Namespace) -> int:
 
 def _reference(args: argparse.Namespace) -> int:
     try:
-        from gwtf.train.reference_cli import run_reference
+        from gwtf.train.reference.cli import run_reference
     except ModuleNotFoundError as missing:
-        if missing.name not in ("gwtf.train", "gwtf.train.reference_cli", "torch"):
+        if missing.name not in ("gwtf.train", "gwtf.train.reference.cli", "torch"):
             raise
         print(
             f"gwtf reference: not available in this installation (no {missing.name})",

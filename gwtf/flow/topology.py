@@ -355,6 +355,7 @@ class Topology:
 
     __slots__ = (
         "_activation_bytes",
+        "_boundary_bytes",
         "_intra",
         "_nodes",
         "_node_index",
@@ -368,6 +369,7 @@ class Topology:
     )
 
     _activation_bytes: int
+    _boundary_bytes: tuple[int, ...] | None
     _intra: LinkSpec
     _nodes: tuple[NodeSpec, ...]
     _node_index: dict[str, NodeSpec]
@@ -426,6 +428,7 @@ class Topology:
         *,
         check_locations: bool,
         reuse: _Reuse | None = None,
+        boundary_bytes: tuple[int, ...] | None = None,
     ) -> Topology:
         ordered, stage_lists, blocked_set = _validated(
             activation_bytes, nodes, links, intra, blocked, check_locations=check_locations
@@ -433,6 +436,7 @@ class Topology:
 
         self = object.__new__(cls)
         self._activation_bytes = activation_bytes
+        self._boundary_bytes = boundary_bytes
         self._intra = intra
         self._nodes = ordered
         self._node_index = {n.id: n for n in ordered}
@@ -443,14 +447,14 @@ class Topology:
         return self
 
     def _build_arcs(self, previous: _Reuse | None) -> None:
-        act = self._activation_bytes
-        # Per location pair, the link terms of the cost and the capacity, computed once: arcs are
-        # |stage k| x |stage k+1|, links only |locations|^2. The last item says whether arcs
-        # over this pair may be copied from the previous topology (an edit that left it alone).
-        per_pair: dict[tuple[str, str], tuple[float, float, float, int, bool] | None] = {}
+        # Per location pair (and bytes), the link terms of the cost and the capacity, computed
+        # once: arcs are |stage k| x |stage k+1|, links only |locations|^2. The last item says
+        # whether arcs over this pair may be copied from the previous topology (an edit that
+        # left it alone).
+        per_pair: dict[tuple[str, str, int], tuple[float, float, float, int, bool] | None] = {}
 
-        def link_terms(a: str, b: str) -> tuple[float, float, float, int, bool] | None:
-            key = (a, b)
+        def link_terms(a: str, b: str, act: int) -> tuple[float, float, float, int, bool] | None:
+            key = (a, b, act)
             if key not in per_pair:
                 link = self.link_between(a, b)
                 if link is None:
@@ -463,7 +467,7 @@ class Topology:
                         act * 8 / (bw * 1e9),
                         capacity,
                         cap_to_units(capacity),
-                        previous is not None and frozenset(key) not in previous.changed_pairs,
+                        previous is not None and frozenset((a, b)) not in previous.changed_pairs,
                     )
             return per_pair[key]
 
@@ -474,13 +478,14 @@ class Topology:
         into: dict[str, list[ArcSpec]] = {n.id: [] for n in self._nodes}
         blocked = self._blocked
         for k in range(len(self._stages) - 1):
+            act = self.boundary_bytes(k)
             heads = [self._node_index[d] for d in self._stages[k + 1]]
             for src_id in self._stages[k]:
                 src = self._node_index[src_id]
                 c_i = src.compute_s
                 src_same = src_id not in changed
                 for dst in heads:
-                    terms = link_terms(src.location, dst.location)
+                    terms = link_terms(src.location, dst.location, act)
                     if terms is None or (blocked and (src_id, dst.id) in blocked):
                         continue
                     half_rtt, transfer, capacity, cap_units, reusable = terms
@@ -505,6 +510,24 @@ class Topology:
     @property
     def activation_bytes(self) -> int:
         return self._activation_bytes
+
+    def boundary_bytes(self, k: int) -> int:
+        """Bytes one microbatch sends across the boundary between stages k and k+1 (each way):
+        the activation's, or its codec's where the topology was given per-boundary bytes."""
+        if self._boundary_bytes is None or k >= len(self._boundary_bytes):
+            return self._activation_bytes
+        return self._boundary_bytes[k]
+
+    def with_boundary_bytes(self, sizes: Iterable[int] | None) -> Topology:
+        """This topology with the bytes of each boundary given (a compression plan: docs/design.md
+        2.15); None: every boundary sends `activation_bytes`."""
+        fixed = None if sizes is None else tuple(int(b) for b in sizes)
+        if fixed is not None and any(b <= 0 for b in fixed):
+            raise TopologyError(f"boundary bytes must be positive integers, got {fixed}")
+        return Topology._make(
+            self._activation_bytes, list(self._nodes), dict(self._links), self._intra,
+            self._blocked, check_locations=False, boundary_bytes=fixed,
+        )  # fmt: skip
 
     @property
     def intra(self) -> LinkSpec:
@@ -606,6 +629,7 @@ class Topology:
             self._blocked if blocked is None else blocked,
             check_locations=False,
             reuse=_Reuse(self._arc_index, changed_nodes, changed_pairs),
+            boundary_bytes=self._boundary_bytes,
         )
 
     def without_node(self, node_id: str) -> Topology:
@@ -719,6 +743,7 @@ class Topology:
     def _key(self) -> tuple[object, ...]:
         return (
             self._activation_bytes,
+            self._boundary_bytes,
             self._intra,
             self._nodes,
             frozenset(self._links.items()),

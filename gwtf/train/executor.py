@@ -189,6 +189,7 @@ class StageExecutor:
         self.module = (
             _module if _module is not None else build_stage(job.model, job.seed, self.spec)
         )
+        self.module.plan_boundaries(job.compression)
         # Built and initialised on the CPU (the same bits on every device), then moved; the
         # optimizer is made after the move so that its state lives beside the parameters.
         self.module.to(self.placement.device)

@@ -63,6 +63,13 @@ File format (TOML; every key is listed, optional ones with their default)::
     norm_factor = 10.0         # screen: a replica whose mean gradient's norm is above this
                                # times its stage's median is excluded from the job; above 1
 
+    [compression]              # optional table (or `compression = "off"`): what crosses a stage
+                               # boundary (docs/design.md 2.15, gwtf.train.codecs)
+    allow = ["int8"]           # default ["int8"]: the codecs the swarm may choose where a link
+                               # binds (int8, int4); [] never compresses
+    after = { 3 = "int8" }     # optional: the plan, after which block which codec; the swarm
+                               # plans a job that leaves it out when the job starts
+
 `aggregation` is how the replicas of a stage combine their gradients at each commit
 (`gwtf.train.robust`). `mean` is the exact weighted mean, equal to the one-process reference bit
 for bit, and trusts every replica. `trimmed-mean` and `centered-clip` bound what one poisoning
@@ -119,6 +126,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from gwtf.flow.compression import CODECS, DEFAULT_ALLOWED
 from gwtf.job.catchup import CATCH_UP_STEPS
 from gwtf.train.digests import DigestError, data_digest, pretrained_digest, tokenizer_digest
 from gwtf.train.models.hfconfig import CONFIG_FILE, HFConfigError, model_keys, read_config
@@ -131,6 +139,7 @@ __all__ = [
     "DATA_ORDERS",
     "GRAD_ACCUM_DTYPES",
     "AggregationConfig",
+    "CompressionConfig",
     "MODEL_KINDS",
     "NORM_EPS",
     "PRESETS",
@@ -430,6 +439,81 @@ class AggregationConfig:
 
 
 @dataclass(frozen=True)
+class CompressionConfig:
+    """What crosses a stage boundary (`gwtf.flow.compression`, `gwtf.train.codecs`): the codecs
+    the swarm may choose, and the plan, `after` (block count before a boundary -> codec; None:
+    not planned yet, the swarm plans it when the job starts)."""
+
+    allow: tuple[str, ...] = DEFAULT_ALLOWED
+    after: tuple[tuple[int, str], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.allow, str) or not all(isinstance(a, str) for a in self.allow):
+            raise JobError(f"compression.allow must be a list of codec names, got {self.allow!r}")
+        lossy = [name for name in CODECS if name != "none"]
+        for name in self.allow:
+            if name not in lossy:
+                raise JobError(
+                    f"compression.allow names {name!r}; the codecs are {', '.join(lossy)}"
+                )
+        allow = tuple(sorted(set(self.allow), key=list(CODECS).index))
+        object.__setattr__(self, "allow", allow)
+        if self.after is None:
+            return
+        after = []
+        for block, name in self.after:
+            if not _is_int(block) or block < 1:
+                raise JobError(f"compression.after keys are block counts of at least 1, got "
+                               f"{block!r}")
+            if name != "none" and name not in allow:
+                raise JobError(
+                    f"compression.after uses {name!r} after block {block}, which "
+                    f"compression.allow ({', '.join(allow) or 'nothing'}) does not allow"
+                )
+            if name != "none":
+                after.append((int(block), name))
+        object.__setattr__(self, "after", tuple(sorted(after)))
+
+    def codec_after(self, blocks: int) -> str:
+        """The codec of the boundary after `blocks` blocks ("none" where the plan says none)."""
+        return dict(self.after or ()).get(blocks, "none")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"allow": list(self.allow)}
+        if self.after is not None:
+            out["after"] = {str(block): name for block, name in self.after}
+        return out
+
+
+def _compression(value: object) -> CompressionConfig:
+    """`compression = "off"` or a [compression] table."""
+    if value == "off":
+        return CompressionConfig(allow=())
+    if not isinstance(value, dict):
+        raise JobError(f'compression must be "off" or a [compression] table, got {value!r}')
+    _check_keys("compression", value, {"allow", "after"})
+    allow = value.get("allow", list(DEFAULT_ALLOWED))
+    if not isinstance(allow, list):
+        raise JobError(f"compression.allow must be a list of codec names, got {allow!r}")
+    after = value.get("after")
+    if after is not None:
+        if not isinstance(after, dict):
+            raise JobError(f"compression.after must be a table of block = codec, got {after!r}")
+        pairs = []
+        for key, name in after.items():
+            try:
+                block = int(key)
+            except ValueError:
+                raise JobError(f"compression.after keys are block counts, got {key!r}") from None
+            if not isinstance(name, str) or name not in CODECS:
+                raise JobError(f"compression.after.{key} must be one of {', '.join(CODECS)}, "
+                               f"got {name!r}")
+            pairs.append((block, name))
+        after = tuple(pairs)
+    return CompressionConfig(allow=tuple(allow), after=after)
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """One training job. `job_id` is derived from the content, so equal jobs share an id."""
 
@@ -465,6 +549,8 @@ class JobConfig:
     """The digest of `data` (`gwtf.train.digests.data_digest`); None: not pinned yet."""
     tokenizer_sha256: str | None = None
     """The digest of `tokenizer` (`gwtf.train.digests.tokenizer_digest`); None: not pinned yet."""
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    """What crosses a stage boundary: the codecs allowed and the plan (docs/design.md 2.15)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelConfig):
@@ -509,6 +595,24 @@ class JobConfig:
             raise JobError(f"name must be a string, got {self.name!r} ({_type_name(self.name)})")
         _check_sha256("data_sha256", self.data_sha256, "data", self.data)
         _check_sha256("tokenizer_sha256", self.tokenizer_sha256, "tokenizer", self.tokenizer)
+        if not isinstance(self.compression, CompressionConfig):
+            raise JobError('compression must be "off" or a [compression] table')
+        for block, _ in self.compression.after or ():
+            if block >= self.model.layers:
+                raise JobError(
+                    f"compression.after names block count {block}, but a boundary lies between "
+                    f"blocks: 1..{self.model.layers - 1} for a model of {self.model.layers}"
+                )
+
+    @property
+    def is_planned(self) -> bool:
+        """The job states its compression plan (an empty one included)."""
+        return self.compression.after is not None
+
+    def planned(self, after: Mapping[int, str]) -> JobConfig:
+        """The job with the compression plan `after` (block count -> codec) stated."""
+        plan = CompressionConfig(self.compression.allow, tuple(sorted(after.items())))
+        return dataclasses.replace(self, compression=plan)
 
     @property
     def is_pinned(self) -> bool:
@@ -551,6 +655,11 @@ class JobConfig:
         table = self.pinned().to_dict()
         for key in _PATH_KEYS:
             table.pop(key, None)
+        # What the swarm may choose does not change what a job computes; the plan it chose does,
+        # where it compresses anything.
+        table.pop("compression", None)
+        if self.compression.after:
+            table["compression"] = {"after": self.compression.to_dict()["after"]}
         table["model"].pop("pretrained", None)
         text = json.dumps(table, sort_keys=True, separators=(",", ":"))
         return "job-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
@@ -584,6 +693,10 @@ class JobConfig:
         # The default is left out, so that a job that does not choose keeps its id.
         if self.aggregation == AggregationConfig():
             del out["aggregation"]
+        if self.compression == CompressionConfig():
+            del out["compression"]
+        else:
+            out["compression"] = self.compression.to_dict()
         for key, default in _MODEL_OMITTED_AT.items():
             if out["model"][key] == default:
                 del out["model"][key]
@@ -611,6 +724,7 @@ _TOP_KEYS = {
     "model",
     "optimizer",
     "aggregation",
+    "compression",
 }
 _REQUIRED_TOP = ("iterations", "microbatches", "microbatch_size", "model")
 _MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -651,7 +765,9 @@ def job_from_dict(table: Mapping[str, Any], *, base_dir: Path | None = None) -> 
     if "betas" in optimizer_table and isinstance(optimizer_table["betas"], list):
         optimizer_table = {**optimizer_table, "betas": tuple(optimizer_table["betas"])}
     aggregation = _aggregation(table.get("aggregation", "mean"))
-    rest = {k: v for k, v in table.items() if k not in ("model", "optimizer", "aggregation")}
+    compression = _compression(table.get("compression", {}))
+    rest = {k: v for k, v in table.items()
+            if k not in ("model", "optimizer", "aggregation", "compression")}
     for key in ("data", "tokenizer"):
         value = rest.get(key)
         if isinstance(value, str) and value and base_dir is not None and not is_url(value):
@@ -661,6 +777,7 @@ def job_from_dict(table: Mapping[str, Any], *, base_dir: Path | None = None) -> 
         model=ModelConfig(**model_table),
         optimizer=OptimizerConfig(**optimizer_table),
         aggregation=aggregation,
+        compression=compression,
         **rest,
     )
 

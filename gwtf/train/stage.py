@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gwtf.train.job import ModelConfig
+from gwtf.train.codecs import Boundary
+from gwtf.train.job import CompressionConfig, ModelConfig
 from gwtf.train.models.builtin import Embedding, Head, init_parameters, make_block
 from gwtf.train.models.hf import stage_tensors
 from gwtf.train.partition import StageSpec, partition, stage_spec
@@ -79,12 +80,28 @@ class StageModule(nn.Module):
         self.embed = Embedding(config) if spec.is_first else None
         self.blocks = nn.ModuleDict({str(i): make_block(config) for i in spec.layers})
         self.head = Head(config) if spec.is_last else None
+        self.boundaries: dict[int, Boundary] = {}
+        """Planned boundaries inside this module, by the global index of the block they follow:
+        the activation passes the codec there as if it crossed to another stage (the
+        reference's, or a plan made for another cut; `plan_boundaries`)."""
+
+    def plan_boundaries(self, compression: CompressionConfig) -> None:
+        """Apply `compression`'s plan at every boundary strictly inside this stage (the ones at
+        its ends are the wire's: the node encodes what it sends there)."""
+        self.boundaries = {
+            blocks - 1: Boundary(name)
+            for blocks, name in compression.after or ()
+            if self.spec.first_layer < blocks < self.spec.end_layer
+        }
 
     def forward(self, x: Tensor, seeds: DropoutSeeds | None) -> Tensor:
         if self.embed is not None:
             x = self.embed(x, seeds.generator("embed") if seeds else None)
         for index, block in self.blocks.items():
             x = block(x, seeds.generator("block", int(index)) if seeds else None)
+            boundary = self.boundaries.get(int(index))
+            if boundary is not None:
+                x = boundary(x)
         if self.head is not None:
             x = self.head(x)
         return x

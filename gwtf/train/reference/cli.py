@@ -15,7 +15,7 @@ import sys
 from gwtf.train.checkpoints.checkpoint import CheckpointError, check_writable, save_model
 from gwtf.train.data import DataError, job_corpus
 from gwtf.train.job import JobError, resolve_job
-from gwtf.train.reference import train_reference
+from gwtf.train.reference.run import train_reference
 
 __all__ = ["run_reference"]
 
