@@ -226,6 +226,13 @@ class JobResult:
     """Times the swarm went back to a stage's snapshot, in order."""
     moves: tuple[Moved, ...] = ()
     """Nodes the coordinator moved between stages, in order."""
+    compression: tuple[tuple[int, str], ...] = ()
+    """The boundaries that compressed, as (blocks before it, codec): the job's plan
+    (docs/design.md 2.15)."""
+    bytes_saved: int = 0
+    """What the plan saved on the wire: float32 minus codec bytes of each trained microbatch's
+    activation and gradient at each compressed boundary (computed from the plan and the count,
+    not metered: the nodes' `gwtf_job_bytes_saved` metric meters it)."""
 
     @property
     def over(self) -> bool:
@@ -262,6 +269,8 @@ class JobResult:
             "resumed_from": self.resumed_from,
             "rollbacks": [dataclasses.asdict(r) for r in self.rollbacks],
             "moves": [dataclasses.asdict(m) for m in self.moves],
+            "compression": {"after": {str(b): c for b, c in self.compression},
+                            "bytes_saved": self.bytes_saved},
         }
 
 
@@ -303,7 +312,23 @@ def job_result(pb: Any) -> JobResult:
                         for r in pb.rollbacks),
         moves=tuple(Moved(m.node, m.from_stage, m.stage, m.iteration, m.flow, m.gain)
                     for m in pb.moves),
+        **_compression(pb.job_json, pb.microbatches_trained),
     )
+
+
+def _compression(job_json: str, trained: int) -> dict[str, Any]:
+    """The plan's compressed boundaries and the bytes they saved, from the job's JSON."""
+    from gwtf.flow.compression import wire_bytes
+
+    try:
+        table = json.loads(job_json) if job_json else {}
+        after = {int(b): str(c) for b, c in table.get("compression", {}).get("after", {}).items()}
+        model = table["model"] if after else {}
+        numel = table["microbatch_size"] * model["seq_len"] * model["width"] if after else 0
+        saved = sum(2 * trained * (4 * numel - wire_bytes(c, numel)) for c in after.values())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    return {"compression": tuple(sorted(after.items())), "bytes_saved": saved}
 
 
 def _rpc_error(address: str, err: Any, timeout_s: float | None) -> ClientError:

@@ -49,8 +49,11 @@ __all__ = [
     "codec",
     "decode",
     "encode",
+    "pack",
+    "pack_specs",
     "part_specs",
     "roundtrip",
+    "unpack",
     "wire_bytes",
 ]
 
@@ -142,6 +145,37 @@ def decode(name: str, parts: Mapping[str, Tensor], shape: tuple[int, ...]) -> Te
         raise CodecError(f"{name} values must lie in -{c.levels}..{c.levels}")
     values = q.view(-1, c.block).float() * scale[:, None]
     return values.reshape(-1)[:numel].view(shape)
+
+
+def pack(name: str, field: str, tensor: Tensor) -> dict[str, Tensor]:
+    """What a node sends of `tensor` (a microbatch's `field`, "activation" or "gradient") across
+    a boundary of codec `name`: the tensor itself under `field`, or its parts under
+    `field.q` and `field.scale`."""
+    if codec(name).lossless:
+        return {field: tensor}
+    return {f"{field}.{part}": value for part, value in encode(name, tensor).items()}
+
+
+def pack_specs(
+    name: str, field: str, shape: tuple[int, ...]
+) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The names, dtypes and shapes `pack(name, field, t)` sends for a tensor of `shape`."""
+    if codec(name).lossless:
+        return {field: (torch.float32, shape)}
+    numel = 1
+    for size in shape:
+        numel *= size
+    return {f"{field}.{part}": spec for part, spec in part_specs(name, numel).items()}
+
+
+def unpack(name: str, field: str, tensors: Mapping[str, Tensor], shape: tuple[int, ...]) -> Tensor:
+    """The float32 `field` of shape `shape` from what `pack` sent (CodecError if it does not
+    decode to it)."""
+    if codec(name).lossless:
+        return decode(name, {"value": tensors[field]} if field in tensors else {}, shape)
+    prefix = f"{field}."
+    parts = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    return decode(name, parts, shape)
 
 
 def roundtrip(name: str, tensor: Tensor) -> Tensor:

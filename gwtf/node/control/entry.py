@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -352,6 +352,21 @@ def swarm_view(
         if m.alive
     )
     return Swarm(num_stages, activation_bytes, nodes, dict(links or {}), DEFAULT_INTRA)
+
+
+def member_links(
+    members: Sequence[MemberInfo], link: Callable[[MemberInfo, MemberInfo], LinkSpec | None]
+) -> dict[frozenset[str], LinkSpec]:
+    """The links (`link(a, b)`: the link matrix's) between the members' locations; none without
+    a matrix."""
+    out: dict[frozenset[str], LinkSpec] = {}
+    for i, a in enumerate(members):
+        for b in members[i + 1:]:
+            if a.location and b.location and a.location != b.location:
+                found = link(a, b)
+                if found is not None:
+                    out[frozenset((a.location, b.location))] = found
+    return out
 
 
 def choose_stage(

@@ -113,8 +113,10 @@ DATA_PLANE_MAX_MESSAGE_BYTES = CHUNK_BYTES + MAX_HEADER_BYTES + _FRAMING_BYTES
 plane's messages with the default chunk size."""
 
 DEFAULT_DTYPES = frozenset(
-    {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32}
+    {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+     torch.int8, torch.uint8}
 )
+"""int8 and uint8 carry compressed activations and gradients (gwtf.train.codecs)."""
 
 # Wire names of the dtypes gwtf knows; a name not here is an unknown dtype, a name here but not
 # in the receiver's `allowed_dtypes` a refused one.

@@ -20,8 +20,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from gwtf.flow.compression import swarm_plan
 from gwtf.job.iterations import IterationCoordinator
 from gwtf.job.roster import nodes_by_stage, start_fits
+from gwtf.node.control.entry import member_links, swarm_view
 from gwtf.node.control.membership import MemberInfo
 from gwtf.node.errors import CannotRun, Mismatch, NotHeld, NotParticipant, Superseded, WrongState
 from gwtf.node.jobs.book import CurrentJob, JobBook, state_name, stop_worker
@@ -162,11 +164,47 @@ class JobLauncher:
     def _fail_here(self, job_id: str, reason: str) -> None:
         self.manager.fail(job_id, reason, spread=False)
 
+    def _plan(self, job: Any, stages: int, members: list[MemberInfo]) -> Any:
+        """`job` with its compression plan (docs/design.md 2.15): kept where the job states one
+        (a resumed job, or one its author planned), else chosen from this node's view of the
+        swarm, with the job's own activation size."""
+        if job.is_planned:
+            return job
+        from gwtf.train.costs import activation_bytes
+        from gwtf.train.partition import partition
+
+        ends = [spec.end_layer for spec in partition(job.model.layers, stages)[:-1]]
+        view = swarm_view(members, stages, activation_bytes(job),
+                          member_links(members, self.host.link))
+        uplinks = {m.id: m.uplink_gbps for m in members}
+        plan = swarm_plan(stages, view.activation_bytes,
+                          [(n, uplinks.get(n.id, 0.0)) for n in view.nodes], view.links,
+                          view.intra, job.compression.allow)  # fmt: skip
+        planned = job.planned({end: name for end, name in zip(ends, plan, strict=True)})
+        if any(name != "none" for name in plan):
+            self.host.log.info(
+                "job %s: compresses %s, where the swarm's links bind (now job %s)", job.job_id,
+                ", ".join(f"{name} after block {end}"
+                          for end, name in zip(ends, plan, strict=True) if name != "none"),
+                planned.job_id,
+            )  # fmt: skip
+        return planned
+
     async def _submit(self, job: Any, resume: int = 0) -> job_pb2.SubmitReply:
         from gwtf.train.partition import PartitionError, partition
 
         host = self.host
         records = self.book.records
+        stages = host.num_stages()
+        try:
+            partition(job.model.layers, stages)
+        except PartitionError as err:
+            raise InvalidMessage(f"this swarm has {stages} stages: {err}") from None
+        members = [m for m in host.live_members()]
+        me = host.member(host.node_id)
+        assert me is not None
+        members.append(me)
+        job = self._plan(job, stages, members)
         job_id: str = job.job_id
         done = records.get(job_id)
         if done is not None and done.state == job_pb2.JOB_STATE_COMPLETED:
@@ -183,15 +221,6 @@ class JobLauncher:
                 f"job {active.job_id} is {state_name(records[active.job_id].state)} on "
                 "this swarm; wait for it to end, then submit again",
             )
-        stages = host.num_stages()
-        try:
-            partition(job.model.layers, stages)
-        except PartitionError as err:
-            raise InvalidMessage(f"this swarm has {stages} stages: {err}") from None
-        members = [m for m in host.live_members()]
-        me = host.member(host.node_id)
-        assert me is not None
-        members.append(me)
         by_stage = nodes_by_stage(((m.id, m.stage) for m in members), stages)
         empty = [s for s in range(stages) if not by_stage[s]]
         if empty:

@@ -21,7 +21,7 @@ from gwtf.node.dataplane.tensors import MicrobatchTag, TensorError, TensorSpec
 from gwtf.node.errors import Busy
 from gwtf.node.observe import job_event
 from gwtf.node.worker.runtime import BACKWARD, FORWARD, INJECT, ComputeRuntime
-from gwtf.node.worker.sender import DataPlaneSender
+from gwtf.node.worker.sender import ENCODE_INLINE_BYTES, DataPlaneSender
 from gwtf.node.worker.stage import (
     FORWARD_SHARE,
     Iteration,
@@ -31,6 +31,7 @@ from gwtf.node.worker.stage import (
 )
 from gwtf.recovery import Mode
 from gwtf.train import Corpus, ExecutorError, MicrobatchKey, job_microbatch
+from gwtf.train.codecs import CodecError, pack_specs, unpack
 
 __all__ = ["MicrobatchPipeline"]
 
@@ -67,9 +68,23 @@ class MicrobatchPipeline:
         self.config = ctx.config
         self._metrics = ctx.metrics
         batch = (job.microbatch_size, job.model.seq_len)
-        self._activation = _spec(torch.float32, (*batch, job.model.width))
+        self._shape = (*batch, job.model.width)
         self._labels = _spec(torch.int64, batch)
         self._vocab = job.model.vocab
+        # What arrives: activations through the codec of the boundary above this stage,
+        # gradients through the one below (the job's plan, docs/design.md 2.15).
+        spec = ctx.executor.spec
+        self._codec_in = job.compression.codec_after(spec.first_layer)
+        self._codec_out = job.compression.codec_after(spec.end_layer)
+        self._expected = {
+            "forward": {
+                **{k: _spec(*v) for k, v in pack_specs(self._codec_in, "activation",
+                                                      self._shape).items()},
+                "labels": self._labels,
+            },
+            "backward": {k: _spec(*v) for k, v in pack_specs(self._codec_out, "gradient",
+                                                             self._shape).items()},
+        }  # fmt: skip
 
     # ------------------------------------------------------------------ injecting (holders)
 
@@ -134,10 +149,27 @@ class MicrobatchPipeline:
     def expect(self, tag: MicrobatchTag, name: str) -> TensorSpec | None:
         """What each tensor of an incoming microbatch must be (None: not expected at all)."""
         if tag.direction == "forward" and not self.is_first:
-            return {"activation": self._activation, "labels": self._labels}.get(name)
+            return self._expected["forward"].get(name)
         if tag.direction == "backward" and not self.is_last:
-            return self._activation if name == "gradient" else None
+            return self._expected["backward"].get(name)
         return None
+
+    async def _decoded(self, tag: MicrobatchTag, wire: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The microbatch's float32 activation (and labels) or gradient from what its sender
+        put on the wire; TensorError (INVALID_ARGUMENT) when the parts do not decode to it."""
+        forward = tag.direction == "forward"
+        name, field = (self._codec_in, "activation") if forward else (self._codec_out, "gradient")
+        if name == "none":
+            return wire
+        try:
+            if sum(t.numel() * t.element_size() for t in wire.values()) > ENCODE_INLINE_BYTES:
+                value = await asyncio.to_thread(unpack, name, field, wire, self._shape)
+            else:
+                value = unpack(name, field, wire, self._shape)
+        except CodecError as err:
+            raise TensorError(f"microbatch {tag.microbatch}'s {field} does not decode: {err}"
+                              ) from None
+        return {field: value, "labels": wire["labels"]} if forward else {field: value}
 
     async def on_tensors(self, tag: MicrobatchTag, tensors: dict[str, Tensor]) -> None:
         """The data plane's handler: a microbatch arrived (already checked against `expect`).
@@ -157,14 +189,14 @@ class MicrobatchPipeline:
         await ctx.reach(tag.iteration, tag.round, deadline)
         it = ctx.it
         m = tag.microbatch
-        if set(tensors) != ({"gradient"} if tag.direction == "backward" else
-                            {"activation", "labels"}):
+        if set(tensors) != set(self._expected[tag.direction]):
             raise TensorError(f"microbatch {m} lacks tensors: got {sorted(tensors)}")
+        wire, tensors = tensors, await self._decoded(tag, tensors)
         if tag.direction == "forward":
             await self._take_forward(it, tag, tensors, deadline)
         else:
             self._take_backward(it, tag, tensors["gradient"])
-        self._sender.count_data("received", tag.direction, tensors)
+        self._sender.count_data("received", tag.direction, wire)
 
     async def _take_forward(
         self, it: Iteration, tag: MicrobatchTag, tensors: dict[str, Tensor], deadline: float

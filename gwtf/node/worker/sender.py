@@ -27,6 +27,7 @@ from gwtf.node.rpc.retry import is_final
 from gwtf.node.rpc.transport import is_refused
 from gwtf.node.worker.stage import Iteration, StageContext
 from gwtf.recovery import Mode, Rule
+from gwtf.train.codecs import pack
 from gwtf.v1 import job_pb2
 
 __all__ = ["DataPlaneSender"]
@@ -36,6 +37,15 @@ _SENT, _BUSY, _RETRY, _GIVE_UP = range(4)
 # Sends refused by a node that no longer takes part in the job, before this node has heard that
 # it left or was excluded: with the backoff, several seconds for the news to arrive.
 _UNHEARD_ATTEMPTS = 8
+ENCODE_INLINE_BYTES = 1 << 20
+"""Tensors up to this size are encoded on the event loop (well under a millisecond); larger ones
+in a thread, so that the node keeps answering its peers meanwhile."""
+
+
+def _nbytes(tensors: Mapping[str, Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 SWARM_BAN_S = 30.0
 """With SWARM's routing, how long a peer whose call failed is left out: SWARM keeps the ban
 until the peer's DHT record expires, which its servers renew every 30 s (`update_period`)."""
@@ -54,15 +64,39 @@ class DataPlaneSender:
         self.live_pace: dict[str, float] = {}
         """The seconds per microbatch each next hop said in its last acknowledgement: a share
         cut for a straggler until the flows move (gwtf.job.nexthop.live_weights)."""
+        spec = ctx.executor.spec
+        self.codecs = {
+            "forward": ctx.job.compression.codec_after(spec.end_layer),
+            "backward": ctx.job.compression.codec_after(spec.first_layer),
+        }
+        """The codec of what this stage sends each way: its activations cross the boundary
+        below it, its input gradients the one above (the job's plan, docs/design.md 2.15)."""
+        self.saved_bytes = 0
+        """float32 bytes minus the bytes sent, over every send of this node: what its codecs
+        saved."""
         self._swarm: SwarmBalancer | None = None
         if ctx.host.routing() == "swarm":
             # Seeded by the node and the job: a run's choices depend on what it measures only.
             self._swarm = SwarmBalancer(random.Random(f"{ctx.host.node_id}/{ctx.job_id}"))
 
+    async def _wire(self, direction: str, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        """What goes on the wire of `tensors`: the microbatch's activation or gradient through
+        its boundary's codec (encoded off the event loop when large), the labels as they are."""
+        name = self.codecs[direction]
+        if name == "none":
+            return tensors
+        field = "activation" if direction == "forward" else "gradient"
+        value = tensors[field]
+        if value.numel() * value.element_size() > ENCODE_INLINE_BYTES:
+            parts = await asyncio.to_thread(pack, name, field, value)
+        else:
+            parts = pack(name, field, value)
+        return {**{k: v for k, v in tensors.items() if k != field}, **parts}
+
     def count_data(self, verb: str, direction: str, tensors: Mapping[str, Tensor]) -> None:
         """A microbatch `verb` (sent, received) on the data plane, and its payload bytes."""
         ctx = self._ctx
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        nbytes = _nbytes(tensors)
         ctx.metrics.count(f"gwtf_job_microbatches_{verb}", ctx.job_id, direction)
         ctx.metrics.count(f"gwtf_job_bytes_{verb}", ctx.job_id, direction, nbytes)
         if verb == "sent":
@@ -251,9 +285,10 @@ class DataPlaneSender:
             if delay > 0:
                 await asyncio.sleep(delay)
 
+        wire = await self._wire(direction, tensors)
         try:
             pace_s = await send(
-                ctx.host.data_stub(member), tag, tensors,
+                ctx.host.data_stub(member), tag, wire,
                 timeout=ctx.config.data_timeout_s, delay=wan,
             )
         except aio.AioRpcError as err:
@@ -293,7 +328,11 @@ class DataPlaneSender:
             return _GIVE_UP
         if direction == "forward" and pace_s > 0:
             self.live_pace[target] = pace_s
-        self.count_data("sent", direction, tensors)
+        self.count_data("sent", direction, wire)
+        if wire is not tensors:
+            self.saved_bytes += _nbytes(tensors) - _nbytes(wire)
+            ctx.metrics.count("gwtf_job_bytes_saved", ctx.job_id, direction,
+                              _nbytes(tensors) - _nbytes(wire))
         return _SENT
 
     async def ask_redirect(self, it: Iteration, m: int, downstream: str, mode: Mode) -> None:

@@ -40,7 +40,7 @@ from grpc import aio
 from gwtf.flow.placement import Move, weigh_move
 from gwtf.flow.topology import LinkSpec
 from gwtf.job.iterations import IterationCoordinator, ReportError, StepOrder
-from gwtf.node.control.entry import swarm_view
+from gwtf.node.control.entry import member_links, swarm_view
 from gwtf.node.control.membership import MemberInfo
 from gwtf.node.jobs.host import JobsHost
 from gwtf.v1 import job_pb2
@@ -159,7 +159,7 @@ class MovePlanner:
         if not movable:
             return None
         view = swarm_view(infos.values(), coord.plan.num_stages,
-                          host.activation_bytes(), _links(host, list(infos.values())))
+                          host.activation_bytes(), member_links(list(infos.values()), host.link))
         if self._profile is None:
             from gwtf.train.costs import stage_profile
 
@@ -168,18 +168,6 @@ class MovePlanner:
         move = weigh_move(view, movable, costs, sizes, _donor_link(host, infos),
                           PLACEMENT_HORIZON_S)
         return None if move is None else (move, view.max_flow())
-
-
-def _links(host: JobsHost, infos: list[MemberInfo]) -> dict[frozenset[str], LinkSpec]:
-    """The link matrix's links between the members' locations (none without a matrix)."""
-    out: dict[frozenset[str], LinkSpec] = {}
-    for i, a in enumerate(infos):
-        for b in infos[i + 1:]:
-            if a.location and b.location and a.location != b.location:
-                link = host.link(a, b)
-                if link is not None:
-                    out[frozenset((a.location, b.location))] = link
-    return out
 
 
 def _donor_link(host: JobsHost, infos: Mapping[str, MemberInfo]
