@@ -43,6 +43,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from gwtf.flow.topology import CAP_SCALE
 from gwtf.job.iterations import (
     CommitOrder,
     CommittedReport,
@@ -156,6 +157,8 @@ class JobCoordinator:
         plans them again, in whatever round is in progress then (a node that hears of a death
         later than this one may send microbatches to the dead node until it does)."""
         self._last_progress = time.monotonic()
+        self._longest_wait = 0.0
+        """The longest wait between two progress events while nothing was dead or paused."""
         self._swept = False
         self._paused_since: float | None = None
         self._stopped = False
@@ -181,6 +184,29 @@ class JobCoordinator:
     def moved(self) -> None:
         self._last_progress = time.monotonic()
         self._swept = False
+
+    def progressed(self) -> None:
+        """Work was done (a microbatch finished, a replay, a commit report): the longest wait
+        for it in a calm spell (nothing dead, no pause) is what this swarm takes; `moved`."""
+        if not self.dead and self._paused_since is None:
+            self._longest_wait = max(self._longest_wait, time.monotonic() - self._last_progress)
+        self.moved()
+
+    def stall_limit(self) -> float:
+        """How long an iteration may go without progress before the watchdog acts:
+        `recovery_stall_s`, or longer on a swarm slower than that. On slow links (a kernel-shaped
+        2 Mbit/s uplink, measured: `python -m benchmarks compress-real`) a microbatch's first
+        round trip waits behind every activation queued on the slowest uplink, over 10 s, and
+        a fixed limit started healthy iterations over and over until the job failed. So: three
+        times the longest calm wait for progress seen in this job, and twice the time the
+        flows give an iteration (its microbatches over the holders' flow), whichever is
+        longest."""
+        limit = max(self.stall_s, 3 * self._longest_wait)
+        weights = self.plan.weights
+        flow = sum(weights.values()) / CAP_SCALE if weights else 0.0
+        if flow > 0:
+            limit = max(limit, 2 * self.plan.microbatches / flow)
+        return limit
 
     def live_participants(self) -> dict[str, int]:
         """The participants alive here: live members, and those the job heard from since
@@ -244,13 +270,13 @@ class JobCoordinator:
         flow = request.flow_units if request.flows_settled else None
         self.plan.done(request.sender, request.iteration, request.round,
                        tuple(request.microbatches), flow)
-        self.moved()
+        self.progressed()
         self._try_commit()
 
     def replayed(self, request: job_pb2.ReplayedRequest) -> None:
         self.plan.replayed(request.sender, request.iteration, request.round,
                            request.microbatch, request.stage)
-        self.moved()
+        self.progressed()
         self._try_commit()
 
     def prepared(self, request: job_pb2.PreparedRequest) -> None:
@@ -279,7 +305,7 @@ class JobCoordinator:
             outliers=frozenset(request.outliers),
         )
         outcome = self.plan.prepared(report)
-        self.moved()
+        self.progressed()
         if isinstance(outcome, Outliers):
             factor = self.job.aggregation.norm_factor
             for node, (stage, votes, voters) in sorted(outcome.nodes.items()):
@@ -300,7 +326,7 @@ class JobCoordinator:
 
     def committed(self, report: CommittedReport) -> list[IterationOutcome]:
         outcomes = self.plan.committed(report)
-        self.moved()
+        self.progressed()
         return outcomes
 
     # ------------------------------------------------------------------ the commit
@@ -502,7 +528,8 @@ class JobCoordinator:
             if self._paused_since is not None:
                 self.moved()
                 continue
-            if time.monotonic() - self._last_progress < self.stall_s:
+            limit = self.stall_limit()
+            if time.monotonic() - self._last_progress < limit:
                 continue
             # A stalled round asks its participants where they are: one that follows another
             # coordinator, which went on or has the smaller id (this node took the job over
@@ -513,12 +540,12 @@ class JobCoordinator:
                 self._last_progress = time.monotonic()
                 self.log.warning(
                     "job %s iteration %d made no progress for %.0f s: the dead nodes' ledgers "
-                    "are swept again", self.job_id, self.plan.injecting, self.stall_s,
+                    "are swept again", self.job_id, self.plan.injecting, limit,
                 )
                 for dead, (stage, _) in sorted(self.dead.items()):
                     self.spawn(self.recovery.recover(dead, stage), f"sweep {dead}")
                 continue
-            self._restart(f"no progress for {self.stall_s:.0f} s", stalled=True)
+            self._restart(f"no progress for {limit:.0f} s", stalled=True)
 
     # ------------------------------------------------------------------ joiners
 
