@@ -195,7 +195,7 @@ def delivered(members: Members, plans: Mapping[str, Plan], mode: Mapping[str, st
             head = node.get(peer)
             if head is None:
                 continue
-            terms = link_terms(members, n.location, head.location)
+            terms = link_terms(members, n.location, head.location, n.stage)
             cap = terms.cap_units if terms is not None else 0
             received[peer] += min(rate * x / weight, float(cap))
     return total
@@ -230,7 +230,7 @@ def repair(
     for n in members.nodes:
         if n.stage != me.stage + 1 or n.id == dead or (node_id, n.id) in members.blocked:
             continue
-        terms = link_terms(members, me.location, n.location)
+        terms = link_terms(members, me.location, n.location, me.stage)
         if terms is None:
             continue
         free = min(n.cap_units - through[n.id], terms.cap_units - mine.get(n.id, 0))

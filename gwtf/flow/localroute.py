@@ -121,13 +121,16 @@ class LocalRoute:
         self._clock = clock
         self._solve = solve or solver(hub_slack, balance)
         self._activation_bytes = activation_bytes
+        self._boundary_bytes: tuple[int, ...] | None = None
+        """Bytes per boundary while a job's compression plan holds (docs/design.md 2.15)."""
         self._links = MappingProxyType(dict(links))
         self._intra = intra
         self._view: tuple[NodeSpec, ...] = ()
         self._view_links: Mapping[frozenset[str], LinkSpec] = self._links
         self._blocked: frozenset[tuple[str, str]] = frozenset()
-        self._key: tuple[object, ...] = ((), (), frozenset())
-        """The view, its measured links and its blocked arcs: what a solve depends on."""
+        self._key: tuple[object, ...] = ((), (), frozenset(), None)
+        """The view, its measured links, its blocked arcs and the boundaries' bytes: what a
+        solve depends on."""
         self._changed_at = clock()
         self._unsolved_since = self._changed_at
         """Since when the view held has differed from the one solved."""
@@ -159,7 +162,7 @@ class LocalRoute:
         arcs blocked in them (`gwtf.flow.linkreports`; None: the links given at creation);
         True if the view changed."""
         view = tuple(sorted(records, key=lambda n: (n.stage, n.id)))
-        key = (view, links.key() if links is not None else (), blocked)
+        key = (view, links.key() if links is not None else (), blocked, self._boundary_bytes)
         if key == self._key:
             return False
         if self._key == self._solved:
@@ -173,6 +176,20 @@ class LocalRoute:
             for gone in sorted(n.id for n in self._members.nodes
                                if n.id != self.node_id and (n.id, n.stage) not in now):
                 self.lost(gone)
+        self._changed_at = self._clock()
+        self.view_changes += 1
+        return True
+
+    def set_boundary_bytes(self, sizes: tuple[int, ...] | None) -> bool:
+        """The bytes each boundary sends per microbatch (a job's compression plan; None: the
+        activation bytes everywhere): arcs are priced with them from the next solve on. True if
+        they changed."""
+        if sizes == self._boundary_bytes:
+            return False
+        self._boundary_bytes = sizes
+        if self._key == self._solved:
+            self._unsolved_since = self._clock()
+        self._key = (*self._key[:3], sizes)
         self._changed_at = self._clock()
         self.view_changes += 1
         return True
@@ -264,7 +281,8 @@ class LocalRoute:
 
     def _records(self, view: tuple[NodeSpec, ...]) -> Members:
         return Members(
-            self._activation_bytes, view, self._view_links, self._intra, self._blocked
+            self._activation_bytes, view, self._view_links, self._intra, self._blocked,
+            self._boundary_bytes,
         )
 
     def _adopt(self, members: Members, flows: Mapping[tuple[str, str], int]) -> None:
@@ -330,7 +348,7 @@ class LocalRoute:
             link = self._intra if n.location == me.location else self._view_links.get(
                 frozenset((me.location, n.location))
             )
-            terms = link_terms(self._records(()), me.location, n.location)
+            terms = link_terms(self._records(()), me.location, n.location, me.stage)
             if link is None or terms is None:
                 continue
             arcs.append(OutArc(n.id, n.compute_s, link, terms, self._mine.get(n.id, 0)))

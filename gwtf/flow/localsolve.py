@@ -72,12 +72,13 @@ class LinkTerms:
     cap_units: int
 
 
-def link_terms(members: Members, loc_a: str, loc_b: str) -> LinkTerms | None:
-    """The link terms between two locations (None when they are not joined)."""
+def link_terms(members: Members, loc_a: str, loc_b: str, stage: int = 0) -> LinkTerms | None:
+    """The link terms between two locations (None when they are not joined), for an arc from
+    `stage` to the next (whose bytes a compression plan may set)."""
     link = members.intra if loc_a == loc_b else members.links.get(frozenset((loc_a, loc_b)))
     if link is None:
         return None
-    act = members.activation_bytes
+    act = members.bytes_at(stage)
     bw = link.bandwidth_gbps
     return LinkTerms(link.rtt_ms / 2000, act * 8 / (bw * 1e9), cap_to_units(bw * 1e9 / 8 / act))
 
@@ -125,12 +126,14 @@ class _Terms:
 
     def __init__(self, members: Members) -> None:
         self._members = members
-        self._cache: dict[tuple[str, str], LinkTerms | None] = {}
+        self._cache: dict[tuple[str, str, int], LinkTerms | None] = {}
+        # Without a plan every stage's arcs have the same terms: one cache entry per pair.
+        self._per_stage = members.boundary_bytes is not None
 
-    def __call__(self, a: str, b: str) -> LinkTerms | None:
-        key = (a, b)
+    def __call__(self, a: str, b: str, stage: int) -> LinkTerms | None:
+        key = (a, b, stage if self._per_stage else 0)
         if key not in self._cache:
-            self._cache[key] = link_terms(self._members, a, b)
+            self._cache[key] = link_terms(self._members, a, b, key[2])
         return self._cache[key]
 
 
@@ -226,7 +229,7 @@ def _network(
             tail = cells[c]
             for d in by_stage[stage + 1]:
                 head = cells[d]
-                t = terms(tail.location, head.location)
+                t = terms(tail.location, head.location, stage)
                 if t is None or t.cap_units == 0:
                     continue
                 blocked = _blocked_between(members, cell_of, c, d, solo_cells)
@@ -408,7 +411,7 @@ def _node_split(
     blocked = members.blocked
     for (a, b), x in sorted(amount.items()):
         ga, gb = groups[a], groups[b]
-        t = terms(where[ga.members[0]], where[gb.members[0]])
+        t = terms(where[ga.members[0]], where[gb.members[0]], ga.stage)
         if x <= 0 or t is None:
             continue
         u = t.cap_units
@@ -541,7 +544,7 @@ def evaluate(
     )
     cost: dict[tuple[str, str], float] = {}
     for (s, d), _ in ordered:
-        t = terms(node[s].location, node[d].location)
+        t = terms(node[s].location, node[d].location, node[s].stage)
         if t is None:
             raise ValueError(f"flow on arc {s!r}->{d!r}, which is not in the topology")
         cost[(s, d)] = _arc_cost(node[s].compute_s, node[d].compute_s, t)

@@ -918,6 +918,13 @@ class Members:
     links: Mapping[frozenset[str], LinkSpec]
     intra: LinkSpec
     blocked: frozenset[tuple[str, str]]
+    boundary_bytes: tuple[int, ...] | None = None
+    """Bytes per boundary (a compression plan, docs/design.md 2.15); None: activation_bytes."""
+
+    def bytes_at(self, stage: int) -> int:
+        """Bytes an arc from `stage` to the next sends per microbatch (as Topology's)."""
+        sizes = self.boundary_bytes
+        return self.activation_bytes if sizes is None or stage >= len(sizes) else sizes[stage]
 
     @classmethod
     def of(cls, topology: Topology) -> Members:
@@ -927,6 +934,7 @@ class Members:
             MappingProxyType(dict(topology.links)),
             topology.intra,
             topology.blocked,
+            topology._boundary_bytes,
         )
 
 

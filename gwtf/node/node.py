@@ -324,6 +324,9 @@ class Node:
     def routing(self) -> str:
         return self.swarm.routing
 
+    def compress(self, codecs: tuple[str, ...] | None) -> None:
+        self._flows.compress(codecs)
+
     def move_to(self, stage: int, note: str) -> None:
         """The job coordinator moved this node to `stage` (docs/design.md 2.11): whoever runs
         the node (`gwtf node`) leaves the swarm and starts a new incarnation there

@@ -40,7 +40,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
     logs = tmp_path_factory.mktemp("compression")
     with LocalSwarm(logs, heartbeat_s=0.25, failure_timeout_s=5.0, train=True,
                     extra=("--uplink-mbps", "4")) as s:  # fmt: skip
-        s.start(NODES, num_stages=3)
+        s.start(NODES, 3, "--activation-bytes", "131072")
         everyone = {n[0] for n in NODES}
 
         def formed() -> bool:
@@ -82,6 +82,12 @@ def test_the_swarm_plans_8_bit_where_its_links_bind_and_equals_the_reference(
     # Both boundaries are between stages here, so the codecs ran on the wire only: float32
     # there would have given the uncompressed reference.
     assert result.param_checksum != train_reference(job).param_checksum
+    # While the plan held, the routing priced the boundaries with the codec's bytes, and a
+    # stage-1 node's record said what its 4 Mbit/s uplink carries of them (7.2 microbatches/s
+    # where float32 gives 1.9); at the job's end it said float32's again.
+    said = swarm.procs["a0"].log.read_text()
+    assert "routes: boundaries send [34816, 34816] bytes a microbatch; capacity 7.18" in said
+    assert "routes: boundaries send 131072 bytes a microbatch; capacity 1.91" in said
 
 
 def _bad(address: str, job_id: str) -> list[tuple[grpc.StatusCode, str]]:

@@ -64,6 +64,24 @@ def test_hubs_keep_the_flow_and_the_cost(seed: int) -> None:
     assert cost_units(topo, solved.flows) <= oracle_cost_units(topo, oracle) * (1 + 1e-6) + 10
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_bytes_per_boundary_are_priced_as_the_oracle_prices_them(seed: int) -> None:
+    """A compression plan (docs/design.md 2.15): each boundary's arcs carry its own bytes; the
+    local solve reads them from Members as the oracle from the Topology."""
+    topo = random_case(seed)
+    rng = np.random.default_rng(seed)
+    sizes = tuple(int(topo.activation_bytes / rng.choice([1.0, 3.76, 7.1]))
+                  for _ in range(topo.num_stages - 1))
+    planned = topo.with_boundary_bytes(sizes)
+    oracle = solve_oracle(planned)
+    solved = solve_members(Members.of(planned), hub_slack=None)
+    assert feasibility_violations(planned, solved.flows) == []
+    assert value_units(planned, solved.flows) == oracle.flow_value_units
+    assert cost_units(planned, solved.flows) == oracle_cost_units(planned, oracle)
+    fewer = topo.with_boundary_bytes([max(1, s // 10) for s in sizes])
+    assert solve_oracle(fewer).flow_value_units >= solve_oracle(topo).flow_value_units
+
+
 def test_geo10_matches_the_oracle() -> None:
     topo = geo10(np.random.default_rng(3), 200, 8)
     oracle = solve_oracle(topo)

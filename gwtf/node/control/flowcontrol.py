@@ -272,6 +272,18 @@ class FlowControl:
         )
         self.after_change()
 
+    def compress(self, codecs: tuple[str, ...] | None) -> None:
+        """A job's compression plan (one codec per boundary; None: none) prices the local
+        routing's arcs (docs/design.md 2.15); the relaxation keeps the swarm's bytes."""
+        if self.local is None:
+            return
+        from gwtf.flow.compression import boundary_sizes
+
+        sizes = None
+        if codecs is not None and any(c != "none" for c in codecs):
+            sizes = boundary_sizes(self._state.swarm.activation_bytes, codecs)
+        self.local.compress(sizes)
+
     def routes(self) -> dict[str, int]:
         """Flow units to each next-stage peer: what the data plane splits microbatches by."""
         local = self.local

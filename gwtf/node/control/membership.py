@@ -52,6 +52,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from gwtf.flow.compression import uplink_capacity
 from gwtf.flow.linkreports import LinkReport
 from gwtf.flow.topology import access_capacity
 
@@ -59,13 +60,19 @@ __all__ = ["Gossip", "MemberEvent", "MemberInfo", "Membership", "State", "member
 
 
 def member_capacity(
-    compute_s: float, stage: int, uplink_gbps: float, num_stages: int, activation_bytes: int
+    compute_s: float, stage: int, uplink_gbps: float, num_stages: int, activation_bytes: int,
+    boundary_bytes: tuple[int, ...] | None = None,
 ) -> float:
     """A member's capacity in microbatches/s: its compute, and the uplink its operator declared
     (`--uplink-mbps`; 0: not said, no bound), which every microbatch crosses once per
-    neighbouring stage (gwtf.flow.topology.access_capacity, as the simulator's)."""
-    access = (access_capacity(uplink_gbps, stage, num_stages, activation_bytes)
-              if uplink_gbps > 0 else math.inf)
+    neighbouring stage (gwtf.flow.topology.access_capacity, as the simulator's), with the bytes
+    of a job's compression plan where one holds (`boundary_bytes`, docs/design.md 2.15)."""
+    if uplink_gbps <= 0:
+        access = math.inf
+    elif boundary_bytes is not None:
+        access = uplink_capacity(uplink_gbps, stage, boundary_bytes)
+    else:
+        access = access_capacity(uplink_gbps, stage, num_stages, activation_bytes)
     return min(1.0 / compute_s, access)
 
 WATCH = 6
@@ -233,6 +240,16 @@ class Membership:
         self._me = replace(
             self._me, compute_s=compute_s, capacity=capacity, revision=self._me.revision + 1,
         )
+        self._spread(self._me.id)
+        return True
+
+    def set_capacity(self, capacity: float) -> bool:
+        """This node's capacity changed at the same pace (a job's compression plan changed
+        what its uplink carries): a new revision of its record, spread as news. True if it
+        changed."""
+        if capacity == self._me.capacity:
+            return False
+        self._me = replace(self._me, capacity=capacity, revision=self._me.revision + 1)
         self._spread(self._me.id)
         return True
 

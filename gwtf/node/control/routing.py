@@ -78,6 +78,8 @@ class LocalRouting:
             clock=state.clock,
         )
         self._links = SiteLinks({}, self._base, self._default)
+        self.boundary_bytes: tuple[int, ...] | None = None
+        """The bytes each boundary sends while a job's compression plan holds here."""
         self._reports: dict[str, LinkReport] = {}
         self._blocked: set[str] = set()
         self._explore_round = 0
@@ -106,6 +108,27 @@ class LocalRouting:
                                      self.route.routes() or "none")
                 self._probe_next_hops()
             self._view_changed.set()
+
+    def compress(self, sizes: tuple[int, ...] | None) -> None:
+        """A job's compression plan holds here (`sizes`: the bytes each boundary sends per
+        microbatch) or no longer (None): arcs are priced with those bytes from the next solve
+        on, and this node's record states what its uplink carries of them (docs/design.md
+        2.15). Every participant of the job does the same, so their solves agree."""
+        if sizes == self.boundary_bytes:
+            return
+        self.boundary_bytes = sizes
+        state = self._state
+        me, swarm = state.members.me, state.swarm
+        state.members.set_capacity(member_capacity(
+            me.compute_s, me.stage, me.uplink_gbps, swarm.num_stages, swarm.activation_bytes,
+            sizes,
+        ))  # fmt: skip
+        self.route.set_boundary_bytes(sizes)
+        state.log.info("routes: boundaries send %s bytes a microbatch; capacity %.2f mb/s",
+                       list(sizes) if sizes else swarm.activation_bytes,
+                       state.members.me.capacity)  # fmt: skip
+        self.update_view()
+        self._view_changed.set()
 
     def member_down(self, member: MemberInfo) -> None:
         """`member` died or left: repair at once if it was a next hop, then a new view."""
@@ -227,7 +250,7 @@ class LocalRouting:
         members = state.members
         me, swarm = members.me, state.swarm
         if members.set_pace(due, member_capacity(due, me.stage, me.uplink_gbps, swarm.num_stages,
-                                                 swarm.activation_bytes)):
+                                                 swarm.activation_bytes, self.boundary_bytes)):
             state.log.info(
                 "pace: %.4f s per microbatch measured, the record said %.4f (spread %.0f%%, "
                 "running %.0f%% of the time): record revision %d, capacity %.2f mb/s; the next "

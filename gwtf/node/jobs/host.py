@@ -71,6 +71,11 @@ class JobsHost(Protocol):
         """How the swarm routes (`SwarmSettings.routing`)."""
         ...
 
+    def compress(self, codecs: tuple[str, ...] | None) -> None:
+        """A job's compression plan holds here (one codec per boundary) or no longer (None):
+        the routing prices arcs with its bytes (docs/design.md 2.15)."""
+        ...
+
     def move_to(self, stage: int, note: str) -> None:
         """The job coordinator moved this node to `stage` (docs/design.md 2.11) and its worker
         stopped: leave the swarm gracefully and enter it again at `stage`, logging `note`."""

@@ -671,6 +671,9 @@ class _WorkerHost:
     def routing(self) -> str:
         return self._host.routing()
 
+    def compress(self, codecs: tuple[str, ...] | None) -> None:
+        self._host.compress(codecs)
+
     def observe_compute(self, kind: str, started: float, ended: float,
                         device_s: float | None = None) -> None:
         self._host.observe_compute(kind, started, ended, device_s)

@@ -134,6 +134,11 @@ class WorkerHost(Protocol):
         next hops as SWARM does (gwtf.job.swarmroute), any other by the flows."""
         ...
 
+    def compress(self, codecs: tuple[str, ...] | None) -> None:
+        """The job's compression plan, one codec per boundary, holds here (None: no longer):
+        the node's routing prices arcs with its bytes (docs/design.md 2.15)."""
+        ...
+
     def observe_compute(self, kind: str, started: float, ended: float,
                         device_s: float | None = None) -> None:
         """A forward or backward of this stage ran from `started` to `ended` (monotonic

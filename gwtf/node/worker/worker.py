@@ -105,6 +105,7 @@ from gwtf.node.worker.stage import (
 from gwtf.recovery import Ledger, NeighbourReport
 from gwtf.train import Corpus, JobConfig, StageExecutor, job_corpus
 from gwtf.train.device import Placement
+from gwtf.train.partition import partition
 from gwtf.v1 import job_pb2
 
 __all__ = ["LastStep", "StageWorker", "WorkerConfig", "WorkerHost", "WorkerStopped"]
@@ -247,11 +248,19 @@ class StageWorker:
         equal)."""
         ctx = self._ctx
         self._since = time.monotonic()
+        self.host.compress(self._codecs())
         ctx.participants.update(participants)
         ctx.it.round = round_
         ctx.started.set()
         ctx.spawn(self._commit.snapshot_start(), "snapshot of the start")
         self._pipeline.begin(holders, weights)
+
+    def _codecs(self) -> tuple[str, ...] | None:
+        """The plan's codec at each boundary between this swarm's stages (None: all none)."""
+        spec = self.executor.spec
+        ends = [s.end_layer for s in partition(self.job.model.layers, spec.num_stages)[:-1]]
+        codecs = tuple(self.job.compression.codec_after(end) for end in ends)
+        return codecs if any(c != "none" for c in codecs) else None
 
     def boundaries(self, declared: Sequence[int], floor: int, start: int) -> None:
         """The job's declared periodic boundaries, floor and first iteration (docs/design.md
@@ -293,6 +302,7 @@ class StageWorker:
             return
         ctx.stopped = True
         ctx.signal()
+        self.host.compress(None)
         stats = self.executor.stats
         wall = time.monotonic() - self._since
         busy_s = self._runtime.busy_s
