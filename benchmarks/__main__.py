@@ -39,6 +39,7 @@ BENCHMARKS = {
     "snapshots": "benchmarks.snapshots_node",
     "stragglers": "benchmarks.stragglers",
     "versus": "benchmarks.versus",
+    "compression": "benchmarks.compression",
     "compress-real": "benchmarks.compress_real",
 }
 
