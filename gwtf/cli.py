@@ -618,8 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--policy",
         metavar="P[,P...]",
-        help="policies to run: gwtf, gwtf-fixed, swarm, swarm-rebalance, swarm-routing, dtfm, "
-        "oracle (default: the scenario's list)",
+        help="policies to run: gwtf, gwtf-fixed, gwtf-uncompressed, swarm, swarm-rebalance, "
+        "swarm-routing, dtfm, oracle (default: the scenario's list)",
     )
     simulate.add_argument(
         "--seed", type=int, default=None, metavar="N",

@@ -7,6 +7,7 @@
   rules, SWARM's losses, dtfm's restarts, shipped partial sums, stage snapshots, the client's
   checkpoints), `network`, `exchange` and `costs` around it;
 - `policies`: gwtf, oracle, swarm, swarm-rebalance, swarm-routing, dtfm, with `routing/` (how
-  each routes);
+  each routes), and `compression` (what each sends across a stage boundary where a scenario
+  compresses: the bytes, the codecs' compute, the plan);
 - `report`: JSON, CSV and PNG outputs; `cli`: the command (runs a scenario's policies).
 """

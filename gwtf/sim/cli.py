@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gwtf.sim.policies import simulation
-from gwtf.sim.scenario import POLICIES, Scenario, ScenarioError, load_scenario
+from gwtf.sim.scenario import KNOWN_POLICIES, Scenario, ScenarioError, load_scenario
 from gwtf.sim.simulator import SimResult
 
 __all__ = ["parse_policies", "run_scenario", "run_simulate"]
@@ -23,12 +23,12 @@ def parse_policies(text: str | None, scenario: Scenario) -> list[str]:
         return list(scenario.policies)
     names = [p.strip() for p in text.split(",") if p.strip()]
     for name in names:
-        if name not in POLICIES:
+        if name not in KNOWN_POLICIES:
             raise ScenarioError(
-                f"unknown policy {name!r}; use one or more of {', '.join(POLICIES)}"
+                f"unknown policy {name!r}; use one or more of {', '.join(KNOWN_POLICIES)}"
             )
     if not names:
-        raise ScenarioError("--policy is empty; give one or more of " + ", ".join(POLICIES))
+        raise ScenarioError("--policy is empty; give one or more of " + ", ".join(KNOWN_POLICIES))
     return names
 
 

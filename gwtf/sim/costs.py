@@ -16,8 +16,9 @@ __all__ = ["allreduce_s", "hop_estimate"]
 def hop_estimate(sc: Scenario) -> float:
     """A typical hop of an activation: the median link, at the median machine's access link
     where nodes have them (a home uplink, not the WAN path, is then what a microbatch waits
-    for, and it decides how long memory slots stay taken)."""
-    act = sc.activation_bytes
+    for, and it decides how long memory slots stay taken); a compressed plan's median boundary
+    bytes."""
+    act = statistics.median(sc.boundary_bytes) if sc.boundary_bytes else sc.activation_bytes
     infos = sc.nodes.values()
     access = min(statistics.median(i.uplink_gbps for i in infos),
                  statistics.median(i.downlink_gbps for i in infos)) if infos else math.inf

@@ -195,6 +195,9 @@ class SimResult:
     """Joiners' states that steps made stale, caught up with the steps (3.8)."""
     refetches: int = 0
     """Joiners' states that steps made stale, fetched again whole."""
+    codecs: tuple[str, ...] = ()
+    """The codec of each stage boundary the policy sent with, where the scenario compresses
+    (gwtf/sim/compression.py); empty where it does not."""
 
     @property
     def rolled_back_iterations(self) -> int:
@@ -247,4 +250,4 @@ class SimResult:
             "catch_ups": self.catch_ups,
             "refetches": self.refetches,
             "failed": self.failed,
-        }
+        } | ({"codecs": list(self.codecs)} if self.codecs else {})

@@ -22,6 +22,9 @@ data holder inject, when is a crash noticed, what happens then) and keeps its ow
   with the least when that raises the minimum (the move takes effect at the next iteration
   boundary, after the state download). `swarm-routing`: SWARM's routing under gwtf's recovery
   rules and exact commit, as `gwtf node --routing swarm` runs it.
+- `gwtf-uncompressed`: `gwtf` sending every boundary uncompressed where the scenario compresses
+  (`gwtf.sim.compression`: there the gwtf policies and the oracle plan codecs per boundary and the
+  swarm ones send 8-bit everywhere), to compare against on the same scenario.
 - `dtfm`: a schedule computed once (`gwtf.sim.routing.baselines.dtfm_schedule`); pipeline
   heads inject equal shares; a crash of a scheduled node loses the iteration, and the job
   restarts after `restart_delay_s` with a schedule recomputed for the live nodes (joiners wait
@@ -45,6 +48,7 @@ from gwtf.job.iterations import assign
 from gwtf.job.nexthop import live_weights, next_hop_weights
 from gwtf.job.swarmroute import SwarmBalancer
 from gwtf.sim.churn import Churn
+from gwtf.sim.compression import for_policy, route_view
 from gwtf.sim.costs import allreduce_s
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import MB, Iteration, SimNode
@@ -104,7 +108,7 @@ class Policy:
 
     def _cheapest(self, source: SimNode, stage: int, *, upstream: bool) -> SimNode | None:
         sim = self.sim
-        act = sim.sc.activation_bytes
+        act = sim.sc.boundary(stage - 1 if stage > 0 else 0)
         best = None
         best_cost = math.inf
         for node in sim.active_nodes(stage):
@@ -318,6 +322,9 @@ class GwtfPolicy(_FlowPolicy):
         self.changes = 0
         self.weighed = -1  # the first commit weighs the swarm as it started
         self.mover: SimNode | None = None
+        self.view = route_view(sim.sc)
+        """Placement's view of the boundaries' bytes (gwtf.sim.compression.RouteView)."""
+        self.locations = sorted({i.location for i in sim.sc.nodes.values()})
         self.router: LocalRouting | RelaxRouting = (
             LocalRouting(sim) if sim.sc.routing == "local"
             else RelaxRouting(sim, placement=placement)
@@ -359,7 +366,8 @@ class GwtfPolicy(_FlowPolicy):
     # -- placement (gwtf.flow.placement, docs/design.md 2.11)
     def _seat(self, info: NodeInfo, stage: int) -> NodeSpec:
         sim = self.sim
-        return NodeSpec.make(info.id, stage, sim.sc.compute_s(info, stage), info.location,
+        return NodeSpec.make(info.id, stage, sim.sc.compute_s(info, stage),
+                             self.view.location(info.location, stage),
                              sim.capacity_at(info, stage))
 
     def _swarm(self) -> Swarm:
@@ -369,7 +377,8 @@ class GwtfPolicy(_FlowPolicy):
         nodes = tuple(self._seat(n.info, n.stage) for n in sorted(sim.nodes.values(),
                                                                   key=lambda n: n.id)
                       if not n.detected)
-        return Swarm(sim.S, sim.sc.activation_bytes, nodes, dict(sim.links), sim.sc.intra)
+        links = self.view.links(sim.links, sim.sc.intra, self.locations)
+        return Swarm(sim.S, self.view.activation_bytes, nodes, links, sim.sc.intra)
 
     def _movable(self) -> dict[str, Seat]:
         """The nodes that may move: those whose stage keeps another live node (a node checks
@@ -646,10 +655,12 @@ class DtfmPolicy(Policy):
 
 
 def simulation(scenario: Scenario, policy_name: str, seed: int | None = None) -> Simulation:
-    """The simulation of `scenario` under the policy named `policy_name` (gwtf, oracle, swarm,
-    swarm-rebalance, swarm-routing or dtfm)."""
-    return Simulation(scenario, policy_name, seed, make_policy=lambda sim, name: make_policy(
-        name, sim), make_shipping=Shipper, make_recovery=_recovery, make_churn=Churn)
+    """The simulation of `scenario` under the policy named `policy_name` (gwtf, gwtf-fixed,
+    gwtf-uncompressed, oracle, swarm, swarm-rebalance, swarm-routing or dtfm), with the codecs
+    that policy sends where the scenario compresses (`gwtf.sim.compression.for_policy`)."""
+    return Simulation(for_policy(scenario, policy_name), policy_name, seed,
+                      make_policy=lambda sim, name: make_policy(name, sim),
+                      make_shipping=Shipper, make_recovery=_recovery, make_churn=Churn)
 
 
 def _recovery(sim: Simulation) -> RuleRecovery:
@@ -660,7 +671,7 @@ def _recovery(sim: Simulation) -> RuleRecovery:
 
 
 def make_policy(name: str, sim: Simulation) -> Policy:
-    if name == "gwtf":
+    if name in ("gwtf", "gwtf-uncompressed"):
         return GwtfPolicy(sim)
     if name == "gwtf-fixed":
         return GwtfPolicy(sim, placement=False)

@@ -24,7 +24,7 @@ def summary_document(scenario: Scenario, seed: int, results: Sequence[SimResult]
         "iterations": scenario.iterations,
         "microbatches_per_iteration": scenario.microbatches_per_iteration,
         "policies": {r.policy: r.summary() for r in results},
-    }
+    } | ({"compression": list(scenario.compression)} if scenario.compression else {})
 
 
 def write_outputs(

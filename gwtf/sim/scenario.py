@@ -91,6 +91,14 @@ Layout (every key but the ones marked required has a default; unknown keys are e
     swarm_refresh_s = 30.0
     dtfm_search_evaluations = 4000
 
+    [compression]                       # activation compression at stage boundaries (default:
+    allow = ["int8"]                    # none; gwtf/sim/compression.py): the codecs the job
+                                        # allows (int8, int4); the planning policies choose per
+                                        # boundary, the swarm ones send int8 everywhere, and
+                                        # "gwtf-uncompressed" joins the default policies
+    codec_cost = 1.0                    # the codecs' compute, times the CPU figure measured
+                                        # (compression.CODEC_S_PER_BYTE; 0: free)
+
 Compute per stage, `compute = "measured"`: a V100 trains Transformer-XL large (257 M
 parameters) at the measured `transformerxl_large_tok_per_s` of
 gwtf/data/gpu_train_throughput.csv, i.e. 6 * 257e6 * tok/s FLOP/s at 6 FLOP per parameter per
@@ -117,6 +125,7 @@ from typing import Any
 
 import numpy as np
 
+from gwtf.flow.compression import CODECS
 from gwtf.flow.generate import GPU_FILE, data_path
 from gwtf.flow.topology import LinkSpec, TopologyError, load_link_matrix
 from gwtf.job.catchup import CATCH_UP_STEPS
@@ -130,6 +139,8 @@ from gwtf.sim.traces import (
 )
 
 __all__ = [
+    "KNOWN_POLICIES",
+    "LOSSY_CODECS",
     "POLICIES",
     "ROUTINGS",
     "TXL_LARGE_PARAMS",
@@ -142,6 +153,11 @@ __all__ = [
 ]
 
 POLICIES = ("gwtf", "gwtf-fixed", "swarm", "swarm-rebalance", "swarm-routing", "dtfm", "oracle")
+"""The policies a scenario runs unless it names them (with `gwtf-uncompressed` added where the
+scenario compresses)."""
+KNOWN_POLICIES = (*POLICIES, "gwtf-uncompressed")
+"""Every policy a scenario or `gwtf simulate --policy` may name."""
+LOSSY_CODECS = tuple(name for name, codec in CODECS.items() if not codec.lossless)
 ROUTINGS = ("local", "relax")
 """How the gwtf policies route (`Scenario.routing`), as `gwtf node --routing`."""
 TXL_LARGE_PARAMS = 257e6
@@ -233,10 +249,31 @@ class Scenario:
     client_uplink_gbps: float = math.inf
     client_downlink_gbps: float = math.inf
     client_resume_within_s: float = 600.0
+    compression: tuple[str, ...] = ()
+    """The codecs the job allows at stage boundaries (`[compression] allow`; empty: off)."""
+    codec_plan: tuple[str, ...] = ()
+    """The codec of each boundary as the policy simulated sends (gwtf/sim/compression.py sets
+    it per policy; empty: none anywhere)."""
+    boundary_bytes: tuple[int, ...] = ()
+    """Bytes one microbatch sends across each boundary under `codec_plan` (empty: the
+    activation's, everywhere)."""
+    codec_s: tuple[float, ...] = ()
+    """Per stage, seconds of encoding and decoding per microbatch under `codec_plan`."""
+    codec_cost: float = 1.0
+    """The codecs' compute as a multiple of the CPU figure measured (`[compression]
+    codec_cost`; 0: free, as on an accelerator)."""
 
     def compute_s(self, node: NodeInfo, stage: int | None = None) -> float:
-        """Seconds of forward + backward per microbatch of `node` at `stage` (default: its own)."""
-        return self.compute_s_v100[node.stage if stage is None else stage] / node.speed
+        """Seconds of forward + backward per microbatch of `node` at `stage` (default: its own),
+        with the codecs' encoding and decoding there (`codec_s`)."""
+        at = node.stage if stage is None else stage
+        if self.codec_s:
+            return self.compute_s_v100[at] / node.speed + self.codec_s[at]
+        return self.compute_s_v100[at] / node.speed
+
+    def boundary(self, k: int) -> int:
+        """Bytes one microbatch sends across boundary k (between stages k and k+1), each way."""
+        return self.boundary_bytes[k] if self.boundary_bytes else self.activation_bytes
 
     def link(self, loc_a: str, loc_b: str) -> LinkSpec | None:
         if loc_a == loc_b:
@@ -266,7 +303,7 @@ def gpu_table() -> dict[str, tuple[float, float]]:
 # -- parsing helpers ------------------------------------------------------------------------
 
 _TOP = ("name", "description", "seed", "duration_s", "model", "training", "network", "nodes",
-        "churn", "drift", "control", "policies", "client")
+        "churn", "drift", "control", "policies", "client", "compression")
 _SECTIONS = {
     "model": ("stages", "params_per_stage", "tokens_per_microbatch", "hidden_size",
               "activation_dtype_bytes", "grad_bytes_per_param", "state_bytes_per_param",
@@ -285,6 +322,7 @@ _SECTIONS = {
                  "swarm_refresh_s", "dtfm_search_evaluations"),
     "client": ("checkpoint_every", "location", "uplink_gbps", "downlink_gbps",
                "resume_within_s"),
+    "compression": ("allow", "codec_cost"),
 }
 
 
@@ -700,12 +738,19 @@ def parse_scenario(
     if client_location and client_location not in all_locations:
         raise ScenarioError(f"{where} [client]: location {client_location!r} is not in the "
                             "network matrix")
+    codecs = _section(where, doc, "compression")
+    compression = codecs.strings("allow")
+    for codec in compression:
+        if codec not in LOSSY_CODECS:
+            raise ScenarioError(f"{where} [compression]: unknown codec {codec!r} in 'allow'; "
+                                f"use {', '.join(LOSSY_CODECS)}")
+    compression = tuple(sorted(set(compression), key=LOSSY_CODECS.index))
     pol = _section(where, doc, "policies")
-    names = pol.strings("names", POLICIES)
+    names = pol.strings("names", POLICIES + (("gwtf-uncompressed",) if compression else ()))
     for policy in names:
-        if policy not in POLICIES:
+        if policy not in KNOWN_POLICIES:
             raise ScenarioError(
-                f"{where} [policies]: unknown policy {policy!r}; use {', '.join(POLICIES)}"
+                f"{where} [policies]: unknown policy {policy!r}; use {', '.join(KNOWN_POLICIES)}"
             )
     return Scenario(
         name=name,
@@ -756,4 +801,6 @@ def parse_scenario(
         client_downlink_gbps=client.number("downlink_gbps", positive=True)
         if "downlink_gbps" in client.table else math.inf,
         client_resume_within_s=client.number("resume_within_s", 600.0, positive=True),
+        compression=compression,
+        codec_cost=codecs.number("codec_cost", 1.0),
     )

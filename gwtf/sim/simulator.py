@@ -9,7 +9,8 @@ What is simulated (docs/design.md 5):
 - Links (gwtf/sim/network.py): a send from i to j waits for the pair's previous send to finish
   (and, where nodes have access links, for i's uplink and j's downlink), takes
   `bytes * 8 / bandwidth`, then arrives one-way latency (RTT / 2) later. Activations and gradients
-  have the scenario's activation size; flow control messages `message_bytes`.
+  have their boundary's size (`Scenario.boundary`: the activation's, or a codec's parts where the
+  policy compresses, gwtf/sim/compression.py); flow control messages `message_bytes`.
 - Iterations: the data holders inject the iteration's microbatches (the flow policies through a
   token bucket at the holder's out-rate, burst = its memory slots; swarm and dtfm whenever a slot
   is free, which is how they work); when every one is finished
@@ -38,8 +39,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, TopologyError, access_capacity
+from gwtf.flow.topology import LinkSpec, NodeSpec, Topology, TopologyError
 from gwtf.recovery import CrashPlan, Rule
+from gwtf.sim.compression import access_bound, flow_topology
 from gwtf.sim.costs import allreduce_s, hop_estimate
 from gwtf.sim.engine import Engine, EventSink, Kind, returns_events
 from gwtf.sim.entities import (
@@ -289,9 +291,8 @@ class Simulation:
         residence = compute_s + sum(self._medians[s + 1:]) + 2 * (self.S - 1 - s) * \
             self.hop_estimate
         # Access links: a microbatch crosses the node's uplink once per neighbouring stage (the
-        # activation down, the gradient up) and its downlink as often.
-        access = access_capacity(min(info.uplink_gbps, info.downlink_gbps), s, self.S,
-                                 self.sc.activation_bytes)
+        # activation down, the gradient up, at that boundary's bytes) and its downlink as often.
+        access = access_bound(self.sc, info, s)
         return min(1.0 / compute_s, self.sc.memory_slots / residence, access)
 
     def active_nodes(self, stage: int | None = None) -> list[SimNode]:
@@ -305,8 +306,7 @@ class Simulation:
         if len({n.stage for n in nodes}) < self.S:
             return None
         try:
-            return Topology.build(self.sc.activation_bytes, nodes, dict(self.links),
-                                  self.sc.intra)
+            return flow_topology(self.sc, nodes, self.links)
         except TopologyError:
             return None
 
@@ -411,6 +411,7 @@ class Simulation:
             rollbacks=self.rollbacks,
             failed=self.failed,
             snapshots=self.recovery.snapshot_totals(),
+            codecs=sc.codec_plan,
         )
 
     @returns_events

@@ -338,7 +338,7 @@ class RuleRecovery:
                 if down.alive and mb.st[s + 1] == DONE:
                     mb.g_inflight[s] = True
                     down.ledger.gradient_sent(mb.id, node.id)
-                    arrive = sim.transfer(down, node, sim.sc.activation_bytes) + \
+                    arrive = sim.transfer(down, node, sim.sc.boundary(s)) + \
                         sim.shipping.regenerate_gradient(mb, s + 1, node)
                     sim.sink.emit(arrive, Kind.ARRIVE, sim.on_gradient,
                                   (mb, s, node, down.id))
@@ -421,13 +421,12 @@ class RuleRecovery:
         mb.g_inflight[s] = False
         mb.st[s] = INFLIGHT
         mb.sent_at[s] = sim.engine.now
-        act = sim.sc.activation_bytes
         mode = Rule(rule).mode
         if s > 0:
             source.ledger.activation_sent(mb.id, target.id, mode)
         elif source is not target:
             source.ledger.gradient_target(mb.id, target.id, mode)
-        arrive = sim.transfer(source, target, act if s > 0 else 0) + (
+        arrive = sim.transfer(source, target, sim.sc.boundary(s - 1) if s > 0 else 0) + (
             shipping.regenerate(mb, s - 1, charge=True) or 0.0 if s > 0 else 0.0)
         down = mb.node[s + 1] if s < self.S - 1 else None
         if down is not None and down.alive and s > 0:
@@ -435,7 +434,7 @@ class RuleRecovery:
         if grad_source is not None:
             grad_source.ledger.gradient_sent(mb.id, target.id)
             grad_source.ledger.gradient_target(mb.id, target.id, mode)
-            arrive = max(arrive, sim.transfer(grad_source, target, act))
+            arrive = max(arrive, sim.transfer(grad_source, target, sim.sc.boundary(s)))
         if rule == Rule.RESEND:
             job = J_FUSED if s == self.S - 1 else J_FWD
         elif rule == Rule.RECOMPUTE or not replay_now:

@@ -109,7 +109,9 @@ class Shipper:
         rate = len(node.ledger.contributions()) / elapsed if elapsed > 0 else 0.0
         rate = min(rate, 1.0 / node.compute_s) if rate > 0 else 1.0 / node.compute_s
         keeper_rate = len(keeper.ledger.contributions()) / elapsed if elapsed > 0 else rate
-        bits = sides * sc.activation_bytes * 8
+        # Its data plane's bytes per microbatch, each neighbouring boundary at its own size.
+        bits = ((sc.boundary(s - 1) if s > 0 else 0)
+                + (sc.boundary(s) if s < sim.S - 1 else 0)) * 8
         contention = (min(1.0, rate * bits / (node.info.uplink_gbps * 1e9))
                       + min(1.0, keeper_rate * bits / (keeper.info.downlink_gbps * 1e9)))
         return ship_interval(ShipCost(
@@ -259,7 +261,7 @@ class Shipper:
         before = self.regenerate(mb, s - 1, charge=charge)
         if before is None:
             return None
-        hop = self.sim.one_way(up, keeper, self.sim.sc.activation_bytes)
+        hop = self.sim.one_way(up, keeper, self.sim.sc.boundary(s - 1))
         return before + hop + self._redo(keeper.f_s, charge)
 
     def regenerate_gradient(self, mb: MB, s: int, up: SimNode) -> float:
@@ -271,7 +273,7 @@ class Shipper:
             return 0.0
         keeper = mb.node[s]
         assert keeper is not None
-        hop = self.sim.one_way(up, keeper, self.sim.sc.activation_bytes)
+        hop = self.sim.one_way(up, keeper, self.sim.sc.boundary(s - 1))
         return hop + self._redo(keeper.compute_s)
 
     def totals(self) -> dict[str, Any]:

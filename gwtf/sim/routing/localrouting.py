@@ -210,6 +210,8 @@ class LocalRouting:
         route = LocalRoute(node.id, sim.S, sim.sc.activation_bytes, self.links, sim.sc.intra,
                            quiet_s=sim.sc.route_quiet_s, clock=sim.engine.clock,
                            solve=self._solved)
+        if sim.sc.boundary_bytes:  # the job's compression plan, as the node's routing sets it
+            route.set_boundary_bytes(sim.sc.boundary_bytes)
         known: dict[str, tuple[Version, NodeSpec | None]] = {
             n.id: (self._version(n), self.record(n))
             for n in sorted(sim.nodes.values(), key=lambda n: n.id) if n.active

@@ -20,7 +20,8 @@ import numpy as np
 from gwtf.flow.relax.bus import COST_HEADROOM, node_views
 from gwtf.flow.relax.decentralized import FlowConfig, FlowMessage, FlowNode
 from gwtf.flow.relax.swarm import FlowSwarm, PhaseClock, with_epochs
-from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
+from gwtf.flow.topology import LinkSpec, NodeSpec
+from gwtf.sim.compression import flow_topology
 from gwtf.sim.engine import Kind, returns_events
 from gwtf.sim.entities import SimNode
 from gwtf.sim.simulator import Simulation
@@ -92,7 +93,7 @@ class RelaxRouting:
                 ), i.location)
                 for i in sc.nodes.values()
             ]
-            universe = Topology.build(sc.activation_bytes, nodes, links, sc.intra)
+            universe = flow_topology(sc, nodes, links)
             costs += [a.cost_units for a in universe.arcs]
         costs = costs or [1]
         return FlowConfig.for_costs(sc.stages, COST_HEADROOM * max(costs), min(costs))
