@@ -40,6 +40,7 @@ BENCHMARKS = {
     "stragglers": "benchmarks.stragglers",
     "versus": "benchmarks.versus",
     "compression": "benchmarks.compression",
+    "simcompress": "benchmarks.simcompress",
     "compress-real": "benchmarks.compress_real",
 }
 

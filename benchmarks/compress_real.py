@@ -7,15 +7,16 @@ compression (docs/design.md 2.15).
 
 Six `gwtf node` processes, two per stage of three, each in a namespace of its own
 (`benchmarks/netns.py`: veth pairs on a bridge, `tc` tbf on each machine's uplink). The uplinks
-are the tiers of simulations/versus/nodes.csv (2 Mbit/s ADSL, 4 and 8 Mbit/s cable), declared to
-the node as well (`--uplink-mbps`) so that the plan sees what the kernel enforces; no delay is
-shaped (no netem here). Compute is emulated (0.2 s per microbatch, `--emulate-compute`), so the
-links bind: a stage-1 machine's 2 Mbit/s uplink carries 0.95 float32 microbatches a second
-(tiny-gpt's activations and gradients, 128 KiB each) where its compute does 5.
+are cable upload tiers of simulations/versus/nodes.csv (8 and 20 Mbit/s), declared to the node
+as well (`--uplink-mbps`) so that the plan sees what the kernel enforces; no delay is shaped (no
+netem here). Compute is emulated (0.2 s per microbatch, `--emulate-compute`), so the links bind:
+a stage-1 machine's 8 Mbit/s uplink carries 0.95 float32 microbatches a second (activations and
+gradients of 512 KiB each) where its compute does 5.
 
-Each run trains tiny-gpt (32 microbatches an iteration) once with `compression = "off"` and
-once as submitted by default (the node plans; 8-bit on both boundaries here), alternated, on a
-fresh swarm each. Per run: microbatches per second over the iterations after the first two
+Each run trains tiny-gpt with microbatches of 32 sequences (32 microbatches an iteration) once
+with `compression = "off"` and once as submitted by default (the node plans; 8-bit on both
+boundaries here), alternated, on a fresh swarm each; the swarm's `--activation-bytes` is the
+job's. Per run: microbatches per second over the iterations after the first two
 (`JobResult.iteration_s`), the bytes the machines' uplinks sent (tc's counters), and the
 maximum flow the plan predicts (`gwtf.flow.compression.swarm_plan`'s flow, the same function
 the node planned with): measured over predicted says how much of the flow the commit and the
@@ -154,8 +155,8 @@ def run(quick: bool = False, pairs: int = PAIRS) -> str:
         "",
         f"`python -m benchmarks compress-real`, {time.strftime('%Y-%m-%d')}, {machine()}. "
         "Six nodes (two a stage), each in its own network namespace, uplinks shaped by tc tbf "
-        f"(2-8 Mbit/s), compute emulated at {COMPUTE_S} s a microbatch, tiny-gpt "
-        f"({MICROBATCHES} microbatches of 128 KiB activations an iteration, {ITERATIONS} "
+        f"(8 and 20 Mbit/s), compute emulated at {COMPUTE_S} s a microbatch, tiny-gpt "
+        f"({MICROBATCHES} microbatches of 512 KiB activations an iteration, {ITERATIONS} "
         f"iterations; the rate leaves out the first {SKIP}). Off: `compression = \"off\"`; on: "
         "the job as submitted, planned by the node.",
         "",
