@@ -245,3 +245,16 @@ def test_a_pipeline_with_compression_equals_the_reference_with_it(
     if stages == 2:
         return
     assert _pipeline(_job({}), corpus, stages) != reference.param_checksum
+
+
+def test_a_planned_job_is_written_beside_a_checkpoint_and_read_back() -> None:
+    """The client saves the job a swarm ran (its plan included) as a TOML file beside each
+    checkpoint; a plan, even an empty one, must survive that."""
+    import tomllib
+
+    from gwtf.train.checkpoints.checkpoint import job_toml
+
+    for after in ({}, {2: "int8", 3: "int4"}):
+        job = _job(after)
+        again = job_from_dict(tomllib.loads(job_toml(job)))
+        assert again == job and again.job_id == job.job_id and again.is_planned

@@ -120,6 +120,9 @@ def _toml_value(value: Any) -> str:
         return json.dumps(value)  # a JSON string is a valid TOML basic string
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table (a compression plan: block -> codec)
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}"
+                               for k, v in value.items()) + "}"
     raise CheckpointError(f"cannot write {value!r} in a job file")
 
 
