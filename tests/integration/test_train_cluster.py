@@ -202,10 +202,11 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
                             "throughput_mb_s", "dropped_microbatches", "crashes", "leaves",
                             "joins", "rerouted_microbatches", "replayed_microbatches",
                             "replayed_s", "kept_microbatches", "compute_s", "lost_microbatches",
-                            "restarts",
+                            "restarts", "compression",
                             "dropped", "excluded", "resumed_from", "rollbacks", "moves"}
     assert summary["rollbacks"] == []
     assert summary["moves"] == []  # every node is pinned (--stage K): none moves
+    assert summary["compression"] == {"after": {}, "bytes_saved": 0}  # one host: no link binds
     ref = reference(job_of("tiny-llama", LLAMA_ITERATIONS))
     assert summary["job_id"] == ref.job_id
     assert summary["iterations_completed"] == LLAMA_ITERATIONS
@@ -227,9 +228,13 @@ def test_a_llama_job_submitted_with_the_cli_equals_the_reference(
     )  # fmt: skip
     assert reference_cli.returncode == 0, reference_cli.stderr
     swarm_model, reference_model = (load_model(tmp_path / d) for d in ("model", "reference"))
-    assert (tmp_path / "model" / "job.toml").read_text() == (
-        tmp_path / "reference" / "job.toml"
-    ).read_text()
+    # The same job, but the swarm's states the plan it ran with (compressing nothing here).
+    from gwtf.train.job import load_job
+
+    swarm_job, reference_job = (load_job(tmp_path / d / "job.toml") for d in ("model", "reference"))
+    assert swarm_job.is_planned and not swarm_job.compression.after
+    assert swarm_job.job_id == reference_job.job_id
+    assert dataclasses.replace(swarm_job, compression=reference_job.compression) == reference_job
     assert list(swarm_model.parameters) == list(reference_model.parameters)
     assert all(torch.equal(t, reference_model.parameters[n])
                for n, t in swarm_model.parameters.items())  # fmt: skip
