@@ -339,7 +339,8 @@ def run(quick: bool = False) -> str:
     t0 = time.perf_counter()
     results = measure([BEFORE, AFTER], cases, seeds)
     wall = time.perf_counter() - t0
-    intro = __doc__.split("\n\n", 1)[1].strip() if __doc__ else ""
+    intro = ("What is run, each change and the two variants: the docstring of "
+             "benchmarks/reconverge.py.")
     lines = [
         "## Reconvergence after a change (`python -m benchmarks reconverge`)",
         "",

@@ -116,17 +116,11 @@ def run(quick: bool = False, policies: list[str] | None = None) -> str:
         results.setdefault((name, seed), []).append(result)
     rows: list[str] = []
     ratios: list[str] = []
-    speed: list[str] = []
     failed: list[str] = []
     for name in names:
         seed0 = results[(name, 0)]
         write_outputs(OUT / name, _load(name, duration, 0), 0, seed0)
         rows += markdown_table(_load(name, duration, 0), seed0)
-        for r in seed0:
-            speed.append(
-                f"| {name} | {r.policy} | {r.sim_time_s / 3600:.1f} | {r.events} | "
-                f"{r.sim_wall_s:.1f} | {r.events / max(r.sim_wall_s, 1e-9):,.0f} |"
-            )
         for seed in seeds:
             ratios += ratio_rows(name, seed, results[(name, seed)])
             failed += failures(name, seed, results[(name, seed)])
@@ -163,12 +157,6 @@ def run(quick: bool = False, policies: list[str] | None = None) -> str:
         "Jobs that failed (a stage wiped with no snapshot to restore it from, docs/design.md "
         "4.6): " + ("none." if not failed else ""),
         *failed,
-        "",
-        "Simulator speed (seed 0):",
-        "",
-        "| scenario | policy | simulated h | events | wall s | events/s |",
-        "|---|---|---|---|---|---|",
-        *speed,
     ]
     body = "\n".join(lines)
     write_section("sim", body)

@@ -163,6 +163,7 @@ def run(quick: bool = False) -> str:
 
     rows = []
     verdicts = []
+    unbound: list[tuple[str, bool]] = []
     for n in names:
         per_allow: dict[tuple[str, ...], list[tuple[float, float]]] = {a: [] for a in ALLOWS}
         link_bound = all(bound[(n, s)] < 1 - PLAN_SLACK for s in seeds)
@@ -191,8 +192,8 @@ def run(quick: bool = False) -> str:
                 ok = up >= TARGET_WITHOUT and over >= TARGET_SWARM
                 want = f"links bind: >= {TARGET_WITHOUT}x without, >= {TARGET_SWARM}x swarm-8bit"
             else:
-                ok = min(ups) >= 1 - NOISE
-                want = f"no loss: >= {1 - NOISE:.2f}x without on every seed"
+                unbound.append((f"{n} ({'+'.join(allow)})", min(ups) >= 1 - NOISE))
+                continue
             verdicts.append(f"| {n} | {'+'.join(allow)} | {up:.2f}x | {over:.2f}x | {want} | "
                             f"{'met' if ok else 'NOT met'} |")
     where = "first half hour, seed 0" if quick else "full length"
@@ -208,9 +209,13 @@ def run(quick: bool = False) -> str:
         "compute free). A plan of `-` only is the gwtf-uncompressed run itself.\n\n"
         "| scenario | links | seed | gwtf uncompressed | swarm 8-bit | gwtf int8 | "
         "gwtf int8+int4 |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
-        "Targets, per scenario (geometric means over the seeds):\n\n"
+        "Targets where links bind (geometric means over the seeds):\n\n"
         "| scenario | allow | with / without | with / swarm 8-bit | target | |\n"
-        "|---|---|---|---|---|---|\n" + "\n".join(verdicts) + "\n\n" + codec_speed() + "\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(verdicts) + "\n\n"
+        f"Where links do not bind, no loss (>= {1 - NOISE:.2f}x without on every seed): "
+        + ("met on all" if all(ok for _, ok in unbound) else "NOT met on "
+           + ", ".join(name for name, ok in unbound if not ok))
+        + f" ({len(unbound)} scenario-allow pairs).\n\n" + codec_speed() + "\n"
     )
     if not quick:
         write_section("simcompress", body)
