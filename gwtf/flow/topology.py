@@ -102,6 +102,11 @@ def access_capacity(gbps: float, stage: int, stages: int, activation_bytes: floa
     return gbps / per_mb
 
 
+def _bytes_at(activation_bytes: int, sizes: tuple[int, ...] | None, k: int) -> int:
+    """The bytes boundary `k` sends: its plan's where one is given, else the activation's."""
+    return activation_bytes if sizes is None or k >= len(sizes) else sizes[k]
+
+
 def cost_to_units(cost: float) -> int:
     """Seconds -> integer cost units (nanoseconds), rounded."""
     return round(cost * COST_SCALE)
@@ -514,9 +519,7 @@ class Topology:
     def boundary_bytes(self, k: int) -> int:
         """Bytes one microbatch sends across the boundary between stages k and k+1 (each way):
         the activation's, or its codec's where the topology was given per-boundary bytes."""
-        if self._boundary_bytes is None or k >= len(self._boundary_bytes):
-            return self._activation_bytes
-        return self._boundary_bytes[k]
+        return _bytes_at(self._activation_bytes, self._boundary_bytes, k)
 
     def with_boundary_bytes(self, sizes: Iterable[int] | None) -> Topology:
         """This topology with the bytes of each boundary given (a compression plan: docs/design.md
@@ -923,8 +926,7 @@ class Members:
 
     def bytes_at(self, stage: int) -> int:
         """Bytes an arc from `stage` to the next sends per microbatch (as Topology's)."""
-        sizes = self.boundary_bytes
-        return self.activation_bytes if sizes is None or stage >= len(sizes) else sizes[stage]
+        return _bytes_at(self.activation_bytes, self.boundary_bytes, stage)
 
     @classmethod
     def of(cls, topology: Topology) -> Members:

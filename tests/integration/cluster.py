@@ -287,3 +287,29 @@ def swarm_in(tmp: Path, **kwargs: Any) -> Iterator[LocalSwarm]:
         yield swarm
     finally:
         swarm.close()
+
+
+def send_as_peer(address: str, cases: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str]]:
+    """Send each (MicrobatchTag, tensors) to the node at `address` as a peer's data plane does:
+    (status code, details) of each, OK and "" for one taken."""
+    import asyncio
+
+    import grpc
+    from grpc import aio
+
+    from gwtf.node.dataplane.tensors import send
+    from gwtf.v1 import data_pb2_grpc
+
+    async def main() -> list[tuple[Any, str]]:
+        out: list[tuple[Any, str]] = []
+        async with aio.insecure_channel(address) as channel:
+            stub = data_pb2_grpc.DataPlaneStub(channel)
+            for tag, tensors in cases:
+                try:
+                    await send(stub, tag, tensors, timeout=10)
+                    out.append((grpc.StatusCode.OK, ""))
+                except aio.AioRpcError as err:
+                    out.append((err.code(), err.details() or ""))
+        return out
+
+    return asyncio.run(main())

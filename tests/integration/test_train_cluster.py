@@ -31,8 +31,7 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from cluster import REPO, LocalSwarm, wait_for
-from grpc import aio
+from cluster import REPO, LocalSwarm, send_as_peer, wait_for
 
 from gwtf.client import AsyncGwtfClient, ClientError, GwtfClient, fetch_jobs
 from gwtf.train import PRESETS, JobConfig, ReferenceResult, train_reference
@@ -90,8 +89,7 @@ def job_of(preset: str, iterations: int) -> JobConfig:
 
 def send_bad_tensors(address: str, job_id: str) -> list[tuple[grpc.StatusCode, str]]:
     """What a faulty peer could send a stage-1 node: each is refused with its reason."""
-    from gwtf.node.dataplane.tensors import MicrobatchTag, send
-    from gwtf.v1 import data_pb2_grpc
+    from gwtf.node.dataplane.tensors import MicrobatchTag
 
     shape = (8, 64, 64)
     labels = torch.zeros(8, 64, dtype=torch.int64)
@@ -104,19 +102,7 @@ def send_bad_tensors(address: str, job_id: str) -> list[tuple[grpc.StatusCode, s
          {"activation": torch.zeros(shape), "labels": labels}),
     ]
 
-    async def main() -> list[tuple[grpc.StatusCode, str]]:
-        out = []
-        async with aio.insecure_channel(address) as channel:
-            stub = data_pb2_grpc.DataPlaneStub(channel)
-            for case_tag, tensors in cases:
-                try:
-                    await send(stub, case_tag, tensors, timeout=10)
-                    out.append((grpc.StatusCode.OK, ""))
-                except aio.AioRpcError as err:
-                    out.append((err.code(), err.details() or ""))
-        return out
-
-    return asyncio.run(main())
+    return send_as_peer(address, cases)
 
 
 def test_a_gpt_job_equals_the_reference_bit_for_bit_whatever_the_routes(

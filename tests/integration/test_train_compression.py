@@ -6,7 +6,6 @@ refused like any bad tensor."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from cluster import LocalSwarm, wait_for
-from grpc import aio
+from cluster import LocalSwarm, send_as_peer, wait_for
 
 from gwtf.client import GwtfClient
 from gwtf.train import PRESETS, JobConfig, train_reference
@@ -93,8 +91,7 @@ def test_the_swarm_plans_8_bit_where_its_links_bind_and_equals_the_reference(
 def _bad(address: str, job_id: str) -> list[tuple[grpc.StatusCode, str]]:
     """What a faulty peer could send a stage-1 node of a job whose boundary after block 2 is
     int4: parts of the wrong size, a scale below zero, float32 where the plan says int4."""
-    from gwtf.node.dataplane.tensors import MicrobatchTag, send
-    from gwtf.v1 import data_pb2_grpc
+    from gwtf.node.dataplane.tensors import MicrobatchTag
 
     labels = torch.zeros(8, 64, dtype=torch.int64)
     good = pack("int4", "activation", torch.randn(8, 64, 64))
@@ -105,19 +102,7 @@ def _bad(address: str, job_id: str) -> list[tuple[grpc.StatusCode, str]]:
         {"activation": torch.zeros(8, 64, 64), "labels": labels},
     ]
 
-    async def main() -> list[tuple[grpc.StatusCode, str]]:
-        out = []
-        async with aio.insecure_channel(address) as channel:
-            stub = data_pb2_grpc.DataPlaneStub(channel)
-            for tensors in cases:
-                try:
-                    await send(stub, tag, tensors, timeout=10)
-                    out.append((grpc.StatusCode.OK, ""))
-                except aio.AioRpcError as err:
-                    out.append((err.code(), err.details() or ""))
-        return out
-
-    return asyncio.run(main())
+    return send_as_peer(address, [(tag, tensors) for tensors in cases])
 
 
 def test_a_stated_plan_is_kept_even_inside_a_stage_and_bad_parts_are_refused(

@@ -71,9 +71,6 @@ class DataPlaneSender:
         }
         """The codec of what this stage sends each way: its activations cross the boundary
         below it, its input gradients the one above (the job's plan, docs/design.md 2.15)."""
-        self.saved_bytes = 0
-        """float32 bytes minus the bytes sent, over every send of this node: what its codecs
-        saved."""
         self._swarm: SwarmBalancer | None = None
         if ctx.host.routing() == "swarm":
             # Seeded by the node and the job: a run's choices depend on what it measures only.
@@ -330,7 +327,6 @@ class DataPlaneSender:
             self.live_pace[target] = pace_s
         self.count_data("sent", direction, wire)
         if wire is not tensors:
-            self.saved_bytes += _nbytes(tensors) - _nbytes(wire)
             ctx.metrics.count("gwtf_job_bytes_saved", ctx.job_id, direction,
                               _nbytes(tensors) - _nbytes(wire))
         return _SENT
