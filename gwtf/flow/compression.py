@@ -18,6 +18,14 @@ them alone raises the flow, and a rule that tries one boundary at a time would c
 starting from all compressed and relaxing one at a time finds the ones that matter.
 `slack` (5%) is the throughput a boundary's codec must buy to be used: less is within the
 noise of the flow's own estimates, and a lossy codec costs accuracy and compute.
+
+The flow a plan is weighed by (`swarm_plan`) charges both sides of a codec: the bytes it sends
+(each access link and each arc across the boundary carries `boundary_sizes`) and the compute it
+costs (a node next to a lossy boundary encodes what it sends across it and decodes what it
+receives, once per microbatch each way: `stage_codec_seconds` added to its seconds per
+microbatch). Where a codec's compute costs a node more than its link gains, the flow falls and
+the rule keeps the boundary uncompressed: on a fast GPU with a large activation the codec can
+take longer than the stage.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ __all__ = [
     "boundary_sizes",
     "codec_info",
     "plan_boundaries",
+    "stage_codec_seconds",
     "swarm_plan",
     "uplink_capacity",
     "wire_bytes",
@@ -92,11 +101,28 @@ def wire_bytes(name: str, numel: int) -> int:
     return blocks * c.block // c.per_byte + blocks * _SCALE_BYTES
 
 
-def boundary_sizes(activation_bytes: int, plan: Sequence[str]) -> tuple[int, ...]:
+def boundary_sizes(activation_bytes: int, plan: Sequence[str], *,
+                   values: int | None = None) -> tuple[int, ...]:
     """The bytes each boundary sends per microbatch under `plan` (one codec per boundary), for
-    float32 activations of `activation_bytes`."""
-    numel = activation_bytes // 4
-    return tuple(wire_bytes(name, numel) for name in plan)
+    activations of `activation_bytes` holding `values` values (None: float32, as the node
+    trains, `activation_bytes / 4`; for fp16 or bf16 activations int8 halves the bytes rather
+    than quartering them)."""
+    numel = activation_bytes // 4 if values is None else values
+    return tuple(activation_bytes if codec_info(name).lossless else wire_bytes(name, numel)
+                 for name in plan)
+
+
+def stage_codec_seconds(plan: Sequence[str], seconds: Callable[[str], float]) -> tuple[float, ...]:
+    """Per stage, the seconds a node spends per microbatch on the codecs of `plan`: each lossy
+    boundary costs both its sides `seconds(codec)` (encoding what the side sends across it and
+    decoding what it receives: the activation one way, its gradient the other)."""
+    sides = [0.0] * (len(plan) + 1)
+    for k, name in enumerate(plan):
+        if not codec_info(name).lossless:
+            cost = seconds(name)
+            sides[k] += cost
+            sides[k + 1] += cost
+    return tuple(sides)
 
 
 def plan_boundaries(
@@ -142,21 +168,33 @@ def swarm_plan(
     links: Mapping[frozenset[str], LinkSpec],
     intra: LinkSpec,
     allowed: Iterable[str],
+    *,
+    values: int | None = None,
+    codec_seconds: Callable[[str], float] | None = None,
 ) -> tuple[str, ...]:
     """The plan (`plan_boundaries`) for a swarm of `nodes`, each with its declared uplink in
     Gbit/s (0: not said), joined by `links`: every node's capacity is the least of its compute
-    (`1 / compute_s`, or its stated capacity where no uplink was said) and what its uplink
-    carries under the plan tried. The node (at submission) and the simulator both call it."""
+    (`1 / compute_s`, or its stated capacity where no uplink was said) slowed by the codecs it
+    runs under the plan tried (`codec_seconds(codec)`: seconds per microbatch and side of a
+    lossy boundary; None: free), and what its uplink carries under that plan. Activations hold
+    `values` values (`boundary_sizes`). The node (at submission) and the simulator both
+    call it."""
     members = list(nodes)
     allowed = tuple(allowed)
 
     def flow(plan: tuple[str, ...]) -> float:
-        sizes = boundary_sizes(activation_bytes, plan)
+        sizes = boundary_sizes(activation_bytes, plan, values=values)
+        extra = (stage_codec_seconds(plan, codec_seconds) if codec_seconds is not None
+                 else (0.0,) * stages)  # fmt: skip
         specs = []
         for node, uplink in members:
-            capacity = node.capacity
+            compute = node.capacity
             if uplink > 0 and node.compute_s > 0:
-                capacity = min(1.0 / node.compute_s, uplink_capacity(uplink, node.stage, sizes))
+                compute = 1.0 / node.compute_s
+            if compute > 0 and 0 <= node.stage < stages and extra[node.stage] > 0:
+                compute = 1.0 / (1.0 / compute + extra[node.stage])
+            capacity = (min(compute, uplink_capacity(uplink, node.stage, sizes)) if uplink > 0
+                        else compute)  # fmt: skip
             specs.append(replace(node, capacity=capacity))
         if {n.stage for n in specs} != set(range(stages)):
             return 0.0

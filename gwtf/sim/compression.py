@@ -56,7 +56,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gwtf.flow.compression import codec_info, swarm_plan, uplink_capacity, wire_bytes
+from gwtf.flow.compression import (
+    boundary_sizes,
+    codec_info,
+    stage_codec_seconds,
+    swarm_plan,
+    uplink_capacity,
+)
 from gwtf.flow.oracle import SINK, SOURCE, build_oracle_network
 from gwtf.flow.simplex import max_flow_value
 from gwtf.flow.topology import CAP_SCALE, LinkSpec, NodeSpec, Topology, access_capacity
@@ -72,6 +78,7 @@ __all__ = [
     "access_bound",
     "codec_rate",
     "codec_seconds",
+    "codec_side_seconds",
     "compute_bound_flow",
     "flow_topology",
     "for_policy",
@@ -99,8 +106,8 @@ streams the tensor through memory). A tensor up to 16 MiB is charged the 16 MiB 
 one the slowest of the larger: int8 3.4 ns, int4 4.1 ns. So home_links' 2048 x 2048 activation
 costs a node 24 ms (int8) per microbatch and lossy boundary it sits next to, small beside its
 GPUs' ~0.1 s stage; but geo10_wan_bound's 8192 x 2560 one costs 0.29 s, far more than an H100's
-39 ms stage, and the plan does not see it (`swarm_plan` weighs links, not the codecs' compute):
-there compression loses (section `simcompress` of benchmarks/RESULTS.md). A machine with more
+39 ms stage: the plan (`job_plan`, `swarm_plan` with `codec_side_seconds`) weighs that compute
+against what the links gain, and leaves such a boundary uncompressed. A machine with more
 cores runs the codecs' elementwise passes on all of them, and a GPU faster still: `[compression]
 codec_cost` scales this figure (0: free)."""
 
@@ -124,21 +131,24 @@ UNCOMPRESSED = "gwtf-uncompressed"
 def plan_sizes(sc: Scenario, plan: Sequence[str]) -> tuple[int, ...]:
     """Bytes each boundary sends per microbatch under `plan` (module doc: `none` is the
     scenario's activation, a lossy codec its wire parts for `tokens x hidden` values)."""
-    values = sc.tokens_per_microbatch * sc.hidden_size
-    return tuple(sc.activation_bytes if codec_info(name).lossless else wire_bytes(name, values)
-                 for name in plan)
+    return boundary_sizes(sc.activation_bytes, plan, values=_values(sc))
+
+
+def _values(sc: Scenario) -> int:
+    return sc.tokens_per_microbatch * sc.hidden_size
+
+
+def codec_side_seconds(sc: Scenario, name: str) -> float:
+    """Seconds a node spends per microbatch on one side of a boundary of codec `name`: encoding
+    one way and decoding the other (`CODEC_S_PER_BYTE` times `Scenario.codec_cost`)."""
+    tensor = 4 * _values(sc)
+    return codec_rate(name, tensor) * tensor * sc.codec_cost
 
 
 def codec_seconds(sc: Scenario, plan: Sequence[str]) -> tuple[float, ...]:
     """Per stage, the seconds a node spends per microbatch encoding and decoding at its lossy
-    boundaries (`CODEC_S_PER_BYTE`, once per side of each, times `Scenario.codec_cost`)."""
-    tensor = 4 * sc.tokens_per_microbatch * sc.hidden_size
-    sides = [0.0] * sc.stages
-    for k, name in enumerate(plan):
-        cost = codec_rate(name, tensor) * tensor * sc.codec_cost
-        sides[k] += cost
-        sides[k + 1] += cost
-    return tuple(sides)
+    boundaries (`gwtf.flow.compression.stage_codec_seconds` of `codec_side_seconds`)."""
+    return stage_codec_seconds(plan, lambda name: codec_side_seconds(sc, name))
 
 
 def with_plan(sc: Scenario, plan: Sequence[str]) -> Scenario:
@@ -169,7 +179,8 @@ def _members(sc: Scenario) -> list[tuple[NodeSpec, float]]:
 def job_plan(sc: Scenario, allowed: Iterable[str] | None = None) -> tuple[str, ...]:
     """The codecs the job's first members plan at its start (`swarm_plan`, module doc)."""
     allow = sc.compression if allowed is None else tuple(allowed)
-    return swarm_plan(sc.stages, sc.activation_bytes, _members(sc), sc.links, sc.intra, allow)
+    return swarm_plan(sc.stages, sc.activation_bytes, _members(sc), sc.links, sc.intra, allow,
+                      values=_values(sc), codec_seconds=lambda name: codec_side_seconds(sc, name))
 
 
 def for_policy(sc: Scenario, policy: str) -> Scenario:

@@ -33,6 +33,8 @@ number of threads and in any process, which `tests/unit/test_train_codecs.py` ch
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +55,7 @@ __all__ = [
     "pack_specs",
     "part_specs",
     "roundtrip",
+    "side_seconds",
     "unpack",
     "wire_bytes",
 ]
@@ -183,6 +186,29 @@ def roundtrip(name: str, tensor: Tensor) -> Tensor:
     if codec(name).lossless:
         return tensor
     return decode(name, encode(name, tensor), tuple(tensor.shape)).to(tensor.device)
+
+
+_MEASURE_VALUES = 1 << 22
+"""`side_seconds` times a tensor of at most this many values (16 MiB) and scales linearly: the
+codecs' passes are elementwise, and a larger tensor would keep a submission waiting."""
+
+
+@functools.lru_cache(maxsize=64)
+def side_seconds(name: str, numel: int) -> float:
+    """Seconds this machine takes, per microbatch, on one side of a boundary of codec `name`
+    carrying float32 tensors of `numel` values: one encode and one decode (it encodes what it
+    sends across and decodes what comes back). Measured here, the best of three (the plan
+    weighs it against what the links gain: `gwtf.flow.compression.swarm_plan`); 0 for `none`."""
+    if codec(name).lossless or numel <= 0:
+        return 0.0
+    size = min(numel, _MEASURE_VALUES)
+    x = torch.randn(size, generator=torch.Generator().manual_seed(0))
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        decode(name, encode(name, x), (size,))
+        best = min(best, time.perf_counter() - start)
+    return best * numel / size
 
 
 class _BoundaryFn(torch.autograd.Function):

@@ -7,12 +7,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
 
-from gwtf.flow.compression import CODECS, plan_boundaries, wire_bytes
-from gwtf.train.codecs import CodecError, decode, encode, part_specs, roundtrip
+from gwtf.flow.compression import (
+    CODECS,
+    boundary_sizes,
+    plan_boundaries,
+    stage_codec_seconds,
+    swarm_plan,
+    wire_bytes,
+)
+from gwtf.flow.topology import LinkSpec, NodeSpec
+from gwtf.train.codecs import CodecError, decode, encode, part_specs, roundtrip, side_seconds
 from gwtf.train.commit import combine_contributions
 from gwtf.train.data import Corpus, job_microbatch, load_corpus
 from gwtf.train.executor import MicrobatchKey, StageExecutor
@@ -135,6 +144,33 @@ def test_the_plan_compresses_only_where_the_flow_needs_it() -> None:
         "int8", "int8")
     # Compute binds: nothing to gain, nothing compressed.
     assert plan_boundaries(2, ["int8", "int4"], lambda p: 0.5) == ("none", "none")
+
+
+def test_the_swarm_plan_weighs_the_codecs_compute_and_the_activations_dtype() -> None:
+    # Two nodes in one place, each on a 0.1 Gbit/s uplink carrying 8 MiB float32 activations
+    # (1.5 microbatches/s) while their GPUs do 10: the uplink binds and int8 lifts it.
+    act = 8 * 2**20
+    nodes = [(NodeSpec.make("a", 0, 0.1, "X"), 0.1), (NodeSpec.make("b", 1, 0.1, "X"), 0.1)]
+    intra = LinkSpec(1.0, 100.0)
+
+    def plan(**kwargs: Any) -> tuple[str, ...]:
+        return swarm_plan(2, act, nodes, {}, intra, ["int8"], **kwargs)
+
+    assert plan() == ("int8",)
+    assert plan(codec_seconds=lambda name: 0.05) == ("int8",)
+    # A codec that takes a second a side would slow each node below what its uplink carries.
+    assert plan(codec_seconds=lambda name: 1.0) == ("none",)
+    # The same bytes as fp16 hold twice the values: int8 halves them rather than quartering.
+    assert boundary_sizes(act, ("int8",), values=act // 2) == (wire_bytes("int8", act // 2),)
+    assert boundary_sizes(act, ("none", "int8")) == (act, wire_bytes("int8", act // 4))
+    assert stage_codec_seconds(("int8", "none", "int4"), {"int8": 1.0, "int4": 2.0}.get) == (
+        1.0, 1.0, 2.0, 2.0)
+
+
+def test_a_codec_side_is_timed_on_this_machine() -> None:
+    assert side_seconds("none", 1 << 20) == 0.0
+    small, large = side_seconds("int8", 1 << 16), side_seconds("int8", 1 << 24)
+    assert 0 < small < large  # scaled past what is timed
 
 
 def _job(after: dict[int, str] | None, allow: tuple[str, ...] = ("int8", "int4")) -> JobConfig:

@@ -170,6 +170,7 @@ class JobLauncher:
         swarm, with the job's own activation size."""
         if job.is_planned:
             return job
+        from gwtf.train.codecs import side_seconds
         from gwtf.train.costs import activation_bytes
         from gwtf.train.partition import partition
 
@@ -177,9 +178,13 @@ class JobLauncher:
         view = swarm_view(members, stages, activation_bytes(job),
                           member_links(members, self.host.link))
         uplinks = {m.id: m.uplink_gbps for m in members}
+        values = view.activation_bytes // 4
+        # The codecs' compute is timed on this machine and charged to every member alike:
+        # members' records state their training speed, not their codecs'.
         plan = swarm_plan(stages, view.activation_bytes,
                           [(n, uplinks.get(n.id, 0.0)) for n in view.nodes], view.links,
-                          view.intra, job.compression.allow)  # fmt: skip
+                          view.intra, job.compression.allow,
+                          codec_seconds=lambda name: side_seconds(name, values))  # fmt: skip
         planned = job.planned({end: name for end, name in zip(ends, plan, strict=True)})
         if any(name != "none" for name in plan):
             self.host.log.info(
