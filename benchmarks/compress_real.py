@@ -33,12 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.netns import Hosts, available
 from benchmarks.report import machine, write_section
 from benchmarks.swarmrun import log, submit_when_formed
 from gwtf.flow.compression import boundary_sizes, uplink_capacity
 from gwtf.flow.placement import Swarm
 from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec
+from gwtf.local.netns import Hosts, available
 
 REPO = Path(__file__).resolve().parents[1]
 # (id, stage, uplink Mbit/s): simulations/versus/nodes.csv's tiers.

@@ -23,6 +23,7 @@ from gwtf.client import StatusError, fetch_status, status_json
 from gwtf.flow.oracle import solve_oracle
 from gwtf.flow.topology import LinkSpec, NodeSpec, Topology
 from gwtf.local.launch import child_env
+from gwtf.local.netns import Hosts
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60.0
@@ -74,12 +75,19 @@ class LocalSwarm:
         train: bool = False,
         python: str = sys.executable,
         cwd: Path = REPO,
+        hosts: Hosts | None = None,
+        homes: Path | None = None,
     ) -> None:
         """`python` and `cwd`: the interpreter that runs the nodes and where (by default this
-        one, in the repository: the gwtf under test)."""
+        one, in the repository: the gwtf under test). `hosts`: each node in the network
+        namespace of its id, bound to its address there, as on its own machine. `homes`: each
+        node in its own folder under it, `homes/<id>`, with its own cache (`GWTF_CACHE`) and
+        home, sharing no file with the others or with this process."""
         self.log_dir = log_dir
         self.python = python
         self.cwd = cwd
+        self.hosts = hosts
+        self.homes = homes
         self.heartbeat_s = heartbeat_s
         self.failure_timeout_s = failure_timeout_s
         # Nodes that train load torch at start (seconds each); the control-plane tests do not.
@@ -106,6 +114,13 @@ class LocalSwarm:
         ]  # fmt: skip
         if self.bootstrap and "--bootstrap" not in args:
             argv += ["--bootstrap", self.bootstrap]
+        cwd, env = self.cwd, child_env(PYTHONUNBUFFERED="1")
+        if self.hosts is not None:
+            argv = [*self.hosts.exec_prefix(node_id), *argv, "--host", self.hosts.address(node_id)]
+        if self.homes is not None:
+            cwd = self.homes / node_id
+            cwd.mkdir(parents=True, exist_ok=True)
+            env.update(GWTF_CACHE=str(cwd / "cache"), HOME=str(cwd))
         log = self.log_dir / f"{node_id}.log"
         incarnation = 1
         while log.exists():  # the same id started again: keep the earlier log
@@ -114,12 +129,12 @@ class LocalSwarm:
         handle = open(log, "w", encoding="utf-8")  # noqa: SIM115
         popen = subprocess.Popen(
             argv,
-            cwd=self.cwd,
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=handle,
             text=True,
             # If this process dies without cleaning up (a killed test run), so do its nodes.
-            env=child_env(PYTHONUNBUFFERED="1"),
+            env=env,
         )
         handle.close()
         proc = Proc(node_id, -1 if stage is None else stage, popen, log)

@@ -2,12 +2,14 @@
 links: one network namespace per machine, joined by veth pairs to a bridge, each machine's
 uplink shaped by the kernel (`tc` tbf on its end of the pair: everything it sends shares it).
 Delays are not shaped (this kernel has no netem): a benchmark that wants them uses the emulated
-WAN. Needs root and `ip`, `tc`; addresses are private (10.77.0.0/24), traffic never leaves the
-host.
+WAN. Needs root and `ip`, `tc`; addresses are private (10.77.0.0/24 by default), traffic never
+leaves the host. Each `Hosts` takes its own tag, bridge and subnet, so that two can exist at
+once (a benchmark and a test).
 
     with Hosts(["h0", "h1"], uplink_mbps={"h0": 4, "h1": 8}) as hosts:
         hosts.address("h0")                    # "10.77.0.2"
         hosts.popen("h0", [sys.executable, ...])   # a process inside h0's namespace
+        hosts.exec_prefix("h0")                # ["ip", "netns", "exec", ...] for other launchers
 """
 
 from __future__ import annotations
@@ -21,9 +23,6 @@ from typing import Any
 __all__ = ["Hosts", "HostsError", "available"]
 
 PREFIX = "10.77.0"
-BRIDGE = "gwtfbr0"
-BRIDGE_ADDRESS = f"{PREFIX}.1"
-"""The host's own address on the bridge: a client run outside the namespaces dials from it."""
 BURST = "32kb"
 """tbf's bucket: a few packets, so that the rate holds over tens of milliseconds."""
 QUEUE_LATENCY = "2s"
@@ -57,19 +56,29 @@ class Hosts:
     shaped where absent). Made on entry, removed on exit (with every process still inside)."""
 
     def __init__(self, names: Sequence[str], uplink_mbps: Mapping[str, float] | None = None,
-                 tag: str = "gwtfb") -> None:  # fmt: skip
+                 tag: str = "gwtfb", prefix: str = PREFIX) -> None:  # fmt: skip
         if len(names) > 250:
             raise HostsError("at most 250 hosts on one bridge")
+        if not 1 <= len(tag) <= 8:
+            raise HostsError("a tag has 1 to 8 characters (interface names have at most 15)")
         self.names = list(names)
         self.uplink_mbps = dict(uplink_mbps or {})
         self.tag = tag
+        self.prefix = prefix
+        self.bridge = f"{tag}br0"
+        self.bridge_address = f"{prefix}.1"
+        """The host's own address on the bridge: a client outside the namespaces dials from it."""
         self._procs: list[subprocess.Popen[Any]] = []
 
     def namespace(self, name: str) -> str:
         return f"{self.tag}-{self.names.index(name)}"
 
     def address(self, name: str) -> str:
-        return f"{PREFIX}.{self.names.index(name) + 2}"
+        return f"{self.prefix}.{self.names.index(name) + 2}"
+
+    def exec_prefix(self, name: str) -> list[str]:
+        """The command line that runs what follows it inside `name`'s namespace."""
+        return ["ip", "netns", "exec", self.namespace(name)]
 
     def _veth(self, name: str) -> tuple[str, str]:
         i = self.names.index(name)
@@ -78,16 +87,16 @@ class Hosts:
     def __enter__(self) -> Hosts:
         self.close()  # what a killed earlier run left
         try:
-            _run("ip", "link", "add", BRIDGE, "type", "bridge")
-            _run("ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE)
-            _run("ip", "link", "set", BRIDGE, "up")
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            _run("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
+            _run("ip", "link", "set", self.bridge, "up")
             for name in self.names:
                 ns = self.namespace(name)
                 outer, inner = self._veth(name)
                 _run("ip", "netns", "add", ns)
                 _run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
                 _run("ip", "link", "set", inner, "netns", ns)
-                _run("ip", "link", "set", outer, "master", BRIDGE)
+                _run("ip", "link", "set", outer, "master", self.bridge)
                 _run("ip", "link", "set", outer, "up")
                 _run("ip", "netns", "exec", ns, "ip", "addr", "add",
                      f"{self.address(name)}/24", "dev", inner)  # fmt: skip
@@ -105,7 +114,7 @@ class Hosts:
 
     def popen(self, name: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """`argv` run inside `name`'s namespace (killed on exit if still running)."""
-        proc = subprocess.Popen(["ip", "netns", "exec", self.namespace(name), *argv], **kwargs)
+        proc = subprocess.Popen([*self.exec_prefix(name), *argv], **kwargs)
         self._procs.append(proc)
         return proc
 
@@ -136,7 +145,7 @@ class Hosts:
             link = fields[1].strip().split("@")[0] if len(fields) > 1 else ""
             if link.startswith(f"{self.tag}v"):
                 subprocess.run(["ip", "link", "del", link], capture_output=True)
-        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:  # fmt: skip
