@@ -12,8 +12,11 @@ one (changed since, or another server's) refuses the job on that node, in one se
 A file is streamed (1 MiB reads) into a temporary folder of the cache, hashed, and renamed into
 place only once its digest is known (and matches the pin), so a cut download leaves nothing that
 looks whole. A folder URL (a pretrained model, a data folder) needs a protocol that lists folders
-(`file`, `s3`, `gcs`, `hf`; plain HTTP does not): the files a folder contributes are listed and
-fetched, keeping their relative names, since the names are part of its digest.
+(`file`, `s3`, `gcs`, `hf`; `http(s)` where the server answers a folder with an index page of
+links, as `python -m http.server` and nginx's autoindex do): the files a folder contributes are
+listed and fetched, keeping their relative names, since the names are part of its digest
+(tests/integration/test_train_shared_nothing.py: volunteers that share nothing, files by
+`http://`).
 """
 
 from __future__ import annotations
