@@ -145,6 +145,7 @@ class JobLauncher:
                 data_timeout_s=host.config.data_timeout_s,
                 commit_timeout_s=host.config.commit_timeout_s,
                 rpc_timeout_s=host.config.rpc_timeout_s,
+                failure_timeout_s=host.config.failure_timeout_s,
             ),
             fault=host.fault,
         )

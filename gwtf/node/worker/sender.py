@@ -152,8 +152,18 @@ class DataPlaneSender:
         excluded: set[str] = set()
         attempt = 0
         waited = False
+        # A live node whose call failed may have taken the activation all the same (the answer
+        # was lost with a connection or a relay that died, docs/design.md 3.11): it is sent there
+        # again, where a second copy is recognised, rather than to another node of the stage,
+        # whose gradient would then meet one from the first. For up to the failure detector's
+        # time: a node that stays out of reach longer is dead, or its arc blocked.
+        sticky, sticky_until = "", 0.0
         while ctx.current(it):
-            target, source = self._pick(dead, excluded)
+            target: str | None
+            if sticky and ctx.peer(sticky) is not None and time.monotonic() < sticky_until:
+                target, source = sticky, "retry"
+            else:
+                target, source = self._pick(dead, excluded)
             if target is None:
                 if mode != Mode.FORWARD and not waited:
                     ctx.host.log.warning(
@@ -191,6 +201,9 @@ class DataPlaneSender:
                 excluded.add(target)  # it did not take it: another node may
             elif ctx.peer(target) is None:
                 return  # it died with the microbatch: the recovery of its death resends it
+            elif not sticky:
+                sticky = target
+                sticky_until = time.monotonic() + ctx.config.failure_timeout_s
             attempt += 1
 
     def _swarm_outcome(self, target: str, outcome: int, started: float) -> None:

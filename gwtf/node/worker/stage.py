@@ -80,6 +80,9 @@ class WorkerConfig:
     retry_s: float = 0.2
     """First wait before a resend; doubles each attempt, up to `retry_max_s`."""
     retry_max_s: float = 1.0
+    failure_timeout_s: float = 5.0
+    """The failure detector's: how long a forward keeps going to a live node whose call failed
+    (gwtf.node.worker.sender)."""
 
 
 @dataclass(frozen=True)
