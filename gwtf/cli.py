@@ -123,6 +123,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -269,6 +279,16 @@ def _add_node_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
                       "capacity (every microbatch crosses it), its stage's snapshots go out "
                       "from the replica with the fastest, and with --link-matrix the data "
                       "plane's sends queue on it (default: not said, no bound, ranked last)")
+    node.add_argument("--relay", choices=("auto", "always", "never"), default="auto",
+                      help="reach this node through a member when members cannot dial it (behind "
+                      "NAT): auto asks a member to dial back at the advertised address and "
+                      "relays only if it cannot; always relays; never does not (default auto)")
+    node.add_argument("--relay-peers", type=_count, default=8, metavar="N",
+                      help="relay for at most N members that cannot be dialled (default 8; 0: "
+                      "for none)")
+    node.add_argument("--relay-mbps", type=_non_negative, default=0.0, metavar="MBIT",
+                      help="what this node carries for each relayed member, Mbit/s each way "
+                      "(default 0: no limit)")
     node.add_argument("--link-matrix", metavar="FILE",
                       help="CSV src,dst,rtt_ms,bandwidth_gbps: delay every outgoing message as "
                       "that link would (e.g. gwtf/data/geo10_aws.csv)")

@@ -1283,6 +1283,8 @@ def status_json(reply: Any) -> dict[str, Any]:
             ],
             "blocked": list(m.blocked),
             "revision": m.revision,
+            # The member that relays calls to it (docs/design.md 3.11); "": dialled directly.
+            "relay": m.relay,
         }
         for m in reply.members
     ]
@@ -1340,6 +1342,7 @@ def status_json(reply: Any) -> dict[str, Any]:
                 "last_solve_s": node.last_solve_s,
                 "solve_waited_s": node.solve_waited_s,
                 "message_delay_s": node.message_delay_s,
+                "relayed_bytes": dict(node.relayed_bytes),
             }
         )
     arcs.sort(key=lambda a: (stage_of.get(a["src"], 0), a["src"], a["dst"]))
@@ -1378,13 +1381,19 @@ def format_status(view: dict[str, Any]) -> str:
         f"flow value {view['flow_value']:.4f} microbatches/s ({state})",
         "",
         f"{'id':<20} {'address':<22} {'stage':>5} {'location':<12} {'alive':<5} "
-        f"{'capacity mb/s':>13}",
+        f"{'capacity mb/s':>13}  relayed by",
     ]
     for m in sorted(members, key=lambda m: (not m["alive"], m["stage"], m["id"])):
         lines.append(
             f"{m['id']:<20} {m['address']:<22} {m['stage']:>5} {m['location'] or '-':<12} "
-            f"{'yes' if m['alive'] else m['state']:<5} {m['capacity']:>13.4f}"
+            f"{'yes' if m['alive'] else m['state']:<5} {m['capacity']:>13.4f}  "
+            f"{m.get('relay') or '-'}"
         )
+    relaying = [(node["id"], peer, n) for node in view.get("nodes", [])
+                for peer, n in sorted(node.get("relayed_bytes", {}).items())]  # fmt: skip
+    if relaying:
+        lines += ["", f"{'relays':<43} {'MiB carried':>12}"]
+        lines += [f"{relay + ' for ' + peer:<43} {n / 2**20:>12.1f}" for relay, peer, n in relaying]
     lines += ["", f"{'flows':<43} {'mb/s':>8} {'rtt ms':>8} {'Gbit/s':>8}"]
     for arc in view["arcs"]:
         lines.append(

@@ -123,6 +123,7 @@ def run_node(args: argparse.Namespace) -> int:
     from gwtf.node.observe import configure_logging
     from gwtf.node.rpc.codec import InvalidMessage, check_name
     from gwtf.node.rpc.ratelimit import RateLimit
+    from gwtf.node.rpc.relay import RelayLimits
     from gwtf.node.rpc.security import SecurityError, credentials_from_args
     from gwtf.node.rpc.wan import ScheduleError
 
@@ -195,6 +196,8 @@ def run_node(args: argparse.Namespace) -> int:
         rate_limit=RateLimit(args.rate_limit),
         moves=not args.no_moves,
         uplink_gbps=(args.uplink_mbps or 0.0) / 1000,
+        relay=args.relay,
+        relay_limits=RelayLimits(args.relay_peers, args.relay_mbps),
     )
     configure_logging(args.log_level, json_lines=args.log_json)
     return run_loop(_serve(settings, config))

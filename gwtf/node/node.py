@@ -57,6 +57,7 @@ from gwtf.node.faults import Fault
 from gwtf.node.jobs.manager import JobManager
 from gwtf.node.observe import NodeMetrics
 from gwtf.node.rpc.ratelimit import RateLimiter, RateLimitInterceptor
+from gwtf.node.rpc.relay import DIAL_TIMEOUT_S, RelayClient, RelayServer
 from gwtf.node.rpc.security import TokenServerInterceptor, add_port
 from gwtf.node.rpc.server import HealthServicer, add_servicers
 from gwtf.node.rpc.transport import (
@@ -108,7 +109,13 @@ class Node:
         # A refused call is evidence for the failure detector whichever part made it: the flows
         # report it through the node, whose membership control is built after them.
         self._flows = FlowControl(state, self._peers, self.refused)
-        self._status = StatusReport(state, self._peers, self._flows, self.metrics, self.limiter)
+        self.relay = RelayServer(
+            settings.host, self._dialable, lambda: self.node_id, self._relayable,
+            settings.relay_limits, lambda: self.log,
+        )
+        """What this node carries for members that cannot be dialled (docs/design.md 3.11)."""
+        self._status = StatusReport(state, self._peers, self._flows, self.metrics, self.limiter,
+                                    self.relay)  # fmt: skip
         self.jobs = JobManager(self)
         self.metrics.add_source(self.jobs.metrics.collect)
         self._control = MembershipControl(
@@ -119,6 +126,8 @@ class Node:
         self.relocation: tuple[int, str] | None = None
         """(stage, what to log): the job coordinator moved this node (`move_to`)."""
         self.relocating = asyncio.Event()
+        self.relayed: RelayClient | None = None
+        """Its own attachment to a relay, when members cannot dial it."""
 
     @property
     def settings(self) -> NodeSettings:
@@ -142,7 +151,7 @@ class Node:
         if self._peers.wan is not None:
             interceptors.append(WanServerInterceptor(self._peers.wan))
         server = aio.server(options=server_options(), interceptors=interceptors)
-        add_servicers(server, self, self._health)
+        add_servicers(server, self, self._health, self.relay)
         host = self.settings.host
         bind = f"[{host}]" if ":" in host else host
         try:
@@ -177,6 +186,8 @@ class Node:
         """Create a swarm (no bootstrap) or join one; NodeError if that is impossible."""
         state = self._state
         joined_via = await self._entry.enter()
+        if joined_via and await self._needs_relay(joined_via):
+            await self._attach(joined_via)
         state.ready = True
         self._health.set_serving(True)
         self._control.on_events(
@@ -187,6 +198,89 @@ class Node:
         if joined_via:
             state.spawn(self.jobs.learn_jobs(joined_via), "learn jobs")
         self._flows.after_change()
+
+    # ================================================================== relays (3.11)
+
+    def _dialable(self) -> str:
+        """Its address if members can dial it there, else "" (it is relayed itself)."""
+        return "" if self.relayed is not None else self.address
+
+    def _relayable(self, node_id: str, epoch: int) -> bool:
+        """Whether this node relays for that incarnation: a live member of its swarm."""
+        member = self._state.members.get(node_id) if self._state.in_swarm else None
+        return member is not None and member.alive and member.epoch == epoch
+
+    async def _needs_relay(self, via: str) -> bool:
+        """Whether members cannot dial it (`--relay`): "auto" asks the member it joined
+        through to dial back at its address."""
+        mode = self.settings.relay
+        if mode != "auto":
+            return mode == "always"
+        try:
+            reply = await self._peers.stubs_at(via).relay.DialBack(
+                node_pb2.DialBackRequest(address=self.address),
+                timeout=DIAL_TIMEOUT_S + self.config.rpc_timeout_s,
+            )
+        except aio.AioRpcError as err:
+            self.log.warning("could not ask %s to dial back (%s): taken as reachable", via,
+                             err.details() or err.code().name)  # fmt: skip
+            return False
+        if not reply.reachable:
+            self.log.info("members cannot dial %s (%s): relayed", self.address, reply.detail)
+        return not reply.reachable
+
+    async def _attach(self, via: str) -> None:
+        """Keep an attachment at a relay (gwtf.node.rpc.relay), first the member it joined
+        through; NodeError if none takes it within the failure detector's time."""
+        state = self._state
+        host = self.settings.host
+        local = f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{self.port}"
+        if host in ("::", "[::]"):
+            local = f"[::1]:{self.port}"
+        first = [("", via, self._peers.stubs_at(via).relay)]
+
+        async def candidates() -> list[tuple[str, str, Any]]:
+            nonlocal first
+            if first:
+                tried, first = first, []
+                return tried
+            return await self._relay_candidates()
+
+        client = RelayClient(self.node_id, lambda: state.members.me.epoch, local, candidates,
+                             self._announce_relay, lambda: self.log)  # fmt: skip
+        self.relayed = client
+        state.spawn(client.run(), "relay attachment")
+        try:
+            await asyncio.wait_for(client.attached.wait(), self.config.failure_timeout_s * 2)
+        except TimeoutError:
+            raise NodeError(
+                f"members cannot dial {self.address} and no member relays for it: forward the "
+                "port and give --advertise, or --relay never to join as it is", 1,
+            ) from None
+
+    async def _relay_candidates(self) -> list[tuple[str, str, Any]]:
+        """Members that can relay for it (dialled directly), nearest first by an Echo's round
+        trip; at most eight are measured."""
+        me = self.node_id
+        members = sorted((m for m in self.live_members() if not m.relay and m.id != me),
+                         key=lambda m: m.id)[:8]  # fmt: skip
+
+        async def rtt(member: MemberInfo) -> float:
+            start = time.monotonic()
+            try:
+                await self.stubs(member).probe.Echo(node_pb2.EchoRequest(nonce=1),
+                                                    timeout=DIAL_TIMEOUT_S)  # fmt: skip
+            except aio.AioRpcError:
+                return float("inf")
+            return time.monotonic() - start
+
+        times = await asyncio.gather(*(rtt(m) for m in members))
+        ranked = sorted((t, m.id, m) for t, m in zip(times, members, strict=True) if t < 1e9)
+        return [(m.id, m.address, self.stubs(m).relay) for _, _, m in ranked]
+
+    def _announce_relay(self, address: str, relay: str) -> None:
+        self._state.address = address
+        self._state.members.set_address(address, relay)
 
     async def leave(self) -> None:
         """Graceful leave (docs/design.md 3.9): let the iteration in progress step here, stop
@@ -298,6 +392,11 @@ class Node:
         return self.members.get(node_id)
 
     def stubs(self, member: MemberInfo) -> Stubs:
+        """The stubs of `member` at the address its record gives now (a relayed member moves
+        when its relay dies, docs/design.md 3.11; a caller may hold an older record)."""
+        current = self._state.members.get(member.id) if self._state.in_swarm else None
+        if current is not None and current.epoch == member.epoch:
+            member = current
         return self._peers.stubs(member)
 
     def stubs_at(self, address: str) -> Stubs:

@@ -18,6 +18,7 @@ from gwtf.node.config import (
 )
 from gwtf.node.faults import Fault
 from gwtf.node.rpc.ratelimit import RateLimit
+from gwtf.node.rpc.relay import RelayLimits
 from gwtf.node.rpc.security import Credentials
 
 __all__ = ["NodeSettings"]
@@ -97,6 +98,11 @@ class NodeSettings:
     uplink_gbps: float = 0.0
     """This node's access uplink as its operator declares it (`--uplink-mbps`; 0: not said),
     announced in its member record (`MemberInfo.uplink_gbps`)."""
+    relay: str = "auto"
+    """Whether members reach it through a relay (`--relay`, gwtf.node.rpc.relay): "auto" when
+    the member it joined through cannot dial it back, "always", or "never"."""
+    relay_limits: RelayLimits = field(default_factory=RelayLimits)
+    """What it carries for members it relays (`--relay-peers`, `--relay-mbps`)."""
     placed: bool = False
     """`stage` was chosen by placement, not pinned by the user: the new incarnation of a node
     the coordinator moved, which stays movable."""

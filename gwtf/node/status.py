@@ -21,6 +21,7 @@ from gwtf.node.control.routing import LocalRouting
 from gwtf.node.observe import NodeMetrics
 from gwtf.node.rpc.codec import member_to_pb, swarm_to_pb
 from gwtf.node.rpc.ratelimit import RateLimiter
+from gwtf.node.rpc.relay import RelayServer
 from gwtf.node.state import NodeState
 from gwtf.v1 import node_pb2
 
@@ -37,16 +38,20 @@ class StatusReport:
         flows: FlowControl,
         metrics: NodeMetrics,
         limiter: RateLimiter,
+        relay: RelayServer,
     ) -> None:
         self._state = state
         self._peers = peers
         self._flows = flows
         self._metrics = metrics
         self._limiter = limiter
+        self._relay = relay
         self._token_refusals = 0
         # What the metrics thread reads: a copy made on the loop, replaced whole.
         self._refusals: dict[str, int] = {}
+        self._relayed: tuple[int, int, int] = (0, 0, 0)
         metrics.add_source(self._refusal_metrics)
+        metrics.add_source(self._relay_metrics)
 
     def token_refused(self) -> None:
         """A call without the swarm's token was refused (gwtf.node.rpc.security)."""
@@ -64,12 +69,25 @@ class StatusReport:
             family.add_metric([reason], refusals.get(reason, 0))
         yield family
 
+    def _relay_metrics(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        carried, peers, refused = self._relayed
+        yield CounterMetricFamily("gwtf_relay_bytes", "Bytes carried for members this node "
+                                  "relays, both ways", value=carried)  # fmt: skip
+        yield GaugeMetricFamily("gwtf_relay_peers", "Members this node relays for now",
+                                value=peers)  # fmt: skip
+        yield CounterMetricFamily("gwtf_relay_refused", "Attachments refused (not a member, "
+                                  "or over --relay-peers)", value=refused)  # fmt: skip
+
     def publish_metrics(self) -> None:
         """Hand the metrics thread a fresh snapshot (it never reads the loop's state)."""
         state = self._state
         if self._metrics.port is None or not state.in_swarm:
             return
         self._refusals = {"rate": self._limiter.refused, "token": self._token_refusals}
+        relay = self._relay
+        self._relayed = (relay.relayed_bytes(), len(relay.relayed()), relay.refused)
         stats = state.stats
         self._metrics.publish(
             self.local_status(),
@@ -112,6 +130,7 @@ class StatusReport:
             flow_messages_received=driver.messages_received,
             flow_messages_emitted=driver.messages_emitted,
             routing=state.swarm.routing,
+            relayed_bytes=self._relay.relayed(),
         )
         local = self._flows.local
         if local is not None:

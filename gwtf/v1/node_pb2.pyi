@@ -19,7 +19,7 @@ MEMBER_STATE_DEAD: MemberState
 MEMBER_STATE_LEFT: MemberState
 
 class Member(_message.Message):
-    __slots__ = ("id", "address", "stage", "location", "compute_s", "capacity", "epoch", "heartbeat", "state", "links", "blocked", "revision", "movable", "uplink_gbps")
+    __slots__ = ("id", "address", "stage", "location", "compute_s", "capacity", "epoch", "heartbeat", "state", "links", "blocked", "revision", "movable", "uplink_gbps", "relay")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class Member(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     MOVABLE_FIELD_NUMBER: _ClassVar[int]
     UPLINK_GBPS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     id: str
     address: str
     stage: int
@@ -48,7 +49,8 @@ class Member(_message.Message):
     revision: int
     movable: bool
     uplink_gbps: float
-    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., stage: _Optional[int] = ..., location: _Optional[str] = ..., compute_s: _Optional[float] = ..., capacity: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., blocked: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ..., movable: _Optional[bool] = ..., uplink_gbps: _Optional[float] = ...) -> None: ...
+    relay: str
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., stage: _Optional[int] = ..., location: _Optional[str] = ..., compute_s: _Optional[float] = ..., capacity: _Optional[float] = ..., epoch: _Optional[int] = ..., heartbeat: _Optional[int] = ..., state: _Optional[_Union[MemberState, str]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., blocked: _Optional[_Iterable[str]] = ..., revision: _Optional[int] = ..., movable: _Optional[bool] = ..., uplink_gbps: _Optional[float] = ..., relay: _Optional[str] = ...) -> None: ...
 
 class LinkReport(_message.Message):
     __slots__ = ("site", "rtt_level", "bandwidth_level")
@@ -168,6 +170,46 @@ class EchoReply(_message.Message):
     received_bytes: int
     def __init__(self, nonce: _Optional[int] = ..., received_bytes: _Optional[int] = ...) -> None: ...
 
+class DialBackRequest(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class DialBackReply(_message.Message):
+    __slots__ = ("reachable", "detail")
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    reachable: bool
+    detail: str
+    def __init__(self, reachable: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class AttachRequest(_message.Message):
+    __slots__ = ("node_id", "epoch")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class RelayEvent(_message.Message):
+    __slots__ = ("address", "relay", "connection")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    relay: str
+    connection: int
+    def __init__(self, address: _Optional[str] = ..., relay: _Optional[str] = ..., connection: _Optional[int] = ...) -> None: ...
+
+class PipeChunk(_message.Message):
+    __slots__ = ("connection", "data")
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    connection: int
+    data: bytes
+    def __init__(self, connection: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ("swarm",)
     SWARM_FIELD_NUMBER: _ClassVar[int]
@@ -203,7 +245,14 @@ class ArcStatus(_message.Message):
     def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., flow: _Optional[int] = ..., cap: _Optional[int] = ..., cost: _Optional[int] = ..., gen: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., bandwidth_gbps: _Optional[float] = ..., ring: _Optional[bool] = ..., measured_rtt_ms: _Optional[float] = ..., measured_bandwidth_gbps: _Optional[float] = ..., rtt_probes: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("member", "round", "tightens", "final", "quiet", "eps", "arcs", "throughput", "flow_messages_sent", "flow_batches_sent", "gossip_bytes_sent", "gossip_calls_sent", "uptime_s", "departed", "wan_stack_rtt_ms", "busy", "flow_messages_received", "flow_messages_emitted", "routing", "solves", "view_changes", "repairs", "last_solve_s", "solve_waited_s", "message_delay_s")
+    __slots__ = ("member", "round", "tightens", "final", "quiet", "eps", "arcs", "throughput", "flow_messages_sent", "flow_batches_sent", "gossip_bytes_sent", "gossip_calls_sent", "uptime_s", "departed", "wan_stack_rtt_ms", "busy", "flow_messages_received", "flow_messages_emitted", "routing", "solves", "view_changes", "repairs", "last_solve_s", "solve_waited_s", "message_delay_s", "relayed_bytes")
+    class RelayedBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TIGHTENS_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +278,7 @@ class NodeStatus(_message.Message):
     LAST_SOLVE_S_FIELD_NUMBER: _ClassVar[int]
     SOLVE_WAITED_S_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_DELAY_S_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_BYTES_FIELD_NUMBER: _ClassVar[int]
     member: Member
     round: int
     tightens: int
@@ -254,7 +304,8 @@ class NodeStatus(_message.Message):
     last_solve_s: float
     solve_waited_s: float
     message_delay_s: float
-    def __init__(self, member: _Optional[_Union[Member, _Mapping]] = ..., round: _Optional[int] = ..., tightens: _Optional[int] = ..., final: _Optional[bool] = ..., quiet: _Optional[bool] = ..., eps: _Optional[int] = ..., arcs: _Optional[_Iterable[_Union[ArcStatus, _Mapping]]] = ..., throughput: _Optional[int] = ..., flow_messages_sent: _Optional[int] = ..., flow_batches_sent: _Optional[int] = ..., gossip_bytes_sent: _Optional[int] = ..., gossip_calls_sent: _Optional[int] = ..., uptime_s: _Optional[float] = ..., departed: _Optional[_Iterable[str]] = ..., wan_stack_rtt_ms: _Optional[float] = ..., busy: _Optional[_Iterable[str]] = ..., flow_messages_received: _Optional[int] = ..., flow_messages_emitted: _Optional[int] = ..., routing: _Optional[str] = ..., solves: _Optional[int] = ..., view_changes: _Optional[int] = ..., repairs: _Optional[int] = ..., last_solve_s: _Optional[float] = ..., solve_waited_s: _Optional[float] = ..., message_delay_s: _Optional[float] = ...) -> None: ...
+    relayed_bytes: _containers.ScalarMap[str, int]
+    def __init__(self, member: _Optional[_Union[Member, _Mapping]] = ..., round: _Optional[int] = ..., tightens: _Optional[int] = ..., final: _Optional[bool] = ..., quiet: _Optional[bool] = ..., eps: _Optional[int] = ..., arcs: _Optional[_Iterable[_Union[ArcStatus, _Mapping]]] = ..., throughput: _Optional[int] = ..., flow_messages_sent: _Optional[int] = ..., flow_batches_sent: _Optional[int] = ..., gossip_bytes_sent: _Optional[int] = ..., gossip_calls_sent: _Optional[int] = ..., uptime_s: _Optional[float] = ..., departed: _Optional[_Iterable[str]] = ..., wan_stack_rtt_ms: _Optional[float] = ..., busy: _Optional[_Iterable[str]] = ..., flow_messages_received: _Optional[int] = ..., flow_messages_emitted: _Optional[int] = ..., routing: _Optional[str] = ..., solves: _Optional[int] = ..., view_changes: _Optional[int] = ..., repairs: _Optional[int] = ..., last_solve_s: _Optional[float] = ..., solve_waited_s: _Optional[float] = ..., message_delay_s: _Optional[float] = ..., relayed_bytes: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("node", "swarm", "members", "nodes", "unreachable")

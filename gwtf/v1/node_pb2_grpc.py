@@ -298,6 +298,171 @@ class Probe:
             _registered_method=True)
 
 
+class RelayStub:
+    """Relays for members that cannot be dialled (docs/design.md 3.11).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.DialBack = channel.unary_unary(
+                '/gwtf.v1.Relay/DialBack',
+                request_serializer=gwtf_dot_v1_dot_node__pb2.DialBackRequest.SerializeToString,
+                response_deserializer=gwtf_dot_v1_dot_node__pb2.DialBackReply.FromString,
+                _registered_method=True)
+        self.Attach = channel.unary_stream(
+                '/gwtf.v1.Relay/Attach',
+                request_serializer=gwtf_dot_v1_dot_node__pb2.AttachRequest.SerializeToString,
+                response_deserializer=gwtf_dot_v1_dot_node__pb2.RelayEvent.FromString,
+                _registered_method=True)
+        self.Pipe = channel.stream_stream(
+                '/gwtf.v1.Relay/Pipe',
+                request_serializer=gwtf_dot_v1_dot_node__pb2.PipeChunk.SerializeToString,
+                response_deserializer=gwtf_dot_v1_dot_node__pb2.PipeChunk.FromString,
+                _registered_method=True)
+
+
+class RelayServicer:
+    """Relays for members that cannot be dialled (docs/design.md 3.11).
+    """
+
+    def DialBack(self, request, context):
+        """Whether the caller can be dialled at `address`: the member connects to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Attach(self, request, context):
+        """A member that cannot be dialled keeps this call open: the relay listens on a port of its
+        own for it, says which in the first event, then asks for one Pipe per connection made to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pipe(self, request_iterator, context):
+        """The bytes of one connection, both ways; the caller's first message names the connection.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RelayServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'DialBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.DialBack,
+                    request_deserializer=gwtf_dot_v1_dot_node__pb2.DialBackRequest.FromString,
+                    response_serializer=gwtf_dot_v1_dot_node__pb2.DialBackReply.SerializeToString,
+            ),
+            'Attach': grpc.unary_stream_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=gwtf_dot_v1_dot_node__pb2.AttachRequest.FromString,
+                    response_serializer=gwtf_dot_v1_dot_node__pb2.RelayEvent.SerializeToString,
+            ),
+            'Pipe': grpc.stream_stream_rpc_method_handler(
+                    servicer.Pipe,
+                    request_deserializer=gwtf_dot_v1_dot_node__pb2.PipeChunk.FromString,
+                    response_serializer=gwtf_dot_v1_dot_node__pb2.PipeChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'gwtf.v1.Relay', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('gwtf.v1.Relay', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Relay:
+    """Relays for members that cannot be dialled (docs/design.md 3.11).
+    """
+
+    @staticmethod
+    def DialBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gwtf.v1.Relay/DialBack',
+            gwtf_dot_v1_dot_node__pb2.DialBackRequest.SerializeToString,
+            gwtf_dot_v1_dot_node__pb2.DialBackReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gwtf.v1.Relay/Attach',
+            gwtf_dot_v1_dot_node__pb2.AttachRequest.SerializeToString,
+            gwtf_dot_v1_dot_node__pb2.RelayEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pipe(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/gwtf.v1.Relay/Pipe',
+            gwtf_dot_v1_dot_node__pb2.PipeChunk.SerializeToString,
+            gwtf_dot_v1_dot_node__pb2.PipeChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class StatusStub:
     """Missing associated documentation comment in .proto file."""
 

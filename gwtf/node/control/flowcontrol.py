@@ -205,6 +205,9 @@ class FlowControl:
             sender=state.node_id, nonce=int(state.rng.integers(2**63)), payload=payload
         )
         metadata = ((UNDELAYED, "1"),) if undelayed else None
+        # At the address its record gives now: a relayed member moves when its relay dies
+        # (docs/design.md 3.11), and a prober holds the record it started with.
+        member = state.members.get(member.id) or member
         start = time.perf_counter()
         try:
             await self._peers.stubs(member).probe.Echo(

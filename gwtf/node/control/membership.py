@@ -123,6 +123,9 @@ class MemberInfo:
     uplink_gbps: float = 0.0
     """Its access uplink as its operator declared it (0: not said): its stage's snapshots go out
     from the replica with the fastest (`gwtf.job.snapshots.snapshot_sender`)."""
+    relay: str = ""
+    """The member that relays calls to it (it cannot be dialled at its own address; `address`
+    is then a port of the relay's, docs/design.md 3.11); empty: dialled directly."""
 
     @property
     def alive(self) -> bool:
@@ -240,6 +243,17 @@ class Membership:
         self._me = replace(
             self._me, compute_s=compute_s, capacity=capacity, revision=self._me.revision + 1,
         )
+        self._spread(self._me.id)
+        return True
+
+    def set_address(self, address: str, relay: str) -> bool:
+        """Where members dial this node changed (a relay took it on, or replaced a relay that
+        died: docs/design.md 3.11): a new revision of its record, spread as news. True if it
+        changed."""
+        if (address, relay) == (self._me.address, self._me.relay):
+            return False
+        self._me = replace(self._me, address=address, relay=relay,
+                           revision=self._me.revision + 1)  # fmt: skip
         self._spread(self._me.id)
         return True
 
@@ -429,7 +443,8 @@ class Membership:
             if info.revision > old.revision:
                 entry.info = replace(
                     entry.info, links=info.links, blocked=info.blocked, revision=info.revision,
-                    compute_s=info.compute_s, capacity=info.capacity,
+                    compute_s=info.compute_s, capacity=info.capacity, address=info.address,
+                    relay=info.relay,
                 )
                 events.append(MemberEvent("links", entry.info, "re-measured links or pace"))
             if info.heartbeat > old.heartbeat:

@@ -96,6 +96,7 @@ def member_to_pb(info: MemberInfo) -> node_pb2.Member:
         revision=info.revision,
         movable=info.movable,
         uplink_gbps=info.uplink_gbps,
+        relay=info.relay,
     )
 
 
@@ -129,6 +130,7 @@ def member_from_pb(pb: node_pb2.Member, num_stages: int | None) -> MemberInfo:
     limit = MAX_STAGES if num_stages is None else num_stages
     if pb.stage >= limit:
         raise InvalidMessage(f"member {pb.id!r} has stage {pb.stage}, outside 0..{limit - 1}")
+    check_name(f"member {pb.id!r} relay", pb.relay, empty_ok=True)
     _positive(f"member {pb.id!r} compute_s", pb.compute_s)
     _positive(f"member {pb.id!r} capacity", pb.capacity)
     if not (math.isfinite(pb.uplink_gbps) and pb.uplink_gbps >= 0):
@@ -151,6 +153,7 @@ def member_from_pb(pb: node_pb2.Member, num_stages: int | None) -> MemberInfo:
         revision=pb.revision,
         movable=pb.movable,
         uplink_gbps=pb.uplink_gbps,
+        relay=pb.relay,
     )
 
 

@@ -72,6 +72,7 @@ SERVICES = (
     "gwtf.v1.Status",
     "gwtf.v1.JobService",
     "gwtf.v1.DataPlane",
+    "gwtf.v1.Relay",
 )
 
 
@@ -311,9 +312,11 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             await changed.wait()
 
 
-def add_servicers(server: aio.Server, node: Node, health: HealthServicer) -> None:
+def add_servicers(server: aio.Server, node: Node, health: HealthServicer,
+                  relay: node_pb2_grpc.RelayServicer) -> None:  # fmt: skip
     server.add_generic_rpc_handlers(tuple(service_handler(name, node) for name in TABLES))
     node_pb2_grpc.add_ProbeServicer_to_server(ProbeServicer(), server)
+    node_pb2_grpc.add_RelayServicer_to_server(relay, server)
     add_data_plane(server, node)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     # Server reflection, so that generic tools (grpcurl, grpcui) list and call the services.

@@ -379,6 +379,7 @@ class Stubs:
     health: health_pb2_grpc.HealthStub
     jobs: job_pb2_grpc.JobServiceStub
     data: data_pb2_grpc.DataPlaneStub
+    relay: node_pb2_grpc.RelayStub
     channel: aio.Channel
     """The channel itself, for stubs built elsewhere (gwtf.node.dataplane.tensors.DataPlaneStub)."""
 
@@ -429,6 +430,7 @@ class ChannelPool:
             health=health_pb2_grpc.HealthStub(channel),
             jobs=job_pb2_grpc.JobServiceStub(channel),
             data=data_pb2_grpc.DataPlaneStub(channel),
+            relay=node_pb2_grpc.RelayStub(channel),
             channel=channel,
         )
         self._channels[address] = (channel, stubs)
