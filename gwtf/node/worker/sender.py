@@ -157,11 +157,11 @@ class DataPlaneSender:
         # again, where a second copy is recognised, rather than to another node of the stage,
         # whose gradient would then meet one from the first. For up to the failure detector's
         # time: a node that stays out of reach longer is dead, or its arc blocked.
-        sticky, sticky_until = "", 0.0
+        sticky, sticky_until, source = "", 0.0, ""
         while ctx.current(it):
             target: str | None
             if sticky and ctx.peer(sticky) is not None and time.monotonic() < sticky_until:
-                target, source = sticky, "retry"
+                target = sticky  # counted under what chose it first
             else:
                 target, source = self._pick(dead, excluded)
             if target is None:
