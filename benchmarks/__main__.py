@@ -42,6 +42,7 @@ BENCHMARKS = {
     "compression": "benchmarks.compression",
     "simcompress": "benchmarks.simcompress",
     "compress-real": "benchmarks.compress_real",
+    "nat": "benchmarks.natswarm",
 }
 
 

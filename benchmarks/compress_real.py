@@ -6,7 +6,7 @@ compression (docs/design.md 2.15).
     flock /tmp/gwtf-heavy.lock .venv/bin/python -m benchmarks compress-real --quick   # 1 pair
 
 Six `gwtf node` processes, two per stage of three, each in a namespace of its own
-(`benchmarks/netns.py`: veth pairs on a bridge, `tc` tbf on each machine's uplink). The uplinks
+(`gwtf.local.netns`: veth pairs on a bridge, `tc` tbf on each machine's uplink). The uplinks
 are cable upload tiers of simulations/versus/nodes.csv (8 and 20 Mbit/s), declared to the node
 as well (`--uplink-mbps`) so that the plan sees what the kernel enforces; no delay is shaped (no
 netem here). Compute is emulated (0.2 s per microbatch, `--emulate-compute`), so the links bind:

@@ -230,40 +230,39 @@ class Node:
         return not reply.reachable
 
     async def _attach(self, via: str) -> None:
-        """Keep an attachment at a relay (gwtf.node.rpc.relay), first the member it joined
-        through; NodeError if none takes it within the failure detector's time."""
+        """Keep an attachment at a relay (gwtf.node.rpc.relay); NodeError if none takes it
+        within the failure detector's time."""
         state = self._state
         host = self.settings.host
         local = f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{self.port}"
         if host in ("::", "[::]"):
             local = f"[::1]:{self.port}"
-        first = [("", via, self._peers.stubs_at(via).relay)]
-
-        async def candidates() -> list[tuple[str, str, Any]]:
-            nonlocal first
-            if first:
-                tried, first = first, []
-                return tried
-            return await self._relay_candidates()
-
-        client = RelayClient(self.node_id, lambda: state.members.me.epoch, local, candidates,
-                             self._announce_relay, lambda: self.log)  # fmt: skip
+        client = RelayClient(self.node_id, lambda: state.members.me.epoch, local,
+                             self._relay_candidates, self._announce_relay,
+                             lambda: self.log)  # fmt: skip
         self.relayed = client
         state.spawn(client.run(), "relay attachment")
         try:
             await asyncio.wait_for(client.attached.wait(), self.config.failure_timeout_s * 2)
         except TimeoutError:
             raise NodeError(
-                f"members cannot dial {self.address} and no member relays for it: forward the "
-                "port and give --advertise, or --relay never to join as it is", 1,
+                f"members cannot dial {self.address} and no member relays for it (joined "
+                f"through {via}): forward the port and give --advertise, or --relay never to "
+                "join as it is", 1,
             ) from None
 
     async def _relay_candidates(self) -> list[tuple[str, str, Any]]:
-        """Members that can relay for it (dialled directly), nearest first by an Echo's round
-        trip; at most eight are measured."""
+        """Members that can relay for it (dialled directly), those relaying for the fewest
+        members first (their records say), then the nearest by an Echo's round trip; at most
+        eight are measured."""
         me = self.node_id
-        members = sorted((m for m in self.live_members() if not m.relay and m.id != me),
-                         key=lambda m: m.id)[:8]  # fmt: skip
+        live = self.live_members()
+        load: dict[str, int] = {}
+        for m in live:
+            if m.relay:
+                load[m.relay] = load.get(m.relay, 0) + 1
+        members = sorted((m for m in live if not m.relay and m.id != me),
+                         key=lambda m: (load.get(m.id, 0), m.id))[:8]  # fmt: skip
 
         async def rtt(member: MemberInfo) -> float:
             start = time.monotonic()
@@ -275,8 +274,9 @@ class Node:
             return time.monotonic() - start
 
         times = await asyncio.gather(*(rtt(m) for m in members))
-        ranked = sorted((t, m.id, m) for t, m in zip(times, members, strict=True) if t < 1e9)
-        return [(m.id, m.address, self.stubs(m).relay) for _, _, m in ranked]
+        ranked = sorted((load.get(m.id, 0), t, m.id, m)
+                        for t, m in zip(times, members, strict=True) if t < 1e9)  # fmt: skip
+        return [(m.id, m.address, self.stubs(m).relay) for _, _, _, m in ranked]
 
     def _announce_relay(self, address: str, relay: str) -> None:
         self._state.address = address

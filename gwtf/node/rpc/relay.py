@@ -20,8 +20,9 @@ A relay limits what it carries: at most `max_peers` attached nodes (the next is 
 RESOURCE_EXHAUSTED), only live members of its swarm (FAILED_PRECONDITION otherwise), and
 `mbps_per_peer` each way per attached node (0: no limit), paced rather than refused. When a relay
 dies its attachments' calls end; each relayed node attaches to another reachable member (the
-one answering an Echo fastest) and announces its new address as a new revision of its record,
-within the failure detector's time; in-flight work to it recovers as after any lost call.
+one relaying for the fewest, then the nearest) and announces its new address as a new revision
+of its record, within the failure detector's time; in-flight work to it recovers as after any
+lost call.
 """
 
 from __future__ import annotations

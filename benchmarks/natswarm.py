@@ -1,0 +1,174 @@
+"""`python -m benchmarks nat`: a swarm with half its machines behind NAT against the same swarm
+with every machine reachable, real processes on real network stacks (docs/design.md 3.11).
+
+    flock /tmp/gwtf-heavy.lock .venv/bin/python -m benchmarks nat           # 2 pairs
+    flock /tmp/gwtf-heavy.lock .venv/bin/python -m benchmarks nat --quick   # 1 pair
+
+Six `gwtf node` processes, two per stage of three, each in a network namespace of its own
+(`gwtf.local.netns.Hosts`), every uplink shaped by `tc` tbf to 20 Mbit/s (a cable upload tier
+of simulations/versus/nodes.csv) and declared (`--uplink-mbps`). In the NAT runs one machine of
+each stage sits on a home LAN behind a router namespace that masquerades its connections and
+lets none in (`behind_nat`): it finds that members cannot dial it and is reached through a
+relay (`--relay auto`, the default). Compute is emulated (0.2 s a microbatch), tiny-gpt with
+microbatches of 16 sequences (256 KiB float32 activations), `compression = "off"`, so that the
+links bind. Runs alternate, each on a fresh swarm: microbatches per second over the iterations
+after the first two, the flow's prediction (the maximum flow of the nodes' compute and declared
+uplinks, as the routing sees them: it does not model a relay's uplink carrying what it
+relays), who relayed whom and the bytes they carried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.report import machine, write_section
+from benchmarks.swarmrun import log, submit_when_formed
+from gwtf.flow.compression import boundary_sizes, uplink_capacity
+from gwtf.flow.placement import Swarm
+from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec
+from gwtf.local.netns import Hosts, available
+
+REPO = Path(__file__).resolve().parents[1]
+# (id, stage, uplink Mbit/s); the second of each stage sits behind the NAT in the NAT runs.
+NODES = [("h0", 0, 20), ("h1", 0, 20), ("a0", 1, 20), ("a1", 1, 20), ("z0", 2, 20), ("z1", 2, 20)]
+BEHIND_NAT = ("h1", "a1", "z1")
+COMPUTE_S = 0.2
+ITERATIONS = 7
+MICROBATCHES = 24
+MICROBATCH_SIZE = 16
+PAIRS = 2
+SKIP = 2
+
+
+def predicted(activation_bytes: int) -> float:
+    """The swarm's maximum flow (microbatches/s): each node the least of its compute and what
+    its declared uplink carries."""
+    sizes = boundary_sizes(activation_bytes, ("none", "none"))
+    nodes = tuple(
+        NodeSpec(node, stage, COMPUTE_S, "home",
+                 min(1 / COMPUTE_S, uplink_capacity(mbps / 1000, stage, sizes)))
+        for node, stage, mbps in NODES
+    )  # fmt: skip
+    return Swarm(3, activation_bytes, nodes, {}, DEFAULT_INTRA).max_flow()
+
+
+def _relays(address: str) -> tuple[dict[str, str], dict[str, int]]:
+    """Who relays whom, and the bytes each relay carried for each, as `address` sees it."""
+    from gwtf.client import fetch_status, status_json
+
+    view = status_json(fetch_status(address, timeout_s=10.0, swarm=True))
+    relays = {m["id"]: m["relay"] for m in view["members"] if m["alive"] and m["relay"]}
+    carried = {f"{n['id']}->{peer}": int(b) for n in view["nodes"]
+               for peer, b in n.get("relayed_bytes", {}).items()}  # fmt: skip
+    return relays, carried
+
+
+def one_run(nat: bool, log_dir: Path) -> dict[str, Any]:
+    from gwtf.client import GwtfClient
+    from gwtf.train import PRESETS
+    from gwtf.train.costs import activation_bytes
+    from gwtf.train.job import CompressionConfig
+
+    job = dataclasses.replace(PRESETS["tiny-gpt"], iterations=ITERATIONS,
+                              microbatches=MICROBATCHES, microbatch_size=MICROBATCH_SIZE,
+                              compression=CompressionConfig(allow=()))  # fmt: skip
+    names = [n for n, _, _ in NODES]
+    behind = BEHIND_NAT if nat else ()
+    with Hosts(names, {n: mbps for n, _, mbps in NODES}, tag="gwtfbn", prefix="10.81.0",
+               behind_nat=behind) as hosts:  # fmt: skip
+        addresses: dict[str, str] = {}
+        for node, stage, mbps in NODES:
+            argv = [
+                sys.executable, "-m", "gwtf", "node", "--id", node, "--stage", str(stage),
+                "--host", hosts.address(node), "--port", "0",
+                "--compute-s", str(COMPUTE_S), "--emulate-compute", "--uplink-mbps", str(mbps),
+                "--device", "cpu", "--threads", "1",
+            ]  # fmt: skip
+            if not addresses:
+                argv += ["--stages", "3", "--activation-bytes", str(activation_bytes(job))]
+            else:
+                argv += ["--bootstrap", next(iter(addresses.values()))]
+            said = log_dir / f"{node}.out"
+            with open(log_dir / f"{node}.log", "w", encoding="utf-8") as err, \
+                    open(said, "w", encoding="utf-8") as out:  # fmt: skip
+                proc = hosts.popen(node, argv, cwd=REPO, stdout=out, stderr=err, text=True)
+            deadline = time.monotonic() + 120
+            while node not in addresses:
+                text = said.read_text(encoding="utf-8")
+                if "listening on" in text:
+                    addresses[node] = text.split("listening on ")[1].split()[0]
+                elif proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{node} did not start: see {log_dir / (node + '.log')}")
+                else:
+                    time.sleep(0.2)
+        start = time.monotonic()
+        job_id = submit_when_formed(addresses["h0"], job)
+        result = GwtfClient(addresses["h0"], timeout_s=60).wait(job_id, timeout_s=900)
+        wall = time.monotonic() - start
+        relays, carried = _relays(addresses["h0"])
+    if result.state != "completed":
+        raise RuntimeError(f"the job {result.state}: {result.error}")
+    rate = MICROBATCHES / statistics.mean(result.iteration_s[SKIP:])
+    flow = predicted(activation_bytes(job))
+    log(f"{'half behind NAT' if nat else 'all reachable'}: {rate:.2f} mb/s (flow {flow:.2f}), "
+        f"relays {relays}, {wall:.0f} s")
+    return {"nat": nat, "rate": rate, "flow": flow, "relays": relays, "carried": carried,
+            "wall_s": wall, "checksum": result.param_checksum}  # fmt: skip
+
+
+def run(quick: bool = False, pairs: int = PAIRS) -> str:
+    why = available()
+    if why:
+        return f"nat: skipped, {why}"
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="gwtf-nat-") as tmp:
+        for pair in range(1 if quick else pairs):
+            for nat in (False, True):
+                log_dir = Path(tmp) / f"{pair}-{'nat' if nat else 'open'}"
+                log_dir.mkdir()
+                runs.append(one_run(nat, log_dir))
+    rows, ratios = [], []
+    for pair in range(len(runs) // 2):
+        open_, nat = runs[2 * pair], runs[2 * pair + 1]
+        ratios.append(nat["rate"] / open_["rate"])
+        same = "yes" if nat["checksum"] == open_["checksum"] else "NO"
+        for r in (open_, nat):
+            relayed = ", ".join(f"{k} by {v}" for k, v in sorted(r["relays"].items())) or "-"
+            mib = sum(r["carried"].values()) / 2**20
+            rows.append(
+                f"| {pair} | {'half behind NAT' if r['nat'] else 'all reachable'} "
+                f"| {r['rate']:.2f} | {r['flow']:.2f} | {r['rate'] / r['flow']:.2f} "
+                f"| {relayed} | {mib:.0f} | {same} | {r['wall_s']:.0f} |"
+            )
+    body = "\n".join([
+        "## nat: half the swarm behind NAT, real processes and network stacks",
+        "",
+        f"`python -m benchmarks nat`, {time.strftime('%Y-%m-%d')}, {machine()}. Six nodes (two "
+        "a stage), each in its own network namespace, uplinks shaped by tc tbf to 20 Mbit/s, "
+        f"compute emulated at {COMPUTE_S} s a microbatch, tiny-gpt ({MICROBATCHES} microbatches "
+        f"of 256 KiB float32 activations an iteration, {ITERATIONS} iterations, compression "
+        f"off; the rate leaves out the first {SKIP}). NAT runs: one machine of each stage "
+        "behind a masquerading router, reached through a relay it chose. *MiB relayed*: what "
+        "the relays carried, both ways (their status). *Same model*: the two runs of a pair "
+        "end with the same checksum.",
+        "",
+        "| pair | swarm | mb/s | flow's prediction | measured / predicted | relayed | MiB "
+        "relayed | same model | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Half behind NAT over all reachable: {', '.join(f'{x:.2f}' for x in ratios)} "
+        f"(mean {statistics.mean(ratios):.2f}).",
+    ])  # fmt: skip
+    write_section("nat", body)
+    return body
+
+
+if __name__ == "__main__":
+    print(run(quick="--quick" in sys.argv))
