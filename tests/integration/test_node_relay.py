@@ -6,18 +6,32 @@ same behind a real NAT, where the node finds out by itself."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from typing import Any
+
 import grpc
 import pytest
-from cluster import LocalSwarm, wait_for
+from cluster import REPO, LocalSwarm, wait_for
 
 from gwtf.client import GwtfClient, format_status
 from gwtf.node.rpc.transport import ChannelPool
 from gwtf.train import PRESETS, train_reference
 from gwtf.v1 import node_pb2
+from tests.integration.pki import make_ca, make_member
 
 pytestmark = pytest.mark.integration
 
 WAIT_S = 180.0
+
+
+def status(address: str, *flags: str) -> dict[str, Any] | None:
+    """`gwtf status --json` at `address` with `flags`, None if it is refused."""
+    done = subprocess.run([sys.executable, "-m", "gwtf", "status", "--to", address, "--json",
+                           *flags], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+    return json.loads(done.stdout) if done.returncode == 0 else None
 
 
 def _members(swarm: LocalSwarm, asked: str) -> dict[str, dict[str, object]]:
@@ -99,3 +113,37 @@ def test_a_relay_refuses_strangers_and_more_than_its_limit(tmp_path) -> None:
         # Both go on serving.
         swarm.wait_formed()
         assert all(p.alive for p in swarm.procs.values())
+
+
+def test_a_relayed_node_in_a_tls_and_token_swarm(tmp_path) -> None:
+    """TLS and the token are end to end: the relay carries the two ends' own TLS connection, so
+    a member reaches the relayed node with the swarm's certificates and token through the relay,
+    and a client without them is refused as it would be at the node itself."""
+    ours = make_ca(tmp_path, "ours")
+    token = tmp_path / "token"
+    token.write_text("5f2b7c0d9e8a4b1c3d6e7f8091a2b3c4\n")
+
+    def tls(name: str) -> tuple[str, ...]:
+        cert, key, ca_cert = make_member(tmp_path, name, ours)
+        return ("--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(ca_cert),
+                "--token-file", str(token))  # fmt: skip
+
+    member = tls("member")
+    with LocalSwarm(tmp_path, extra=member) as swarm:
+        swarm.start([("t0", 0, 0.05)], num_stages=2)
+        swarm.join("t1", 1, 0.05, "--relay", "always")
+        wait_for(lambda: (status(swarm.procs["t0"].address, *member) or {}).get("converged"),
+                 60, "the TLS swarm to converge")  # fmt: skip
+        def relayed_at() -> str:
+            view = status(swarm.procs["t0"].address, *member) or {"members": []}
+            t1 = {m["id"]: m for m in view["members"]}.get("t1", {})
+            return str(t1["address"]) if t1.get("relay") == "t0" else ""
+
+        relayed = wait_for(relayed_at, 30, "t1 relayed")
+        # Through the relay, with the swarm's credentials: t1 itself answers.
+        view = status(str(relayed), *member)
+        assert view is not None and view["node"] == "t1"
+        # Without the token, or without TLS: refused, the relay carrying nothing it could use.
+        no_token = tuple(a for a in member if a not in ("--token-file", str(token)))
+        assert status(str(relayed), *no_token) is None
+        assert status(str(relayed)) is None

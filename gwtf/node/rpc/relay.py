@@ -57,6 +57,10 @@ by default, so a chunk carries a few of them."""
 DIAL_TIMEOUT_S = 3.0
 """How long `DialBack` tries to connect: a reachable address answers a TCP connection in one
 round trip, however far; a NAT drops the SYN, and this bounds the wait."""
+JOIN_GRACE_S = 3.0
+"""How long `Attach` waits to hear of a caller it does not know as a member yet: a node attaches
+right after joining through another member, and its record reaches this one by gossip within a
+few heartbeats. A stranger is refused after it."""
 PIPE_CLAIM_S = 10.0
 """How long a connection made to a relayed port waits for the relayed node's Pipe."""
 
@@ -219,6 +223,9 @@ class RelayServer(node_pb2_grpc.RelayServicer):
             self.refused += 1
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                          f"{self._me()} cannot be dialled itself: it relays for nobody")
+        deadline = time.monotonic() + JOIN_GRACE_S
+        while not self._is_member(node_id, request.epoch) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         if not self._is_member(node_id, request.epoch):
             self.refused += 1
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION,
