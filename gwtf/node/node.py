@@ -195,6 +195,8 @@ class Node:
         )
         self._control.start()
         self._flows.start()
+        if self.relayed is not None:
+            self._flows.relayed()
         if joined_via:
             state.spawn(self.jobs.learn_jobs(joined_via), "learn jobs")
         self._flows.after_change()
@@ -281,6 +283,8 @@ class Node:
     def _announce_relay(self, address: str, relay: str) -> None:
         self._state.address = address
         self._state.members.set_address(address, relay)
+        if self._state.ready:
+            self._flows.relayed()
 
     async def leave(self) -> None:
         """Graceful leave (docs/design.md 3.9): let the iteration in progress step here, stop

@@ -7,7 +7,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gwtf.node.control.membership import MemberInfo, Membership, State, member_capacity
+from gwtf.node.control.membership import (
+    MemberInfo,
+    Membership,
+    State,
+    member_capacity,
+    relay_share_gbps,
+)
 
 TIMEOUT = 4.0
 
@@ -402,3 +408,22 @@ def test_a_declared_uplink_bounds_a_members_capacity() -> None:
     assert member_capacity(0.08, 0, 0.01, 3, act) == pytest.approx(0.01e9 / (act * 8))
     assert member_capacity(0.08, 1, 0.0, 3, act) == pytest.approx(12.5)
     assert member_capacity(0.08, 1, 1.0, 3, act) == pytest.approx(12.5)
+
+
+def test_a_relayed_member_counts_on_its_share_of_its_relay_s_uplink() -> None:
+    """docs/design.md 3.11: the relay's uplink carries what comes to a member it relays (the
+    same boundaries' bytes as the member's own uplink sends), shared evenly with the relay's own
+    traffic and the other members it relays; no relay, or one that declared no uplink: no bound."""
+    act = 2**18
+    relay = replace(member("r"), uplink_gbps=0.02)
+    me = replace(member("x", stage=1), relay="r")
+    other = replace(member("y", stage=1), relay="r")
+    # r relays x and y: a third of its 20 Mbit/s each, and a third for its own traffic.
+    share = relay_share_gbps(me, [relay, other])
+    assert share == pytest.approx(0.02 / 3)
+    bound = member_capacity(0.08, 1, 1.0, 3, act, relay_gbps=share)
+    assert bound == pytest.approx(share * 1e9 / (2 * act * 8))
+    assert bound < member_capacity(0.08, 1, 1.0, 3, act)
+    assert relay_share_gbps(replace(me, relay=""), [relay]) == 0.0
+    assert relay_share_gbps(me, [replace(relay, uplink_gbps=0.0)]) == 0.0
+    assert relay_share_gbps(me, []) == 0.0  # its relay not known (yet): no bound

@@ -275,6 +275,12 @@ class FlowControl:
         )
         self.after_change()
 
+    def relayed(self) -> None:
+        """This node's relay changed (docs/design.md 3.11): the local routing restates its
+        capacity with its share of the relay's uplink; the relaxation keeps it."""
+        if self.local is not None:
+            self.local.relayed()
+
     def compress(self, codecs: tuple[str, ...] | None) -> None:
         """A job's compression plan (one codec per boundary; None: none) prices the local
         routing's arcs (docs/design.md 2.15); the relaxation keeps the swarm's bytes."""

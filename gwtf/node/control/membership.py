@@ -56,24 +56,53 @@ from gwtf.flow.compression import uplink_capacity
 from gwtf.flow.linkreports import LinkReport
 from gwtf.flow.topology import access_capacity
 
-__all__ = ["Gossip", "MemberEvent", "MemberInfo", "Membership", "State", "member_capacity"]
+__all__ = [
+    "Gossip",
+    "MemberEvent",
+    "MemberInfo",
+    "Membership",
+    "State",
+    "member_capacity",
+    "relay_share_gbps",
+]
 
 
 def member_capacity(
     compute_s: float, stage: int, uplink_gbps: float, num_stages: int, activation_bytes: int,
-    boundary_bytes: tuple[int, ...] | None = None,
+    boundary_bytes: tuple[int, ...] | None = None, relay_gbps: float = 0.0,
 ) -> float:
     """A member's capacity in microbatches/s: its compute, and the uplink its operator declared
     (`--uplink-mbps`; 0: not said, no bound), which every microbatch crosses once per
     neighbouring stage (gwtf.flow.topology.access_capacity, as the simulator's), with the bytes
-    of a job's compression plan where one holds (`boundary_bytes`, docs/design.md 2.15)."""
-    if uplink_gbps <= 0:
-        access = math.inf
-    elif boundary_bytes is not None:
-        access = uplink_capacity(uplink_gbps, stage, boundary_bytes)
-    else:
-        access = access_capacity(uplink_gbps, stage, num_stages, activation_bytes)
-    return min(1.0 / compute_s, access)
+    of a job's compression plan where one holds (`boundary_bytes`, docs/design.md 2.15). A
+    relayed member is also bound by its share of its relay's uplink (`relay_gbps`, from
+    `relay_share_gbps`; 0: none), which carries what comes to it: the activation from the stage
+    above and the gradient from the stage below, the same boundaries' bytes (3.11)."""
+
+    def access(gbps: float) -> float:
+        if gbps <= 0:
+            return math.inf
+        if boundary_bytes is not None:
+            return uplink_capacity(gbps, stage, boundary_bytes)
+        return access_capacity(gbps, stage, num_stages, activation_bytes)
+
+    return min(1.0 / compute_s, access(uplink_gbps), access(relay_gbps))
+
+
+def relay_share_gbps(me: MemberInfo, others: Iterable[MemberInfo]) -> float:
+    """The share of its relay's declared uplink a relayed member can count on (0: not relayed,
+    or the relay declared no uplink): an even share between the relay's own traffic and each
+    member it relays, as their records say now. An estimate: the relay's own traffic and the
+    others' take what the flows give them, not an even share."""
+    if not me.relay:
+        return 0.0
+    others = list(others)
+    relay = next((m for m in others if m.id == me.relay), None)
+    if relay is None or relay.uplink_gbps <= 0:
+        return 0.0
+    carried = 1 + sum(1 for m in others if m.relay == me.relay and m.id != me.id)
+    return relay.uplink_gbps / (carried + 1)
+
 
 WATCH = 6
 """Members each node watches (times out): enough that a member is still watched when several of

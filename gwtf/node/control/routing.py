@@ -46,7 +46,7 @@ from gwtf.flow.localroute import LocalRoute, OutArc
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
 from gwtf.node.control.entry import ONE_SITE
 from gwtf.node.control.links import ArcParamsSpec, arc_params
-from gwtf.node.control.membership import MemberInfo, member_capacity
+from gwtf.node.control.membership import MemberInfo, member_capacity, relay_share_gbps
 from gwtf.node.control.prober import LinkProber
 from gwtf.node.state import NodeState
 
@@ -109,6 +109,24 @@ class LocalRouting:
                 self._probe_next_hops()
             self._view_changed.set()
 
+    def _capacity(self, compute_s: float) -> float:
+        """This node's capacity at `compute_s` (`member_capacity`): its uplink with the job's
+        bytes, and its share of its relay's uplink if it is relayed (docs/design.md 3.11)."""
+        members, swarm = self._state.members, self._state.swarm
+        me = members.me
+        return member_capacity(compute_s, me.stage, me.uplink_gbps, swarm.num_stages,
+                               swarm.activation_bytes, self.boundary_bytes,
+                               relay_share_gbps(me, members.alive()))  # fmt: skip
+
+    def relayed(self) -> None:
+        """This node's relay changed: its record states what its share of the relay's uplink
+        carries, so the flows send it no more than that (docs/design.md 3.11)."""
+        state = self._state
+        if state.members.set_capacity(self._capacity(state.members.me.compute_s)):
+            state.log.info("routes: relayed by %s; capacity %.2f mb/s", state.members.me.relay,
+                           state.members.me.capacity)  # fmt: skip
+            self.update_view()
+
     def compress(self, sizes: tuple[int, ...] | None) -> None:
         """A job's compression plan holds here (`sizes`: the bytes each boundary sends per
         microbatch) or no longer (None): arcs are priced with those bytes from the next solve
@@ -118,11 +136,8 @@ class LocalRouting:
             return
         self.boundary_bytes = sizes
         state = self._state
-        me, swarm = state.members.me, state.swarm
-        state.members.set_capacity(member_capacity(
-            me.compute_s, me.stage, me.uplink_gbps, swarm.num_stages, swarm.activation_bytes,
-            sizes,
-        ))  # fmt: skip
+        swarm = state.swarm
+        state.members.set_capacity(self._capacity(state.members.me.compute_s))
         self.route.set_boundary_bytes(sizes)
         state.log.info("routes: boundaries send %s bytes a microbatch; capacity %.2f mb/s",
                        list(sizes) if sizes else swarm.activation_bytes,
@@ -248,9 +263,7 @@ class LocalRouting:
         before = pace.published_s
         pace.publish(due)
         members = state.members
-        me, swarm = members.me, state.swarm
-        if members.set_pace(due, member_capacity(due, me.stage, me.uplink_gbps, swarm.num_stages,
-                                                 swarm.activation_bytes, self.boundary_bytes)):
+        if members.set_pace(due, self._capacity(due)):
             state.log.info(
                 "pace: %.4f s per microbatch measured, the record said %.4f (spread %.0f%%, "
                 "running %.0f%% of the time): record revision %d, capacity %.2f mb/s; the next "
