@@ -12,9 +12,9 @@ lets none in (`behind_nat`): it finds that members cannot dial it and is reached
 relay (`--relay auto`, the default). Compute is emulated (0.2 s a microbatch), tiny-gpt with
 microbatches of 16 sequences (256 KiB float32 activations), `compression = "off"`, so that the
 links bind. Runs alternate, each on a fresh swarm: microbatches per second over the iterations
-after the first two, the flow's prediction (the maximum flow of the nodes' compute and declared
-uplinks, as the routing sees them: it does not model a relay's uplink carrying what it
-relays), who relayed whom and the bytes they carried.
+after the first two, the flow's prediction without relays (the maximum flow of the nodes'
+compute and declared uplinks) and the routing's own flow value (with each relayed member's
+share of its relay's uplink, docs/design.md 3.11), who relayed whom and the bytes they carried.
 """
 
 from __future__ import annotations
@@ -58,15 +58,16 @@ def predicted(activation_bytes: int) -> float:
     return Swarm(3, activation_bytes, nodes, {}, DEFAULT_INTRA).max_flow()
 
 
-def _relays(address: str) -> tuple[dict[str, str], dict[str, int]]:
-    """Who relays whom, and the bytes each relay carried for each, as `address` sees it."""
+def _relays(address: str) -> tuple[dict[str, str], dict[str, int], float]:
+    """Who relays whom, the bytes each relay carried for each, and the routing's flow value
+    (microbatches/s, from the members' records), as `address` sees them."""
     from gwtf.client import fetch_status, status_json
 
     view = status_json(fetch_status(address, timeout_s=10.0, swarm=True))
     relays = {m["id"]: m["relay"] for m in view["members"] if m["alive"] and m["relay"]}
     carried = {f"{n['id']}->{peer}": int(b) for n in view["nodes"]
                for peer, b in n.get("relayed_bytes", {}).items()}  # fmt: skip
-    return relays, carried
+    return relays, carried, float(view["flow_value"])
 
 
 def one_run(nat: bool, log_dir: Path) -> dict[str, Any]:
@@ -111,15 +112,15 @@ def one_run(nat: bool, log_dir: Path) -> dict[str, Any]:
         job_id = submit_when_formed(addresses["h0"], job)
         result = GwtfClient(addresses["h0"], timeout_s=60).wait(job_id, timeout_s=900)
         wall = time.monotonic() - start
-        relays, carried = _relays(addresses["h0"])
+        relays, carried, routed = _relays(addresses["h0"])
     if result.state != "completed":
         raise RuntimeError(f"the job {result.state}: {result.error}")
     rate = MICROBATCHES / statistics.mean(result.iteration_s[SKIP:])
     flow = predicted(activation_bytes(job))
-    log(f"{'half behind NAT' if nat else 'all reachable'}: {rate:.2f} mb/s (flow {flow:.2f}), "
-        f"relays {relays}, {wall:.0f} s")
-    return {"nat": nat, "rate": rate, "flow": flow, "relays": relays, "carried": carried,
-            "wall_s": wall, "checksum": result.param_checksum}  # fmt: skip
+    log(f"{'half behind NAT' if nat else 'all reachable'}: {rate:.2f} mb/s (flow {flow:.2f}, "
+        f"routing's {routed:.2f}), relays {relays}, {wall:.0f} s")
+    return {"nat": nat, "rate": rate, "flow": flow, "routed": routed, "relays": relays,
+            "carried": carried, "wall_s": wall, "checksum": result.param_checksum}  # fmt: skip
 
 
 def run(quick: bool = False, pairs: int = PAIRS) -> str:
@@ -135,15 +136,16 @@ def run(quick: bool = False, pairs: int = PAIRS) -> str:
                 runs.append(one_run(nat, log_dir))
     rows, ratios = [], []
     for pair in range(len(runs) // 2):
-        open_, nat = runs[2 * pair], runs[2 * pair + 1]
-        ratios.append(nat["rate"] / open_["rate"])
-        same = "yes" if nat["checksum"] == open_["checksum"] else "NO"
-        for r in (open_, nat):
+        open_, natted = runs[2 * pair], runs[2 * pair + 1]
+        ratios.append(natted["rate"] / open_["rate"])
+        same = "yes" if natted["checksum"] == open_["checksum"] else "NO"
+        for r in (open_, natted):
             relayed = ", ".join(f"{k} by {v}" for k, v in sorted(r["relays"].items())) or "-"
             mib = sum(r["carried"].values()) / 2**20
             rows.append(
                 f"| {pair} | {'half behind NAT' if r['nat'] else 'all reachable'} "
-                f"| {r['rate']:.2f} | {r['flow']:.2f} | {r['rate'] / r['flow']:.2f} "
+                f"| {r['rate']:.2f} | {r['flow']:.2f} | {r['routed']:.2f} "
+                f"| {r['rate'] / r['routed']:.2f} "
                 f"| {relayed} | {mib:.0f} | {same} | {r['wall_s']:.0f} |"
             )
     body = "\n".join([
@@ -154,13 +156,16 @@ def run(quick: bool = False, pairs: int = PAIRS) -> str:
         f"compute emulated at {COMPUTE_S} s a microbatch, tiny-gpt ({MICROBATCHES} microbatches "
         f"of 256 KiB float32 activations an iteration, {ITERATIONS} iterations, compression "
         f"off; the rate leaves out the first {SKIP}). NAT runs: one machine of each stage "
-        "behind a masquerading router, reached through a relay it chose. *MiB relayed*: what "
-        "the relays carried, both ways (their status). *Same model*: the two runs of a pair "
-        "end with the same checksum.",
+        "behind a masquerading router, reached through a relay it chose. *Flow without "
+        "relays*: the maximum flow of the nodes' compute and declared uplinks; *routing's "
+        "flow*: the flow value the swarm's routing holds after the job (its members' records, "
+        "a relayed member's capacity bound by its share of its relay's uplink). *MiB "
+        "relayed*: what the relays carried, both ways (their status). *Same model*: the two "
+        "runs of a pair end with the same checksum.",
         "",
-        "| pair | swarm | mb/s | flow's prediction | measured / predicted | relayed | MiB "
-        "relayed | same model | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pair | swarm | mb/s | flow without relays | routing's flow | measured / routing's "
+        "| relayed | MiB relayed | same model | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"Half behind NAT over all reachable: {', '.join(f'{x:.2f}' for x in ratios)} "

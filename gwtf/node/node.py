@@ -111,7 +111,7 @@ class Node:
         self._flows = FlowControl(state, self._peers, self.refused)
         self.relay = RelayServer(
             settings.host, self._dialable, lambda: self.node_id, self._relayable,
-            settings.relay_limits, lambda: self.log,
+            settings.relay_limits, lambda: self.log, config.heartbeat_s,
         )
         """What this node carries for members that cannot be dialled (docs/design.md 3.11)."""
         self._status = StatusReport(state, self._peers, self._flows, self.metrics, self.limiter,

@@ -57,10 +57,10 @@ by default, so a chunk carries a few of them."""
 DIAL_TIMEOUT_S = 3.0
 """How long `DialBack` tries to connect: a reachable address answers a TCP connection in one
 round trip, however far; a NAT drops the SYN, and this bounds the wait."""
-JOIN_GRACE_S = 3.0
-"""How long `Attach` waits to hear of a caller it does not know as a member yet: a node attaches
-right after joining through another member, and its record reaches this one by gossip within a
-few heartbeats. A stranger is refused after it."""
+JOIN_GRACE_HEARTBEATS = 4
+"""How long, in heartbeats, `Attach` waits to hear of a caller it does not know as a member yet:
+a node attaches right after joining through another member, and its record reaches this one by
+gossip within a few heartbeats. A stranger is refused after it."""
 PIPE_CLAIM_S = 10.0
 """How long a connection made to a relayed port waits for the relayed node's Pipe."""
 
@@ -160,8 +160,10 @@ class RelayServer(node_pb2_grpc.RelayServicer):
         is_member: Callable[[str, int], bool],
         limits: RelayLimits,
         log: Callable[[], Any],
+        heartbeat_s: float = 0.5,
     ) -> None:
         self._bind = bind
+        self._grace_s = JOIN_GRACE_HEARTBEATS * heartbeat_s
         self._advertise = advertise
         self._me = me
         self._is_member = is_member
@@ -223,7 +225,7 @@ class RelayServer(node_pb2_grpc.RelayServicer):
             self.refused += 1
             await _abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                          f"{self._me()} cannot be dialled itself: it relays for nobody")
-        deadline = time.monotonic() + JOIN_GRACE_S
+        deadline = time.monotonic() + self._grace_s
         while not self._is_member(node_id, request.epoch) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         if not self._is_member(node_id, request.epoch):

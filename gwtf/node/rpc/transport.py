@@ -272,16 +272,16 @@ class MalformedRequestInterceptor(aio.ServerInterceptor):
                 request_deserializer=deserialize,
                 response_serializer=handler.response_serializer,
             )
+        async def checked_requests(
+            requests: AsyncIterator[Any], context: aio.ServicerContext
+        ) -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, _Malformed):
+                    await reject(context)
+                yield request
+
         if handler.stream_unary is not None:
             streamed = handler.stream_unary
-
-            async def checked_requests(
-                requests: AsyncIterator[Any], context: aio.ServicerContext
-            ) -> AsyncIterator[Any]:
-                async for request in requests:
-                    if isinstance(request, _Malformed):
-                        await reject(context)
-                    yield request
 
             async def checked_client_stream(
                 requests: AsyncIterator[Any], context: aio.ServicerContext
@@ -290,6 +290,20 @@ class MalformedRequestInterceptor(aio.ServerInterceptor):
 
             return grpc.stream_unary_rpc_method_handler(
                 checked_client_stream,
+                request_deserializer=deserialize,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            both = handler.stream_stream
+
+            async def checked_both(
+                requests: AsyncIterator[Any], context: aio.ServicerContext
+            ) -> AsyncIterator[Any]:
+                async for reply in both(checked_requests(requests, context), context):
+                    yield reply
+
+            return grpc.stream_stream_rpc_method_handler(
+                checked_both,
                 request_deserializer=deserialize,
                 response_serializer=handler.response_serializer,
             )
