@@ -12,6 +12,7 @@ from gwtf.node.control.membership import (
     Membership,
     State,
     member_capacity,
+    own_share_gbps,
     relay_share_gbps,
 )
 
@@ -427,3 +428,8 @@ def test_a_relayed_member_counts_on_its_share_of_its_relay_s_uplink() -> None:
     assert relay_share_gbps(replace(me, relay=""), [relay]) == 0.0
     assert relay_share_gbps(me, [replace(relay, uplink_gbps=0.0)]) == 0.0
     assert relay_share_gbps(me, []) == 0.0  # its relay not known (yet): no bound
+    # The relay itself keeps a third of its uplink for its own traffic, all of it once it
+    # relays for none; no uplink declared, nothing to share.
+    assert own_share_gbps(relay, [me, other]) == pytest.approx(0.02 / 3)
+    assert own_share_gbps(relay, []) == 0.02
+    assert own_share_gbps(replace(relay, uplink_gbps=0.0), [me, other]) == 0.0

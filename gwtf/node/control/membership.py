@@ -63,6 +63,7 @@ __all__ = [
     "Membership",
     "State",
     "member_capacity",
+    "own_share_gbps",
     "relay_share_gbps",
 ]
 
@@ -87,6 +88,15 @@ def member_capacity(
         return access_capacity(gbps, stage, num_stages, activation_bytes)
 
     return min(1.0 / compute_s, access(uplink_gbps), access(relay_gbps))
+
+
+def own_share_gbps(me: MemberInfo, others: Iterable[MemberInfo]) -> float:
+    """The share of its own declared uplink a member counts on for its own traffic while it
+    relays for others (docs/design.md 3.11): an even share with each member it relays, whose
+    inbound traffic that uplink carries too (`relay_share_gbps` is theirs); all of it when it
+    relays for none."""
+    relayed = sum(1 for m in others if m.relay == me.id)
+    return me.uplink_gbps / (1 + relayed) if me.uplink_gbps > 0 else me.uplink_gbps
 
 
 def relay_share_gbps(me: MemberInfo, others: Iterable[MemberInfo]) -> float:

@@ -46,7 +46,12 @@ from gwtf.flow.localroute import LocalRoute, OutArc
 from gwtf.flow.topology import DEFAULT_INTRA, LinkSpec, NodeSpec
 from gwtf.node.control.entry import ONE_SITE
 from gwtf.node.control.links import ArcParamsSpec, arc_params
-from gwtf.node.control.membership import MemberInfo, member_capacity, relay_share_gbps
+from gwtf.node.control.membership import (
+    MemberInfo,
+    member_capacity,
+    own_share_gbps,
+    relay_share_gbps,
+)
 from gwtf.node.control.prober import LinkProber
 from gwtf.node.state import NodeState
 
@@ -95,6 +100,8 @@ class LocalRouting:
     def update_view(self) -> None:
         hops = self.route.routes()
         members = self._state.members
+        # Whom it relays, or who relays it, may have changed with the view (3.11).
+        members.set_capacity(self._capacity(members.me.compute_s))
         live = (members.me, *members.alive())
         sites = solve_sites(((m.id, m.location, m.links) for m in live), ONE_SITE)
         records = [SiteRecord(m.id, sites[m.id], m.links, m.blocked) for m in live]
@@ -111,12 +118,13 @@ class LocalRouting:
 
     def _capacity(self, compute_s: float) -> float:
         """This node's capacity at `compute_s` (`member_capacity`): its uplink with the job's
-        bytes, and its share of its relay's uplink if it is relayed (docs/design.md 3.11)."""
+        bytes, shared with the members it relays, and its share of its relay's uplink if it is
+        relayed (docs/design.md 3.11)."""
         members, swarm = self._state.members, self._state.swarm
-        me = members.me
-        return member_capacity(compute_s, me.stage, me.uplink_gbps, swarm.num_stages,
-                               swarm.activation_bytes, self.boundary_bytes,
-                               relay_share_gbps(me, members.alive()))  # fmt: skip
+        me, others = members.me, members.alive()
+        return member_capacity(compute_s, me.stage, own_share_gbps(me, others),
+                               swarm.num_stages, swarm.activation_bytes, self.boundary_bytes,
+                               relay_share_gbps(me, others))  # fmt: skip
 
     def relayed(self) -> None:
         """This node's relay changed: its record states what its share of the relay's uplink
