@@ -331,6 +331,10 @@ def _compression(job_json: str, trained: int) -> dict[str, Any]:
     return {"compression": tuple(sorted(after.items())), "bytes_saved": saved}
 
 
+READ_RETRY_S = 0.5
+"""The pause before a read-only call is made again on a fresh connection (`_call`)."""
+
+
 def _rpc_error(address: str, err: Any, timeout_s: float | None) -> ClientError:
     import grpc
 
@@ -395,20 +399,32 @@ class AsyncGwtfClient(_Node):
         if channel is not None:
             await channel.close()
 
-    async def _call(self, call: Callable[[Any], Any], timeout_s: float | None) -> Any:
-        from grpc import aio
+    async def _call(self, call: Callable[[Any], Any], timeout_s: float | None, *,
+                    reads: bool = False) -> Any:  # fmt: skip
+        """`call` on this node's JobService stub; ClientError (one sentence) if it fails. A call
+        that only `reads` is made once more on a fresh connection when the first finds none
+        (UNAVAILABLE): a connection reset under load, or one the node closed, is not a node
+        that is gone, and a client watching a job should not end on it."""
+        from grpc import StatusCode, aio
 
         from gwtf.node.rpc.security import open_channel
         from gwtf.node.rpc.transport import channel_options
         from gwtf.v1 import job_pb2_grpc
 
-        if self._channel is None:
-            self._channel = open_channel(self.address, self.credentials,
-                                         options=channel_options())  # fmt: skip
-        try:
-            return await call(job_pb2_grpc.JobServiceStub(self._channel))
-        except aio.AioRpcError as err:
-            raise _rpc_error(self.address, err, timeout_s) from None
+        for attempt in range(2 if reads else 1):
+            if self._channel is None:
+                self._channel = open_channel(self.address, self.credentials,
+                                             options=channel_options())  # fmt: skip
+            try:
+                return await call(job_pb2_grpc.JobServiceStub(self._channel))
+            except aio.AioRpcError as err:
+                if attempt == 0 and reads and err.code() == StatusCode.UNAVAILABLE:
+                    channel, self._channel = self._channel, None
+                    await channel.close()
+                    await asyncio.sleep(READ_RETRY_S)
+                    continue
+                raise _rpc_error(self.address, err, timeout_s) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def submit(self, job: Any, *, timeout_s: float = 300.0) -> str:
         """Submit `job` (a JobConfig, a preset name or a TOML file path); its id once every
@@ -455,7 +471,7 @@ class AsyncGwtfClient(_Node):
         async def call(stub: Any) -> Any:
             return await stub.List(job_pb2.ListRequest(), timeout=self.timeout_s)
 
-        return [job_result(p) for p in (await self._call(call, self.timeout_s)).jobs]
+        return [job_result(p) for p in (await self._call(call, self.timeout_s, reads=True)).jobs]
 
     async def progress(self, job_id: str) -> JobResult:
         """The job's progress now."""
