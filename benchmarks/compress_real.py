@@ -34,13 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import machine, write_section
-from benchmarks.swarmrun import log, submit_when_formed
+from benchmarks.swarmrun import log, start_in_hosts, submit_when_formed
 from gwtf.flow.compression import boundary_sizes, uplink_capacity
 from gwtf.flow.placement import Swarm
 from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec
 from gwtf.local.netns import Hosts, available
 
-REPO = Path(__file__).resolve().parents[1]
 # (id, stage, uplink Mbit/s): simulations/versus/nodes.csv's tiers.
 NODES = [("h0", 0, 8), ("h1", 0, 20), ("a0", 1, 8), ("a1", 1, 20), ("z0", 2, 20), ("z1", 2, 8)]
 COMPUTE_S = 0.2
@@ -78,31 +77,7 @@ def one_run(compress: bool, log_dir: Path) -> dict[str, Any]:
         job = dataclasses.replace(job, compression=CompressionConfig(allow=()))
     names = [n for n, _, _ in NODES]
     with Hosts(names, {n: mbps for n, _, mbps in NODES}) as hosts:
-        addresses: dict[str, str] = {}
-        for node, stage, mbps in NODES:
-            argv = [
-                sys.executable, "-m", "gwtf", "node", "--id", node, "--stage", str(stage),
-                "--host", hosts.address(node), "--port", "0",
-                "--compute-s", str(COMPUTE_S), "--emulate-compute", "--uplink-mbps", str(mbps),
-                "--device", "cpu", "--threads", "1",
-            ]  # fmt: skip
-            if not addresses:
-                argv += ["--stages", "3", "--activation-bytes", str(activation_bytes(job))]
-            else:
-                argv += ["--bootstrap", next(iter(addresses.values()))]
-            said = log_dir / f"{node}.out"
-            with open(log_dir / f"{node}.log", "w", encoding="utf-8") as err, \
-                    open(said, "w", encoding="utf-8") as out:  # fmt: skip
-                proc = hosts.popen(node, argv, cwd=REPO, stdout=out, stderr=err, text=True)
-            deadline = time.monotonic() + 120
-            while node not in addresses:
-                text = said.read_text(encoding="utf-8")
-                if "listening on" in text:
-                    addresses[node] = text.split("listening on ")[1].split()[0]
-                elif proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{node} did not start: see {log_dir / (node + '.log')}")
-                else:
-                    time.sleep(0.2)
+        addresses = start_in_hosts(hosts, NODES, COMPUTE_S, 3, activation_bytes(job), log_dir)
         sent_before = {n: hosts.sent_bytes(n) for n in names}
         start = time.monotonic()
         job_id = submit_when_formed(addresses["h0"], job)

@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report import machine, write_section
-from benchmarks.swarmrun import log, submit_when_formed
+from benchmarks.swarmrun import log, start_in_hosts, submit_when_formed
 from gwtf.flow.compression import boundary_sizes, uplink_capacity
 from gwtf.flow.placement import Swarm
 from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec
 from gwtf.local.netns import Hosts, available
 
-REPO = Path(__file__).resolve().parents[1]
 # (id, stage, uplink Mbit/s); the second of each stage sits behind the NAT in the NAT runs.
 NODES = [("h0", 0, 20), ("h1", 0, 20), ("a0", 1, 20), ("a1", 1, 20), ("z0", 2, 20), ("z1", 2, 20)]
 BEHIND_NAT = ("h1", "a1", "z1")
@@ -83,31 +82,7 @@ def one_run(nat: bool, log_dir: Path) -> dict[str, Any]:
     behind = BEHIND_NAT if nat else ()
     with Hosts(names, {n: mbps for n, _, mbps in NODES}, tag="gwtfbn", prefix="10.81.0",
                behind_nat=behind) as hosts:  # fmt: skip
-        addresses: dict[str, str] = {}
-        for node, stage, mbps in NODES:
-            argv = [
-                sys.executable, "-m", "gwtf", "node", "--id", node, "--stage", str(stage),
-                "--host", hosts.address(node), "--port", "0",
-                "--compute-s", str(COMPUTE_S), "--emulate-compute", "--uplink-mbps", str(mbps),
-                "--device", "cpu", "--threads", "1",
-            ]  # fmt: skip
-            if not addresses:
-                argv += ["--stages", "3", "--activation-bytes", str(activation_bytes(job))]
-            else:
-                argv += ["--bootstrap", next(iter(addresses.values()))]
-            said = log_dir / f"{node}.out"
-            with open(log_dir / f"{node}.log", "w", encoding="utf-8") as err, \
-                    open(said, "w", encoding="utf-8") as out:  # fmt: skip
-                proc = hosts.popen(node, argv, cwd=REPO, stdout=out, stderr=err, text=True)
-            deadline = time.monotonic() + 120
-            while node not in addresses:
-                text = said.read_text(encoding="utf-8")
-                if "listening on" in text:
-                    addresses[node] = text.split("listening on ")[1].split()[0]
-                elif proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{node} did not start: see {log_dir / (node + '.log')}")
-                else:
-                    time.sleep(0.2)
+        addresses = start_in_hosts(hosts, NODES, COMPUTE_S, 3, activation_bytes(job), log_dir)
         start = time.monotonic()
         job_id = submit_when_formed(addresses["h0"], job)
         result = GwtfClient(addresses["h0"], timeout_s=60).wait(job_id, timeout_s=900)

@@ -1,19 +1,22 @@
 """What the benchmarks that run real node processes share: a progress line, a node log line's
 time, gossip rates between two status snapshots, and submitting a job while the swarm is still
-forming."""
+forming, and starting nodes in network namespaces."""
 
 from __future__ import annotations
 
 import datetime as dt
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gwtf.train import JobConfig
 
-__all__ = ["gossip_rates", "log", "log_time", "submit_when_formed"]
+__all__ = ["gossip_rates", "log", "log_time", "start_in_hosts", "submit_when_formed"]
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def log(message: str) -> None:
@@ -54,3 +57,39 @@ def gossip_rates(
         rates.append((nb["gossip_bytes_sent"] - na["gossip_bytes_sent"]) / dt_s)
         calls.append((nb["gossip_calls_sent"] - na["gossip_calls_sent"]) / dt_s)
     return rates, calls
+
+
+def start_in_hosts(
+    hosts: Any, nodes: Sequence[tuple[str, int, float]], compute_s: float, stages: int,
+    activation_bytes: int, log_dir: Path,
+) -> dict[str, str]:
+    """Start `gwtf node` for each (id, stage, uplink Mbit/s) inside its namespace of `hosts`
+    (`gwtf.local.netns.Hosts`), compute emulated at `compute_s`, the uplink declared; the first
+    creates the swarm, the others join through it. Each node's address once it listens (what
+    it prints: a relayed node's is its relay's port)."""
+    addresses: dict[str, str] = {}
+    for node, stage, mbps in nodes:
+        argv = [
+            sys.executable, "-m", "gwtf", "node", "--id", node, "--stage", str(stage),
+            "--host", hosts.address(node), "--port", "0",
+            "--compute-s", str(compute_s), "--emulate-compute", "--uplink-mbps", str(mbps),
+            "--device", "cpu", "--threads", "1",
+        ]  # fmt: skip
+        if not addresses:
+            argv += ["--stages", str(stages), "--activation-bytes", str(activation_bytes)]
+        else:
+            argv += ["--bootstrap", next(iter(addresses.values()))]
+        said = log_dir / f"{node}.out"
+        with open(log_dir / f"{node}.log", "w", encoding="utf-8") as err, \
+                open(said, "w", encoding="utf-8") as out:  # fmt: skip
+            proc = hosts.popen(node, argv, cwd=REPO, stdout=out, stderr=err, text=True)
+        deadline = time.monotonic() + 120
+        while node not in addresses:
+            text = said.read_text(encoding="utf-8")
+            if "listening on" in text:
+                addresses[node] = text.split("listening on ")[1].split()[0]
+            elif proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{node} did not start: see {log_dir / (node + '.log')}")
+            else:
+                time.sleep(0.2)
+    return addresses

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 from cluster import REPO, LocalSwarm
-from transformers import LlamaConfig, LlamaForCausalLM
+from hfmodels import write_llama
+from transformers import LlamaForCausalLM
 
 from gwtf.client import ClientError, GwtfClient
 from gwtf.train import train_reference
@@ -48,19 +49,6 @@ dropout = 0.1
 lr = 0.01
 """
 
-
-
-def write_llama(folder: Path) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=288, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )  # fmt: skip
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-    model.save_pretrained(folder)
-    return model
 
 
 def test_a_swarm_trains_a_hugging_face_llama_and_exports_the_reference_s_tensors(

@@ -16,9 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 from cluster import LocalSwarm, wait_for
-from transformers import LlamaConfig, LlamaForCausalLM
+from hfmodels import write_llama
 
 from gwtf.client import GwtfClient
 from gwtf.local.netns import Hosts, available
@@ -53,17 +52,6 @@ def _why_not() -> str:
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
 
 
-def _write_llama(folder: Path) -> None:
-    config = LlamaConfig(
-        vocab_size=288, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )  # fmt: skip
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        LlamaForCausalLM(config).save_pretrained(folder)
-
-
 def _serving(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/corpus.txt", timeout=2) as reply:
@@ -76,7 +64,7 @@ def test_volunteers_sharing_nothing_train_a_job_named_by_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None
 ) -> None:
     served = tmp_path / "server"
-    _write_llama(served / "llama")
+    write_llama(served / "llama")
     (served / "corpus.txt").write_bytes(bytes(range(256)) * 24)
     # The submitter's own cache; no node sees this folder.
     monkeypatch.setenv("GWTF_CACHE", str(tmp_path / "submitter" / "cache"))
