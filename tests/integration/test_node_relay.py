@@ -50,9 +50,12 @@ def test_a_relayed_node_trains_equal_to_the_reference_and_survives_its_relay(
     import dataclasses
 
     job = dataclasses.replace(PRESETS["tiny-gpt"], iterations=4, microbatches=4)
-    with LocalSwarm(tmp_path, failure_timeout_s=3.0, train=True) as swarm:
-        swarm.start([("a0", 0, 0.01), ("a1", 0, 0.01)], num_stages=2)
-        swarm.join("z0", 1, 0.01, "--relay", "always")
+    # Compute padded to 0.05 s a microbatch (as a GPU's host waits): the nodes leave the other
+    # core to the test beside this one, whose paces a busy swarm here would move.
+    with LocalSwarm(tmp_path, failure_timeout_s=3.0, train=True,
+                    extra=("--emulate-compute",)) as swarm:  # fmt: skip
+        swarm.start([("a0", 0, 0.05), ("a1", 0, 0.05)], num_stages=2)
+        swarm.join("z0", 1, 0.05, "--relay", "always")
         swarm.wait_formed()
         relay = wait_for(lambda: _relayed_by(swarm, "a0", "z0"), 20, "z0's relay")
         assert relay in ("a0", "a1")

@@ -82,7 +82,8 @@ def test_volunteers_sharing_nothing_train_a_job_named_by_url(
         sent = json.dumps(job.to_dict())
         assert str(tmp_path) not in sent  # nothing in the job is a path on this machine
         with LocalSwarm(tmp_path / "logs", heartbeat_s=0.25, failure_timeout_s=5.0, train=True,
-                        hosts=hosts, homes=tmp_path / "homes") as swarm:  # fmt: skip
+                        hosts=hosts, homes=tmp_path / "homes",
+                        extra=("--emulate-compute",)) as swarm:  # fmt: skip
             swarm.start(NODES, num_stages=3)
             swarm.wait_formed(60)
             client = GwtfClient(swarm.procs["h0"].address)
