@@ -28,13 +28,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.report import machine, write_section
-from benchmarks.swarmrun import log, start_in_hosts, submit_when_formed
+from benchmarks.swarmrun import alternate, log, start_in_hosts, submit_when_formed
 from gwtf.flow.compression import boundary_sizes, uplink_capacity
 from gwtf.flow.placement import Swarm
 from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec
@@ -106,13 +105,7 @@ def run(quick: bool = False, pairs: int = PAIRS) -> str:
     why = available()
     if why:
         return f"compress-real: skipped, {why}"
-    runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="gwtf-compress-real-") as tmp:
-        for pair in range(1 if quick else pairs):
-            for compress in (False, True):
-                log_dir = Path(tmp) / f"{pair}-{'on' if compress else 'off'}"
-                log_dir.mkdir()
-                runs.append(one_run(compress, log_dir))
+    runs = alternate("compress-real", 1 if quick else pairs, one_run)
     rows = []
     ratios = []
     for pair in range(len(runs) // 2):

@@ -22,13 +22,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.report import machine, write_section
-from benchmarks.swarmrun import log, start_in_hosts, submit_when_formed
+from benchmarks.swarmrun import alternate, log, start_in_hosts, submit_when_formed
 from gwtf.flow.compression import boundary_sizes, uplink_capacity
 from gwtf.flow.placement import Swarm
 from gwtf.flow.topology import DEFAULT_INTRA, NodeSpec
@@ -102,13 +101,7 @@ def run(quick: bool = False, pairs: int = PAIRS) -> str:
     why = available()
     if why:
         return f"nat: skipped, {why}"
-    runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="gwtf-nat-") as tmp:
-        for pair in range(1 if quick else pairs):
-            for nat in (False, True):
-                log_dir = Path(tmp) / f"{pair}-{'nat' if nat else 'open'}"
-                log_dir.mkdir()
-                runs.append(one_run(nat, log_dir))
+    runs = alternate("nat", 1 if quick else pairs, one_run)
     rows, ratios = [], []
     for pair in range(len(runs) // 2):
         open_, natted = runs[2 * pair], runs[2 * pair + 1]

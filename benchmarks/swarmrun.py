@@ -7,14 +7,21 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gwtf.train import JobConfig
 
-__all__ = ["gossip_rates", "log", "log_time", "start_in_hosts", "submit_when_formed"]
+__all__ = [
+    "alternate",
+    "gossip_rates",
+    "log",
+    "log_time",
+    "start_in_hosts",
+    "submit_when_formed",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,3 +100,21 @@ def start_in_hosts(
             else:
                 time.sleep(0.2)
     return addresses
+
+
+def alternate(
+    prefix: str, pairs: int, one_run: Callable[[bool, Path], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """`pairs` pairs of runs, each pair `one_run(False, log_dir)` then `one_run(True, ...)` on a
+    fresh swarm, alternated so that a machine's drift falls on both alike; every run's logs in
+    a folder of its own under a temporary one (removed after)."""
+    import tempfile
+
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix=f"gwtf-{prefix}-") as tmp:
+        for pair in range(pairs):
+            for which in (False, True):
+                log_dir = Path(tmp) / f"{pair}-{'on' if which else 'off'}"
+                log_dir.mkdir()
+                runs.append(one_run(which, log_dir))
+    return runs
